@@ -1,0 +1,67 @@
+"""Pick the ingester for the paths a user gave, and run it: the one entry point the CLI calls."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from traceana.ingest.rules import Rule, load_rules
+from traceana.ingest.run_data import RunData, finish
+
+from traceana.errors import TraceanaError
+from traceana.layout import Layout
+
+# Format name -> module. Each module has ``matches(path) -> bool`` (cheap: names and a few header bytes) and
+# ``read(paths, options) -> RunData``. Order is the detection order.
+FORMATS = {"ascend": "traceana.ingest.ascend", "nsys": "traceana.ingest.nsys", "kineto": "traceana.ingest.kineto"}
+
+
+@dataclass
+class IngestOptions:
+    layout: Layout | None = None
+    step_marker: str | None = None          # regex over annotation names; None = the format's defaults
+    rules: list[Rule] = field(default_factory=load_rules)
+    cache_dir: Path = Path(".traceana-cache")  # where derived files (nsys -> sqlite exports) are written
+    progress: Callable[[str], None] = lambda _source: None  # called once per input file as it is read
+
+
+def _module(fmt: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(FORMATS[fmt])
+    except ModuleNotFoundError:
+        return None  # that ingester is not built yet
+
+
+def detect(path: Path) -> str:
+    """The format of one input path, or a one-line error naming it."""
+    if not path.exists():
+        raise TraceanaError(f"{path}: no such file or directory")
+    for fmt in FORMATS:
+        module = _module(fmt)
+        if module is not None and module.matches(path):
+            return fmt
+    if path.is_dir():
+        raise TraceanaError(f"{path}: nothing to ingest here (no Kineto JSON, nsys export or Ascend profiler folder)")
+    if path.stat().st_size == 0:
+        raise TraceanaError(f"{path}: the file is empty")
+    raise TraceanaError(f"{path}: unknown trace format (expected Kineto JSON, an nsys export, or Ascend output)")
+
+
+def read_run(paths: list[Path], fmt: str, options: IngestOptions) -> RunData:
+    """Parse ``paths`` as one run of format ``fmt`` ('auto' detects it; all paths must agree) and finish it."""
+    if not paths:
+        raise TraceanaError("no input paths given")
+    if fmt == "auto":
+        found = {p: detect(p) for p in paths}
+        kinds = set(found.values())
+        if len(kinds) > 1:
+            listing = ", ".join(f"{p} is {k}" for p, k in found.items())
+            raise TraceanaError(f"inputs mix trace formats ({listing}); ingest each format as its own run")
+        fmt = kinds.pop()
+    module = _module(fmt) if fmt in FORMATS else None
+    if module is None:
+        raise TraceanaError(f"format {fmt!r} is not supported (known: {', '.join(FORMATS)})")
+    return finish(module.read(paths, options), options.layout)

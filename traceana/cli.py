@@ -1,0 +1,141 @@
+"""The `traceana` command line. Each command is thin: parse options, call the module that owns the concept, print."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from traceana import store
+from traceana.errors import TraceanaError
+from traceana.output import emit, emit_json, progress
+
+app = typer.Typer(help="Trace-driven analyzer for distributed LLM training.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+
+DbOption = Annotated[Path, typer.Option("--db", help="DuckDB store file.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+RunArgument = Annotated[str | None, typer.Argument(help="Run id (default: the latest ingested run).")]
+
+
+def default_run_id(paths: list[Path]) -> str:
+    """A stable id for the same sources: the input's name without trace suffixes, or the common folder's name."""
+    if len(paths) == 1:
+        name = paths[0].resolve().name
+    else:
+        parents = {p.resolve().parent for p in paths}
+        name = parents.pop().name if len(parents) == 1 else paths[0].resolve().name
+    return re.sub(r"(\.(json|gz|sqlite|nsys-rep|db|pt\.trace))+$", "", name) or "run"
+
+
+@app.command()
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Trace files or folders (one run).")],
+    db: DbOption = Path(store.DEFAULT_DB),
+    run_id: Annotated[str | None, typer.Option(help="Run id (default: derived from the inputs).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="auto, nsys, kineto or ascend.")] = "auto",
+    layout: Annotated[str | None, typer.Option(help='Parallel layout, e.g. "tp=2,dp=2,pp=2,order=tp-cp-ep-dp-pp".')] = None,
+    step_marker: Annotated[str | None, typer.Option(help="Regex over annotation names that marks steps.")] = None,
+    rules: Annotated[Path | None, typer.Option(help="Extra classification rules CSV (pattern,category,op).")] = None,
+) -> None:
+    """Read one run's traces into the store (replacing an earlier ingest of the same run id)."""
+    from traceana.ingest.dispatch import IngestOptions, read_run
+    from traceana.ingest.rules import load_rules
+    from traceana.layout import Layout
+
+    parsed_layout = Layout.parse(layout) if layout else None
+    if step_marker is not None:
+        try:
+            re.compile(step_marker)
+        except re.error as exc:
+            raise TraceanaError(f"--step-marker {step_marker!r}: not a regular expression ({exc})") from None
+    options = IngestOptions(layout=parsed_layout, step_marker=step_marker, rules=load_rules(rules),
+                            cache_dir=db.resolve().parent / ".traceana-cache")
+    with progress(len(paths), "reading") as advance:
+        options.progress = advance
+        data = read_run(paths, fmt, options)
+    rid = run_id or default_run_id(paths)
+    with store.connect(db) as con:
+        store.write_run(con, rid, data, parsed_layout.spec if parsed_layout else None)
+        counts = con.execute(
+            "SELECT (SELECT count(*) FROM ranks WHERE run_id=$r), (SELECT count(*) FROM device_events WHERE run_id=$r),"
+            " (SELECT count(*) FROM collectives WHERE run_id=$r), (SELECT count(*) FROM steps WHERE run_id=$r)",
+            {"r": rid},
+        ).fetchone()
+    assert counts is not None
+    typer.echo(f"{rid}: {data.source_format}, {counts[0]} ranks, {counts[1]} device events, "
+               f"{counts[2]} collectives, {counts[3]} rank-steps -> {db}")
+    for note in data.notes:
+        typer.echo(f"  note: {note}")
+
+
+@app.command()
+def runs(db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> None:
+    """List the runs in the store."""
+    with store.connect(db, read_only=True) as con:
+        frame = con.execute(
+            "SELECT run_id, source_format, world_size, layout, tool_version, rank_source, ingested_at, "
+            "len(sources) AS n_sources FROM runs ORDER BY ingested_at"
+        ).pl()
+    emit(frame, title="runs", fmt="json" if json else "table")
+
+
+@app.command()
+def info(run: RunArgument = None, db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> None:
+    """A run's ranks with coordinates, its process groups with dims, and event counts by category, op and dim."""
+    with store.connect(db, read_only=True) as con:
+        rid = store.resolve_run(con, run)
+        parts = {
+            "ranks": "SELECT rank, host, device, pid, clock_offset_ns, tp, cp, ep, dp, pp, rank_source "
+                     "FROM ranks WHERE run_id=$r ORDER BY rank",
+            "process_groups": "SELECT pg, dim, name, ranks, source FROM process_groups WHERE run_id=$r ORDER BY dim, pg",
+            "events by category": "SELECT category, count(*) AS events, sum(end_ns-start_ns)/1e6 AS busy_ms "
+                                  "FROM device_events WHERE run_id=$r GROUP BY ALL ORDER BY events DESC",
+            "collectives by op and dim": "SELECT op, kernel_op, dim, evidence, count(*) AS events, "
+                                         "sum(bytes) AS bytes FROM collectives WHERE run_id=$r "
+                                         "GROUP BY ALL ORDER BY events DESC",
+        }
+        frames = {title: con.execute(sql, {"r": rid}).pl() for title, sql in parts.items()}
+        notes = con.execute("SELECT notes FROM runs WHERE run_id=$r", {"r": rid}).fetchone()
+    if json:
+        emit_json({"run_id": rid, "notes": notes[0] if notes else [],
+                   **{k: v.to_dicts() for k, v in frames.items()}})
+        return
+    for title, frame in frames.items():
+        emit(frame, title=f"{rid}: {title}")
+    for note in (notes[0] if notes else None) or []:
+        typer.echo(f"note: {note}")
+
+
+@app.command()
+def sql(
+    query: Annotated[str, typer.Argument(help="SQL over the store's tables and views.")],
+    db: DbOption = Path(store.DEFAULT_DB),
+    fmt: Annotated[str, typer.Option("--format", help="table, csv or json.")] = "table",
+) -> None:
+    """Run ad-hoc SQL (read-only) and print the result."""
+    import duckdb
+
+    if fmt not in ("table", "csv", "json"):
+        raise TraceanaError(f"--format {fmt!r}: choose table, csv or json")
+    with store.connect(db, read_only=True) as con:
+        try:
+            frame = con.execute(query).pl()
+        except duckdb.Error as exc:
+            raise TraceanaError(f"query failed: {str(exc).splitlines()[0]}") from None
+    emit(frame, fmt=fmt)
+
+
+def main() -> None:
+    """Entry point: user mistakes become one line on stderr and exit code 2, never a traceback."""
+    try:
+        app()
+    except TraceanaError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from None
+
+
+# Commands owned by other modules register here, one line each.
+# (breakdown / timeline / stragglers, estimate / search, compare)

@@ -1,0 +1,58 @@
+"""Printing results: rich tables on a terminal, JSON or CSV for machines. Every command prints through here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import polars as pl
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+console = Console()
+
+
+def emit(frame: pl.DataFrame, *, title: str | None = None, fmt: str = "table") -> None:
+    """Print ``frame`` as a rich table ('table'), JSON records ('json') or CSV ('csv')."""
+    if fmt == "json":
+        sys.stdout.write(json.dumps(frame.to_dicts(), default=str, indent=1) + "\n")
+    elif fmt == "csv":
+        sys.stdout.write(frame.write_csv())
+    else:
+        table = Table(title=title, show_lines=False)
+        for name, dtype in frame.schema.items():
+            table.add_column(name, justify="right" if dtype.is_numeric() else "left")
+        for row in frame.iter_rows():
+            table.add_row(*(_cell(v) for v in row))
+        console.print(table)
+
+
+def emit_json(payload: Any) -> None:
+    sys.stdout.write(json.dumps(payload, default=str, indent=1) + "\n")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 1000 else f"{value:,.1f}"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+@contextmanager
+def progress(total: int, label: str) -> Iterator[Callable[[str], None]]:
+    """A progress bar on a terminal (silent when piped); yields ``advance(description)``."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task(label, total=total)
+
+        def advance(description: str) -> None:
+            bar.update(task, advance=1, description=f"{label} {description}")
+
+        yield advance

@@ -1,0 +1,83 @@
+-- The store: one DuckDB file, many runs. Times are integer ns on one timeline per run; sizes in bytes.
+CREATE TABLE IF NOT EXISTS runs (
+    run_id        VARCHAR PRIMARY KEY,
+    source_format VARCHAR NOT NULL,      -- nsys / kineto / ascend
+    sources       VARCHAR[] NOT NULL,    -- absolute paths of the input files or folders
+    ingested_at   TIMESTAMP NOT NULL,
+    world_size    INTEGER NOT NULL,
+    layout        VARCHAR,               -- the --layout spec, normalized; NULL when none was given
+    tool_version  VARCHAR,               -- profiler / export version as the trace states it
+    rank_source   VARCHAR,               -- how ranks were decided (distributedInfo, env:RANK, file-name, device-order, ...)
+    notes         VARCHAR[]              -- what the ingester noticed (missing tables, guessed values)
+);
+CREATE TABLE IF NOT EXISTS ranks (
+    run_id          VARCHAR NOT NULL,
+    rank            INTEGER NOT NULL,
+    host            VARCHAR,
+    device          INTEGER,
+    pid             BIGINT,
+    clock_offset_ns BIGINT NOT NULL DEFAULT 0,  -- added to this rank's raw timestamps to reach the run timeline
+    tp INTEGER, cp INTEGER, ep INTEGER, dp INTEGER, pp INTEGER,  -- coordinates from the layout; NULL when unknown
+    rank_source     VARCHAR,
+    source          VARCHAR,                    -- the file or folder this rank came from
+    PRIMARY KEY (run_id, rank)
+);
+CREATE TABLE IF NOT EXISTS process_groups (
+    run_id  VARCHAR NOT NULL,
+    pg      VARCHAR NOT NULL,   -- the group's id within the run (trace's own id, or dim:index for layout groups)
+    dim     VARCHAR NOT NULL,   -- TP, CP, EP, DP, PP, a combined group (DP-CP, EP-TP, DP-EP ...) or UNKNOWN
+    ranks   INTEGER[] NOT NULL, -- global ranks, sorted
+    name    VARCHAR,            -- the framework's own name ('tp', 'TENSOR_MODEL_PARALLEL_GROUP', HCCL communicator)
+    source  VARCHAR NOT NULL,   -- trace / layout / inferred
+    PRIMARY KEY (run_id, pg)
+);
+CREATE TABLE IF NOT EXISTS device_events (
+    run_id   VARCHAR NOT NULL,
+    rank     INTEGER NOT NULL,
+    event_id BIGINT NOT NULL,   -- unique per (run_id, rank)
+    stream   BIGINT,            -- CUDA stream, Ascend stream, or CPU thread id for CPU-only runs
+    start_ns BIGINT NOT NULL,
+    end_ns   BIGINT NOT NULL,
+    name     VARCHAR NOT NULL,
+    category VARCHAR NOT NULL   -- compute / comm / memcpy / memset / sync / other
+);
+CREATE TABLE IF NOT EXISTS collectives (
+    run_id    VARCHAR NOT NULL,
+    rank      INTEGER NOT NULL,
+    event_id  BIGINT NOT NULL,  -- -> device_events(run_id, rank, event_id)
+    op        VARCHAR NOT NULL, -- AllReduce AllGather ReduceScatter AllToAll Broadcast Reduce Send Recv SendRecv Barrier
+    kernel_op VARCHAR,          -- what the kernel / task name says
+    bytes     BIGINT,           -- payload this rank sends or contributes
+    dtype     VARCHAR,
+    pg        VARCHAR,          -- -> process_groups(run_id, pg)
+    dim       VARCHAR NOT NULL, -- as process_groups.dim
+    seq       BIGINT,           -- the trace's own sequence number / comms id, when it has one
+    instance  BIGINT,           -- same value on every rank that took part in one collective
+    peer      INTEGER,          -- global peer rank for Send/Recv
+    evidence  VARCHAR NOT NULL  -- pg-args, nvtx, cpu-op, comm-name, layout-match, timing-match, name-rule
+);
+CREATE TABLE IF NOT EXISTS annotations (
+    run_id   VARCHAR NOT NULL,
+    rank     INTEGER NOT NULL,
+    start_ns BIGINT NOT NULL,
+    end_ns   BIGINT NOT NULL,
+    name     VARCHAR NOT NULL,
+    domain   VARCHAR,           -- NVTX domain, Ascend track, 'cpu'
+    kind     VARCHAR NOT NULL,  -- nvtx / cpu_op / user / hccl_task / ...
+    args     VARCHAR            -- JSON text of extra fields (src/dst rank, link type, size, bandwidth ...)
+);
+CREATE TABLE IF NOT EXISTS steps (
+    run_id   VARCHAR NOT NULL,
+    rank     INTEGER NOT NULL,
+    step     INTEGER NOT NULL,
+    start_ns BIGINT NOT NULL,
+    end_ns   BIGINT NOT NULL,
+    PRIMARY KEY (run_id, rank, step)
+);
+CREATE TABLE IF NOT EXISTS memory (
+    run_id          VARCHAR NOT NULL,
+    rank            INTEGER NOT NULL,
+    ts_ns           BIGINT NOT NULL,
+    allocated_bytes BIGINT,
+    reserved_bytes  BIGINT
+);

@@ -1,0 +1,85 @@
+"""The DuckDB store: schema on first use, one transaction per run, and the views from queries/*.sql."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+
+import duckdb
+
+from traceana.errors import TraceanaError
+from traceana.ingest.run_data import TABLES, RunData, conform
+
+DEFAULT_DB = "traceana.duckdb"
+
+
+def _schema_sql() -> str:
+    return resources.files("traceana").joinpath("schema.sql").read_text()
+
+
+def view_sql() -> list[str]:
+    """The CREATE VIEW statements of queries/*.sql, in file-name order (files are numbered by dependency)."""
+    root = resources.files("traceana.queries")
+    return [p.read_text() for p in sorted(root.iterdir(), key=lambda p: p.name) if p.name.endswith(".sql")]
+
+
+@contextmanager
+def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+    """Open the store. Read-only opens require the file; a writer creates schema and views on first use."""
+    path = Path(db)
+    if read_only and not path.exists():
+        raise TraceanaError(f"{path}: no such database (run `traceana ingest` first, or pass --db)")
+    try:
+        con = duckdb.connect(str(path), read_only=read_only)
+    except duckdb.IOException as exc:
+        if "lock" in str(exc).lower():
+            raise TraceanaError(f"{path}: another traceana process is writing this database; retry when it ends") from None
+        raise TraceanaError(f"{path}: cannot open as a DuckDB database ({str(exc).splitlines()[0]})") from None
+    try:
+        if not read_only:
+            con.execute(_schema_sql())
+            for sql in view_sql():
+                con.execute(sql)
+        yield con
+    finally:
+        con.close()
+
+
+def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData, layout_spec: str | None) -> None:
+    """Replace run ``run_id`` with ``data`` in one transaction: all of it or none of it."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for table in ("runs", *TABLES):
+            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+        con.execute(
+            "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [run_id, data.source_format, data.sources, dt.datetime.now(dt.UTC).replace(tzinfo=None),
+             data.world_size, layout_spec, data.tool_version, data.rank_source, data.notes],
+        )
+        for table in TABLES:
+            frame = conform(table, data.frames.get(table))
+            if frame.is_empty():
+                continue
+            arrow = frame.to_arrow()  # noqa: F841  (DuckDB reads the local by name)
+            columns = ", ".join(frame.columns)
+            con.execute(f"INSERT INTO {table} (run_id, {columns}) SELECT ?, {columns} FROM arrow", [run_id])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None) -> str:
+    """The run a command means: the one named, or the only/latest one when none is named."""
+    if run is not None:
+        if con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run]).fetchone() is None:
+            known = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+            raise TraceanaError(f"unknown run {run!r} (known: {', '.join(known) or 'none'})")
+        return run
+    row = con.execute("SELECT run_id FROM runs ORDER BY ingested_at DESC LIMIT 1").fetchone()
+    if row is None:
+        raise TraceanaError("the database holds no runs yet (run `traceana ingest PATH` first)")
+    return str(row[0])
