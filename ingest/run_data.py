@@ -73,7 +73,7 @@ class RunData:
 
 def finish(data: RunData, layout: Layout | None) -> RunData:
     """Coordinates, group dimensions, collective dims and instance numbers: the steps every format shares."""
-    ranks = data.table("ranks")
+    ranks = data.table("ranks").with_columns(pl.col("clock_offset_ns").fill_null(0))
     if layout is not None:
         layout.check_world_size(data.world_size, data.sources[0])
         coords = pl.DataFrame([{"rank": r, **layout.coords(r)} for r in ranks["rank"].to_list()],
@@ -83,7 +83,57 @@ def finish(data: RunData, layout: Layout | None) -> RunData:
     groups = _group_dims(data.table("process_groups"), layout)
     data.frames["process_groups"] = groups
     data.frames["collectives"] = number_instances(_collective_dims(data.table("collectives"), groups))
+    align_hosts(data)
+    data.frames["steps"] = _whole_trace_steps(data)
     return data
+
+
+def _whole_trace_steps(data: RunData) -> pl.DataFrame:
+    """Ranks without step markers get one step 0 spanning their device activity (DESIGN §4)."""
+    steps = data.table("steps")
+    unmarked = (
+        data.table("device_events").join(steps.select("rank").unique(), on="rank", how="anti")
+        .group_by("rank").agg(pl.col("start_ns").min(), pl.col("end_ns").max()).with_columns(step=pl.lit(0))
+    )
+    return pl.concat([steps, conform("steps", unmarked)]) if not unmarked.is_empty() else steps
+
+
+def align_hosts(data: RunData) -> None:
+    """Shift each host's clock onto the first host's by the end times of the collectives they share.
+
+    A collective ends on all its ranks together (each waits for the last), while starts differ by arrival, so ends
+    are the clock reference. Ranks of one host share a clock: one offset per host, the median over shared instances
+    of (reference end - this host's end), added to the times and to ``ranks.clock_offset_ns``.
+    """
+    ranks = data.table("ranks")
+    if ranks["host"].drop_nulls().n_unique() < 2:
+        return
+    ends = (
+        data.table("collectives").filter(~pl.col("op").is_in(["Send", "Recv"]))
+        .join(data.table("device_events").select("rank", "event_id", "end_ns"), on=["rank", "event_id"])
+        .join(ranks.select("rank", "host"), on="rank")
+        .group_by("host", "instance").agg(pl.col("end_ns").mean())
+    )
+    reference = ranks.sort("rank")["host"].drop_nulls()[0]
+    offsets = (
+        ends.join(ends.filter(pl.col("host") == reference).select("instance", pl.col("end_ns").alias("ref")),
+                  on="instance")
+        .group_by("host").agg((pl.col("ref") - pl.col("end_ns")).median().round().cast(pl.Int64).alias("shift"))
+    )
+    shift = ranks.select("rank", "host").join(offsets, on="host", how="left").select(
+        "rank", pl.col("shift").fill_null(0))
+    if shift["shift"].abs().max() == 0:
+        return
+    data.notes.append("hosts aligned by collective end times: " + ", ".join(
+        f"{h} {s / 1e3:+.1f} us" for h, s in offsets.sort("host").iter_rows()))
+    for table, columns in TIME_COLUMNS.items():
+        frame = data.table(table)
+        if not frame.is_empty():
+            data.frames[table] = frame.join(shift, on="rank", how="left").with_columns(
+                [pl.col(c) + pl.col("shift").fill_null(0) for c in columns]).drop("shift")
+    data.frames["ranks"] = ranks.join(shift, on="rank", how="left").with_columns(
+        (pl.col("clock_offset_ns").fill_null(0) + pl.col("shift").fill_null(0)).alias("clock_offset_ns")
+    ).drop("shift")
 
 
 def _group_dims(groups: pl.DataFrame, layout: Layout | None) -> pl.DataFrame:

@@ -63,8 +63,7 @@ def ingest(
             "SELECT (SELECT count(*) FROM ranks WHERE run_id=$r), (SELECT count(*) FROM device_events WHERE run_id=$r),"
             " (SELECT count(*) FROM collectives WHERE run_id=$r), (SELECT count(*) FROM steps WHERE run_id=$r)",
             {"r": rid},
-        ).fetchone()
-    assert counts is not None
+        ).fetchall()[0]
     typer.echo(f"{rid}: {data.source_format}, {counts[0]} ranks, {counts[1]} device events, "
                f"{counts[2]} collectives, {counts[3]} rank-steps -> {db}")
     for note in data.notes:
@@ -75,7 +74,7 @@ def ingest(
 def runs(db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> None:
     """List the runs in the store."""
     with store.connect(db, read_only=True) as con:
-        frame = con.execute(
+        frame = con.sql(
             "SELECT run_id, source_format, world_size, layout, tool_version, rank_source, ingested_at, "
             "len(sources) AS n_sources FROM runs ORDER BY ingested_at"
         ).pl()
@@ -97,15 +96,15 @@ def info(run: RunArgument = None, db: DbOption = Path(store.DEFAULT_DB), json: J
                                          "sum(bytes) AS bytes FROM collectives WHERE run_id=$r "
                                          "GROUP BY ALL ORDER BY events DESC",
         }
-        frames = {title: con.execute(sql, {"r": rid}).pl() for title, sql in parts.items()}
-        notes = con.execute("SELECT notes FROM runs WHERE run_id=$r", {"r": rid}).fetchone()
+        frames = {title: con.sql(sql, params={"r": rid}).pl() for title, sql in parts.items()}
+        notes = con.execute("SELECT notes FROM runs WHERE run_id=$r", {"r": rid}).fetchall()[0]
     if json:
-        emit_json({"run_id": rid, "notes": notes[0] if notes else [],
+        emit_json({"run_id": rid, "notes": notes[0] or [],
                    **{k: v.to_dicts() for k, v in frames.items()}})
         return
     for title, frame in frames.items():
         emit(frame, title=f"{rid}: {title}")
-    for note in (notes[0] if notes else None) or []:
+    for note in notes[0] or []:
         typer.echo(f"note: {note}")
 
 
@@ -122,7 +121,7 @@ def sql(
         raise TraceanaError(f"--format {fmt!r}: choose table, csv or json")
     with store.connect(db, read_only=True) as con:
         try:
-            frame = con.execute(query).pl()
+            frame = con.sql(query).pl()
         except duckdb.Error as exc:
             raise TraceanaError(f"query failed: {str(exc).splitlines()[0]}") from None
     emit(frame, fmt=fmt)

@@ -75,11 +75,11 @@ def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData, layout
 def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None) -> str:
     """The run a command means: the one named, or the only/latest one when none is named."""
     if run is not None:
-        if con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run]).fetchone() is None:
+        if not con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run]).fetchall():
             known = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
             raise TraceanaError(f"unknown run {run!r} (known: {', '.join(known) or 'none'})")
         return run
-    row = con.execute("SELECT run_id FROM runs ORDER BY ingested_at DESC LIMIT 1").fetchone()
-    if row is None:
+    rows = con.execute("SELECT run_id FROM runs ORDER BY ingested_at DESC LIMIT 1").fetchall()
+    if not rows:
         raise TraceanaError("the database holds no runs yet (run `traceana ingest PATH` first)")
-    return str(row[0])
+    return str(rows[0][0])

@@ -1,0 +1,290 @@
+"""PyTorch profiler (Kineto) Chrome-trace JSON, one file per rank (.json or .json.gz).
+
+DuckDB parses each file straight into typed columns (no Python loop per event); the linking of kernels to the
+CPU ops that launched them, steps and process groups are SQL over those columns.
+
+GPU runs: device events are `kernel`, `gpu_memcpy`, `gpu_memset`. A communication kernel's op comes, in order,
+from its own args (`Collective name`, pg-args), from the CPU op that launched it (runtime correlation, then the
+innermost enclosing `record_param_comms` / `nccl:*` / `c10d::*` op on the launching thread, cpu-op), else from its
+name (name-rule). CPU-only runs (gloo) have no device events: see :mod:`traceana.ingest.kineto_cpu`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from traceana.errors import TraceanaError
+from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op, parse_nccl_kernel
+from traceana.ingest.dispatch import IngestOptions
+from traceana.ingest.rules import classify
+from traceana.ingest.run_data import RunData, require_unique_ranks
+
+_SUFFIXES = (".json", ".json.gz")
+_STEP = r"^ProfilerStep#(\d+)$"
+
+# Only the fields traceana reads; DuckDB ignores the rest. JSON-typed where traces disagree on the type.
+_EVENT = (
+    "STRUCT(ph VARCHAR, cat VARCHAR, name VARCHAR, pid JSON, tid JSON, ts DECIMAL(24,3), dur DECIMAL(24,3), "
+    'args STRUCT("External id" JSON, correlation JSON, stream JSON, "Collective name" VARCHAR, '
+    '"In msg nelems" JSON, "Out msg nelems" JSON, dtype VARCHAR, "Process Group Name" VARCHAR, '
+    '"Process Group Ranks" JSON, "Process Group Description" VARCHAR, "Seq" JSON, "Input Dims" JSON, '
+    '"Input type" JSON, "dst rank" JSON, "src rank" JSON))[]'
+)
+
+
+def _trace_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_SUFFIXES))
+    return [path] if path.name.endswith(_SUFFIXES) else []
+
+
+def matches(path: Path) -> bool:
+    """A Kineto trace, or a folder of them: JSON whose first bytes open an object (Ascend timelines are arrays)."""
+    files = _trace_files(path)
+    if not files:
+        return False
+    import gzip
+
+    try:
+        opener = gzip.open if files[0].name.endswith(".gz") else open
+        with opener(files[0], "rb") as handle:
+            head = handle.read(4096).lstrip()
+    except (OSError, EOFError):
+        return path.is_file()  # a broken .json(.gz) file: let read() name the problem
+    return head.startswith(b"{") or not head
+
+
+def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
+    """Load one file's events into table ``ev`` (tagged with ``f = index``); return its metadata."""
+    if file.stat().st_size == 0:
+        raise TraceanaError(f"{file}: the file is empty")
+    source = str(file).replace("'", "''")
+    reader = (f"read_json('{source}', format='unstructured', maximum_object_size=4000000000, "
+              f"columns={{'traceEvents': '{_EVENT}', 'distributedInfo': 'JSON', 'baseTimeNanoseconds': 'JSON'}})")
+    try:
+        meta = con.execute(f"SELECT distributedInfo, baseTimeNanoseconds, len(traceEvents) FROM {reader}").fetchall()
+    except duckdb.Error as exc:
+        raise TraceanaError(f"{file}: not a readable Kineto trace ({_first_line(exc)})") from None
+    if len(meta) != 1 or meta[0][2] is None:
+        raise TraceanaError(f"{file}: not a Kineto trace (no traceEvents array)")
+    info = json.loads(meta[0][0]) if meta[0][0] else {}
+    base = int(json.loads(meta[0][1])) if meta[0][1] else 0
+    con.execute(
+        f"""INSERT INTO ev SELECT {index} AS f, e.ph, e.cat, e.name, e.pid->>'$' AS pid, e.tid->>'$' AS tid,
+            {base} + CAST(e.ts * 1000 AS BIGINT) AS start_ns,
+            {base} + CAST(e.ts * 1000 AS BIGINT) + CAST(coalesce(e.dur, 0) * 1000 AS BIGINT) AS end_ns,
+            TRY_CAST(e.args."External id"->>'$' AS BIGINT) AS ext_id,
+            TRY_CAST(e.args.correlation->>'$' AS BIGINT) AS corr,
+            TRY_CAST(e.args.stream->>'$' AS BIGINT) AS stream,
+            e.args."Collective name" AS coll_name,
+            TRY_CAST(e.args."In msg nelems"->>'$' AS BIGINT) AS in_nelems,
+            e.args.dtype AS dtype,
+            e.args."Process Group Name" AS pg_name,
+            e.args."Process Group Ranks"->>'$' AS pg_ranks,
+            e.args."Process Group Description" AS pg_desc,
+            TRY_CAST(e.args."Seq"->>'$' AS BIGINT) AS seq,
+            e.args."Input Dims" AS input_dims, e.args."Input type" AS input_type,
+            TRY_CAST(coalesce(e.args."dst rank", e.args."src rank")->>'$' AS INTEGER) AS peer
+        FROM (SELECT unnest(traceEvents) AS e FROM {reader}) WHERE e.ph = 'X'"""
+    )
+    return info
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0][:200]
+
+
+def _rank_of(info: dict, file: Path, position: int) -> tuple[int, str]:
+    if isinstance(info.get("rank"), int):
+        return info["rank"], "distributedInfo"
+    numbers = re.findall(r"rank[_-]?(\d+)", file.name) or re.findall(r"(\d+)", file.name)
+    if numbers:
+        return int(numbers[-1]), "file-name"
+    return position, "file-order"
+
+
+def _process_groups(infos: list[dict], con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """Groups from every file's pg_config plus those only seen in kernel args; ranks as list or string."""
+    rows = []
+    for info in infos:
+        for pg in info.get("pg_config") or []:
+            ranks = pg.get("ranks")
+            if isinstance(ranks, str):
+                ranks = json.loads(ranks) if ranks.strip().startswith("[") else []
+            rows.append((str(pg.get("pg_name")), pg.get("pg_desc"), sorted(int(r) for r in ranks or [])))
+    seen = con.execute(
+        "SELECT DISTINCT pg_name, pg_desc, pg_ranks FROM ev WHERE pg_name IS NOT NULL AND pg_ranks IS NOT NULL"
+    ).fetchall()
+    for name, desc, ranks in seen:
+        text = ranks if ranks.strip().startswith("[") else f"[{ranks}]"
+        rows.append((name, desc, sorted(int(r) for r in json.loads(text))))
+    unique = {(name, tuple(ranks)): desc for name, desc, ranks in rows if ranks}
+    frame = pl.DataFrame(
+        [{"name_key": n, "name": d if d not in (None, "undefined") else None, "ranks": list(r)}
+         for (n, r), d in unique.items()],
+        schema={"name_key": pl.String(), "name": pl.String(), "ranks": pl.List(pl.Int32())},
+    )
+    # The same pg_name with different members (torch's per-rank naming) gets a distinct id per rank set.
+    frame = frame.with_columns(pl.len().over("name_key").alias("_n"))
+    pg = pl.when(pl.col("_n") > 1).then(
+        pl.col("name_key") + "/" + pl.col("ranks").list.first().cast(pl.String)).otherwise(pl.col("name_key"))
+    return frame.with_columns(pg.alias("pg"), pl.lit("trace").alias("source")).drop("_n")
+
+
+_COMM_CPU_OPS = r"^(record_param_comms|nccl:|c10d::|gloo:)"
+
+# Elements of an op's first input tensor (Input Dims [[65536, 384], ...]): the payload when args lack msg nelems.
+_FIRST_INPUT_NELEMS = "list_reduce(TRY_CAST(input_dims->0 AS BIGINT[]), lambda x, y: x * y, 1)"
+
+_LAUNCHERS_SQL = f"""
+-- For each communication kernel: the innermost comm CPU op around the runtime call that launched it.
+WITH runtime AS (
+    SELECT f, corr, pid, tid, start_ns FROM ev
+    WHERE cat IN ('cuda_runtime', 'cuda_driver') AND corr IS NOT NULL
+), host AS (
+    SELECT f, pid, tid, start_ns, end_ns, name, coll_name, pg_name, seq,
+           coalesce(in_nelems, {_FIRST_INPUT_NELEMS}) AS in_nelems, coalesce(dtype, input_type->>0) AS dtype FROM ev
+    WHERE cat IN ('cpu_op', 'user_annotation') AND regexp_matches(name, '{_COMM_CPU_OPS}')
+), linked AS (
+    SELECT k.f, k.start_ns AS k_start, k.corr, h.*, row_number() OVER (
+        PARTITION BY k.f, k.corr, k.start_ns, h.name = 'record_param_comms' ORDER BY h.start_ns DESC) AS depth
+    FROM ev k JOIN runtime r ON r.f = k.f AND r.corr = k.corr
+    JOIN host h ON h.f = r.f AND h.pid = r.pid AND h.tid = r.tid AND h.start_ns <= r.start_ns AND h.end_ns >= r.start_ns
+    WHERE k.cat = 'kernel' AND k.corr IS NOT NULL
+)
+SELECT f, k_start, corr,
+    max(name) FILTER (WHERE name <> 'record_param_comms') AS launcher,
+    max(coll_name) AS l_coll_name, max(in_nelems) AS l_in_nelems, max(dtype) AS l_dtype,
+    max(pg_name) AS l_pg_name, max(seq) AS l_seq
+FROM linked WHERE depth = 1 GROUP BY ALL
+"""
+
+
+def _device_frames(con: duckdb.DuckDBPyConnection, options: IngestOptions) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """device_events and the raw collective rows (op decided, pg by name) for all GPU files."""
+    events = con.sql(
+        f"""WITH launchers AS ({_LAUNCHERS_SQL})
+        SELECT k.f, row_number() OVER (PARTITION BY k.f ORDER BY k.start_ns, k.end_ns, k.name) - 1 AS event_id,
+               coalesce(k.stream, TRY_CAST(k.tid AS BIGINT)) AS stream, k.start_ns, k.end_ns, k.name, k.cat,
+               k.coll_name, k.in_nelems, k.dtype, k.pg_name, k.seq, k.peer, l.launcher, l.l_coll_name,
+               l.l_in_nelems, l.l_dtype, l.l_pg_name, l.l_seq
+        FROM ev k LEFT JOIN launchers l ON l.f = k.f AND l.corr = k.corr AND l.k_start = k.start_ns
+        WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
+    ).pl()
+    events = events.with_columns(classify(pl.col("name"), options.rules)).with_columns(
+        pl.when(pl.col("cat") == "gpu_memcpy").then(pl.lit("memcpy"))
+        .when(pl.col("cat") == "gpu_memset").then(pl.lit("memset"))
+        .otherwise(pl.col("category")).alias("category")
+    )
+    comm = events.filter(pl.col("category") == "comm")
+    parsed = [parse_nccl_kernel(n) for n in comm["name"].to_list()]  # one call per comm kernel, not per event
+    comm = comm.with_columns(
+        pl.Series("kernel_op", [p[0] for p in parsed], dtype=pl.String()),
+        pl.Series("name_dtype", [p[1] for p in parsed], dtype=pl.String()),
+    )
+    args_op = pl.col("coll_name").map_elements(canonical_op, return_dtype=pl.String())
+    launcher_op = pl.coalesce(pl.col("l_coll_name"), pl.col("launcher")).map_elements(
+        canonical_op, return_dtype=pl.String())
+    name_op = pl.coalesce(pl.col("rule_op"), pl.col("kernel_op").replace({"Generic": None}))
+    comm = comm.with_columns(
+        pl.when(args_op.is_not_null()).then(pl.lit("pg-args"))
+        .when(launcher_op.is_not_null()).then(pl.lit("cpu-op"))
+        .otherwise(pl.lit("name-rule")).alias("evidence"),
+        pl.coalesce(args_op, launcher_op, name_op, pl.lit("Unknown")).alias("op"),
+        pl.coalesce("in_nelems", "l_in_nelems").alias("nelems"),
+        pl.coalesce("dtype", "l_dtype").map_elements(canonical_dtype, return_dtype=pl.String()).alias("arg_dtype"),
+        pl.coalesce("pg_name", "l_pg_name").alias("pg_name"),
+        pl.coalesce("seq", "l_seq").alias("seq"),
+    ).with_columns(pl.coalesce("arg_dtype", "name_dtype").alias("dtype"))
+    comm = comm.with_columns(
+        (pl.col("nelems") * pl.col("dtype").replace_strict(DTYPE_BYTES, default=None, return_dtype=pl.Int64))
+        .alias("bytes")
+    )
+    return events, comm
+
+
+def read(paths: list[Path], options: IngestOptions) -> RunData:
+    files = [f for p in paths for f in _trace_files(p)]
+    if not files:
+        raise TraceanaError(f"{paths[0]}: no Kineto trace files (*.json, *.json.gz) here")
+    con = duckdb.connect()
+    con.execute("SET threads TO 2")
+    con.execute(
+        "CREATE TABLE ev (f INTEGER, ph VARCHAR, cat VARCHAR, name VARCHAR, pid VARCHAR, tid VARCHAR, "
+        "start_ns BIGINT, end_ns BIGINT, ext_id BIGINT, corr BIGINT, stream BIGINT, coll_name VARCHAR, "
+        "in_nelems BIGINT, dtype VARCHAR, pg_name VARCHAR, pg_ranks VARCHAR, pg_desc VARCHAR, seq BIGINT, "
+        "input_dims JSON, input_type JSON, peer INTEGER)"
+    )
+    infos, ranks, rank_sources = [], [], []
+    for index, file in enumerate(files):
+        info = _load(con, file, index)
+        rank, how = _rank_of(info, file, index)
+        infos.append(info)
+        ranks.append(rank)
+        rank_sources.append(how)
+        options.progress(file.name)
+    require_unique_ranks(ranks, [str(f) for f in files])
+    world = max([i.get("world_size") or 0 for i in infos] + [len(files)])
+    file_rank = pl.DataFrame({"f": list(range(len(files))), "rank": ranks}, schema={"f": pl.Int32, "rank": pl.Int32})
+
+    groups = _process_groups(infos, con)
+    device_count = con.execute("SELECT count(*) FROM ev WHERE cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')")
+    if device_count.fetchall()[0][0]:
+        events, comm = _device_frames(con, options)
+        steps = _device_steps(con)
+        comm = comm.join(file_rank, on="f").join(
+            groups.select("name_key", "pg", "ranks"), left_on="pg_name", right_on="name_key", how="left"
+        ).filter(pl.col("ranks").is_null() | pl.col("ranks").list.contains(pl.col("rank"))).unique(
+            ["rank", "event_id"], keep="first", maintain_order=True)
+        mode = "gpu"
+    else:
+        from traceana.ingest.kineto_cpu import cpu_frames
+
+        events, comm, steps = cpu_frames(con, file_rank, groups, options)
+        mode = "cpu"
+
+    return RunData(
+        source_format="kineto",
+        sources=[str(f.resolve()) for f in files],
+        world_size=world,
+        tool_version=f"kineto schema {infos[0].get('backend', '?')}" if mode == "gpu" else "kineto (cpu-only)",
+        rank_source=",".join(sorted(set(rank_sources))),
+        notes=[] if mode == "gpu" else ["no device activity: CPU-only run, compute from the main thread's CPU ops"],
+        frames={
+            "ranks": pl.DataFrame({"rank": ranks, "source": [str(f) for f in files], "rank_source": rank_sources}),
+            "process_groups": groups.drop("name_key"),
+            "device_events": events.join(file_rank, on="f"),
+            "collectives": comm,
+            "steps": steps.join(file_rank, on="f") if not steps.is_empty() else steps,
+            "annotations": con.sql(
+                "SELECT f, start_ns, end_ns, name, 'cpu' AS domain, cat AS kind FROM ev "
+                "WHERE cat IN ('user_annotation', 'gpu_user_annotation')"
+            ).pl().join(file_rank, on="f"),
+        },
+    )
+
+
+def _device_steps(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """Project ProfilerStep#N (CPU ranges) onto the device: step N runs from its first launched kernel to the
+    next step's first kernel (the last step to its last kernel's end), so work queued late in a step stays in it."""
+    return con.sql(
+        f"""WITH step AS (
+            SELECT f, pid, tid, CAST(regexp_extract(name, '{_STEP}', 1) AS INTEGER) AS step, start_ns, end_ns
+            FROM ev WHERE regexp_matches(name, '{_STEP}') AND cat IN ('user_annotation', 'cpu_op')
+        ), launched AS (
+            SELECT s.f, s.step, min(k.start_ns) AS first_ns, max(k.end_ns) AS last_ns
+            FROM ev k JOIN ev r ON r.f = k.f AND r.corr = k.corr AND r.cat IN ('cuda_runtime', 'cuda_driver')
+            JOIN step s ON s.f = r.f AND s.pid = r.pid AND s.tid = r.tid AND r.start_ns >= s.start_ns
+                 AND r.start_ns < s.end_ns
+            WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')
+            GROUP BY ALL
+        )
+        SELECT f, step, first_ns AS start_ns,
+               coalesce(lead(first_ns) OVER (PARTITION BY f ORDER BY step), last_ns) AS end_ns
+        FROM launched ORDER BY f, step"""
+    ).pl()
