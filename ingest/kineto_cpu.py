@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import duckdb
 import polars as pl
-
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op
 from traceana.ingest.dispatch import IngestOptions
 
@@ -75,7 +74,8 @@ def _infer_groups(con: duckdb.DuckDBPyConnection, comm: pl.DataFrame) -> pl.Data
                                          "peer").to_arrow())
     scored = con.sql("""
         WITH cand AS (  -- every group of a rank is a candidate for each of its worker threads
-            SELECT DISTINCT o.rank, o.stream, g.pg, g.ranks FROM gloo_ops o JOIN groups g ON list_contains(g.ranks, o.rank)
+            SELECT DISTINCT o.rank, o.stream, g.pg, g.ranks
+            FROM gloo_ops o JOIN groups g ON list_contains(g.ranks, o.rank)
         ), partner AS (  -- for each op and candidate group: members that have a matching, overlapping op
             SELECT o.rank, o.stream, o.event_id, c.pg, len(c.ranks) AS size, o.op,
                    p.rank AS member, min(abs(p.end_ns - o.end_ns)) AS gap_ns

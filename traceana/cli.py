@@ -36,7 +36,8 @@ def ingest(
     db: DbOption = Path(store.DEFAULT_DB),
     run_id: Annotated[str | None, typer.Option(help="Run id (default: derived from the inputs).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="auto, nsys, kineto or ascend.")] = "auto",
-    layout: Annotated[str | None, typer.Option(help='Parallel layout, e.g. "tp=2,dp=2,pp=2,order=tp-cp-ep-dp-pp".')] = None,
+    layout: Annotated[str | None, typer.Option(help='Parallel layout, e.g. "tp=2,dp=2,pp=2,order=tp-cp-ep-dp-pp".')]
+    = None,
     step_marker: Annotated[str | None, typer.Option(help="Regex over annotation names that marks steps.")] = None,
     rules: Annotated[Path | None, typer.Option(help="Extra classification rules CSV (pattern,category,op).")] = None,
 ) -> None:
@@ -89,7 +90,8 @@ def info(run: RunArgument = None, db: DbOption = Path(store.DEFAULT_DB), json: J
         parts = {
             "ranks": "SELECT rank, host, device, pid, clock_offset_ns, tp, cp, ep, dp, pp, rank_source "
                      "FROM ranks WHERE run_id=$r ORDER BY rank",
-            "process_groups": "SELECT pg, dim, name, ranks, source FROM process_groups WHERE run_id=$r ORDER BY dim, pg",
+            "process_groups": "SELECT pg, dim, name, ranks, source FROM process_groups WHERE run_id=$r "
+                              "ORDER BY dim, pg",
             "events by category": "SELECT category, count(*) AS events, sum(end_ns-start_ns)/1e6 AS busy_ms "
                                   "FROM device_events WHERE run_id=$r GROUP BY ALL ORDER BY events DESC",
             "collectives by op and dim": "SELECT op, kernel_op, dim, evidence, count(*) AS events, "

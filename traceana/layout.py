@@ -91,7 +91,8 @@ class Layout:
                     raise TraceanaError(f"layout {spec!r}: {key} must be a positive integer, got {value!r}")
                 values[key] = int(value)
             else:
-                raise TraceanaError(f"layout {spec!r}: unknown dimension {key!r} (known: tp, cp, ep, dp, pp, etp, order)")
+                known = "tp, cp, ep, dp, pp, etp, order"
+                raise TraceanaError(f"layout {spec!r}: unknown dimension {key!r} (known: {known})")
         layout = cls(**values)  # type: ignore[arg-type]
         layout.validate()
         return layout
@@ -103,7 +104,8 @@ class Layout:
             raise TraceanaError(f"layout order {self.order!r}: must name each of tp, cp, ep, dp, pp at most once")
         for dim in DIMS:
             if getattr(self, dim) > 1 and dim not in names:
-                raise TraceanaError(f"layout order {self.order!r} does not name {dim}, whose size is {getattr(self, dim)}")
+                size = getattr(self, dim)
+                raise TraceanaError(f"layout order {self.order!r} does not name {dim}, whose size is {size}")
         stage = self.tp * self.cp * self.dp
         if stage % (self.expert_tp * self.ep):
             raise TraceanaError(

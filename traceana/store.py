@@ -36,7 +36,8 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False) -> Iterator
         con = duckdb.connect(str(path), read_only=read_only)
     except duckdb.IOException as exc:
         if "lock" in str(exc).lower():
-            raise TraceanaError(f"{path}: another traceana process is writing this database; retry when it ends") from None
+            message = "another traceana process is writing this database; retry when it ends"
+            raise TraceanaError(f"{path}: {message}") from None
         raise TraceanaError(f"{path}: cannot open as a DuckDB database ({str(exc).splitlines()[0]})") from None
     try:
         if not read_only:
