@@ -140,3 +140,8 @@ def main() -> None:
 
 # Commands owned by other modules register here, one line each.
 # (breakdown / timeline / stragglers, estimate / search, compare)
+from traceana.report_cli import breakdown, stragglers, timeline  # noqa: E402
+
+app.command()(breakdown)
+app.command()(timeline)
+app.command()(stragglers)

@@ -1,0 +1,102 @@
+"""Read the breakdown views (queries/*.sql) for one run: per rank, per stage, a step's timeline, the stragglers.
+
+The views hold integer ns; these helpers pick the rows a report needs and convert to ms and % of TOTAL, the
+units users quote. `compare` reads the same frames.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+
+from traceana.errors import TraceanaError
+
+# Breakdown columns in report order: TOTAL = sum of PARTS exactly; OVERLAPPED is reported beside it.
+WAITS = ("MP_WAIT", "CP_WAIT", "EP_WAIT", "DP_WAIT", "PP_WAIT", "OTHER_WAIT")
+PARTS = ("COMP", *WAITS, "IDLE")
+COORDS = ("tp", "cp", "ep", "dp", "pp")
+# activity_intervals lanes: COMP, then one per communication dim (DIM_LANES[i] is charged to WAITS[i]).
+DIM_LANES = ("TP", "CP", "EP", "DP", "PP", "OTHER")
+
+
+def steps(con: duckdb.DuckDBPyConnection, run_id: str) -> list[int]:
+    """The step numbers of a run, sorted."""
+    rows = con.execute("SELECT DISTINCT step FROM step_windows WHERE run_id = ? ORDER BY step", [run_id]).fetchall()
+    return [r[0] for r in rows]
+
+
+def check_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> None:
+    """A one-line error when ``step`` is not one of the run's steps."""
+    known = steps(con, run_id)
+    if not known:
+        raise TraceanaError(f"run {run_id!r} has no device events, so no breakdown")
+    if step not in known:
+        listing = ", ".join(map(str, known)) if len(known) <= 12 else f"{known[0]}..{known[-1]}"
+        raise TraceanaError(f"--step {step}: run {run_id!r} has no such step (steps: {listing})")
+
+
+def by_rank(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None) -> pl.DataFrame:
+    """One row per rank in ms: step ``step``, or the rank's typical step (mean over steps after the first)."""
+    if step is None:
+        sql = "SELECT * EXCLUDE (run_id) FROM rank_breakdown WHERE run_id = ? ORDER BY rank"
+        frame = con.sql(sql, params=[run_id]).pl()
+    else:
+        check_step(con, run_id, step)
+        sql = "SELECT * EXCLUDE (run_id) FROM rank_step_breakdown WHERE run_id = ? AND step = ? ORDER BY rank"
+        frame = con.sql(sql, params=[run_id, step]).pl()
+    return _ns_to_ms(frame)
+
+
+def by_stage(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None) -> pl.DataFrame:
+    """One row per pipeline stage in ms: mean and max over the stage's ranks (step ``step`` or typical steps)."""
+    if step is not None:
+        check_step(con, run_id, step)
+    frame = con.sql(
+        "SELECT * EXCLUDE (run_id, step) FROM stage_breakdown WHERE run_id = ? AND step IS NOT DISTINCT FROM ? "
+        "ORDER BY pp", params=[run_id, step]).pl()
+    return _ns_to_ms(frame)
+
+
+def percent_of_total(frame: pl.DataFrame, suffix: str = "_ms") -> pl.DataFrame:
+    """Add ``<PART>_pct``: each part's share of TOTAL (the row's own TOTAL, so shares add up to 100)."""
+    total = pl.col(f"TOTAL{suffix}")
+    return frame.with_columns(
+        [(100 * pl.col(f"{p}{suffix}") / total).fill_nan(None).alias(f"{p}_pct") for p in PARTS]
+    )
+
+
+def timeline(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(windows, intervals) of one step: each rank's window and its COMP / per-dim communication unions, in ns."""
+    check_step(con, run_id, step)
+    windows = con.sql(
+        "SELECT w.rank, r.pp, w.start_ns, w.end_ns FROM step_windows w LEFT JOIN ranks r USING (run_id, rank) "
+        "WHERE w.run_id = ? AND w.step = ? ORDER BY r.pp NULLS FIRST, w.rank", params=[run_id, step]).pl()
+    intervals = con.sql(
+        "SELECT rank, lane, start_ns, end_ns FROM activity_intervals WHERE run_id = ? AND step = ?",
+        params=[run_id, step]).pl()
+    return windows, intervals
+
+
+def stragglers(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
+    """Per rank in ms: typical COMP vs its stage's median, straggler-stage flag, and the lateness it caused."""
+    frame = con.sql(
+        "SELECT * EXCLUDE (run_id) FROM stragglers WHERE run_id = ? ORDER BY COMP_excess_pct DESC NULLS LAST, rank",
+        params=[run_id]).pl()
+    return _ns_to_ms(frame)
+
+
+def late_ranks(con: duckdb.DuckDBPyConnection, run_id: str, top: int = 10) -> pl.DataFrame:
+    """The ranks most often last to arrive at a collective (≥ 2 traced ranks), by dim, with the wait they caused."""
+    return con.sql(
+        "SELECT last_rank AS rank, dim, count(*) AS last_arrivals, "
+        "sum(total_wait_ns) / 1e6 AS caused_wait_ms, max(max_wait_ns) / 1e6 AS max_wait_ms "
+        "FROM collective_instances WHERE run_id = ? AND ranks_seen > 1 GROUP BY ALL "
+        "ORDER BY caused_wait_ms DESC, rank LIMIT ?", params=[run_id, top]).pl()
+
+
+def _ns_to_ms(frame: pl.DataFrame) -> pl.DataFrame:
+    """Every ``*_ns`` column as ``*_ms`` (float)."""
+    return frame.select(
+        [(pl.col(c) / 1e6).alias(c.removesuffix("_ns") + "_ms") if c.endswith("_ns") else pl.col(c)
+         for c in frame.columns]
+    )

@@ -1,0 +1,133 @@
+"""The `breakdown`, `timeline` and `stragglers` commands: read the breakdown views, print or plot them."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Annotated
+
+import duckdb
+import polars as pl
+import typer
+
+from traceana import breakdown as bd
+from traceana import store
+from traceana.cli import DbOption, JsonOption, RunArgument
+from traceana.errors import TraceanaError
+from traceana.output import emit, emit_json
+
+StepOption = Annotated[int | None, typer.Option("--step", help="One step (default: mean over steps after the first).")]
+
+
+def _open(db: Path) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
+    """The store, writable when it exists so that its views are this version's; a missing file is an error."""
+    return store.connect(db, read_only=not db.exists())
+
+
+def _present_coords(frame: pl.DataFrame) -> list[str]:
+    return [c for c in bd.COORDS if c in frame.columns and frame[c].null_count() < frame.height]
+
+
+def _with_share(part: str, suffix: str = "_ms") -> pl.Expr:
+    """A cell 'ms (pct%)' for table output."""
+    value = pl.col(f"{part}{suffix}")
+    pct = 100 * value / pl.col(f"TOTAL{suffix}")
+    return pl.format("{} ({}%)", value.round(3), pct.round(1).fill_nan(None))
+
+
+def breakdown(
+    run: RunArgument = None,
+    by: Annotated[str, typer.Option("--by", help="rank or stage.")] = "rank",
+    step: StepOption = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write stacked bars per rank to this PNG.")] = None,
+    json: JsonOption = False,
+    db: DbOption = Path(store.DEFAULT_DB),
+) -> None:
+    """Where each rank's step time went: COMP, each dimension's exposed communication wait, IDLE (ms, % of TOTAL)."""
+    if by not in ("rank", "stage"):
+        raise TraceanaError(f"--by {by!r}: choose rank or stage")
+    with _open(db) as con:
+        rid = store.resolve_run(con, run)
+        ranks = bd.by_rank(con, rid, step)
+        frame = ranks if by == "rank" else bd.by_stage(con, rid, step)
+    if ranks.is_empty():
+        raise TraceanaError(f"run {rid!r} has no device events, so no breakdown")
+    which = f"step {step}" if step is not None else "typical step (mean over steps after the first)"
+    if plot is not None:
+        from traceana.plots import breakdown_bars
+
+        breakdown_bars(ranks, plot, f"{rid}: time per rank, {which}")
+    if json:
+        suffix = "_ms" if by == "rank" else "_mean_ms"
+        emit(bd.percent_of_total(frame, suffix), fmt="json")
+    else:
+        emit(_rank_table(frame) if by == "rank" else _stage_table(frame), title=f"{rid}: breakdown per {by}, {which}")
+    if plot is not None:
+        typer.echo(f"wrote {plot}", err=True)
+
+
+def _rank_table(frame: pl.DataFrame) -> pl.DataFrame:
+    parts = [p for p in bd.PARTS if p not in bd.WAITS or frame[f"{p}_ms"].abs().sum() > 0]
+    step = "step" if "step" in frame.columns else "steps"
+    return frame.select(
+        "rank", *_present_coords(frame), step, pl.col("TOTAL_ms").round(3).alias("TOTAL ms"),
+        *[_with_share(p).alias(f"{p} ms (%)") for p in parts],
+        pl.col("OVERLAPPED_ms").round(3).alias("OVERLAPPED ms"),
+    )
+
+
+def _stage_table(frame: pl.DataFrame) -> pl.DataFrame:
+    parts = [p for p in bd.PARTS if p not in bd.WAITS or frame[f"{p}_max_ms"].abs().sum() > 0]
+    return frame.select(
+        pl.col("pp").alias("stage"), "ranks", pl.col("TOTAL_mean_ms").round(3).alias("TOTAL ms mean"),
+        *[pl.format("{} max {}", _with_share(p, "_mean_ms"), pl.col(f"{p}_max_ms").round(3))
+          .alias(f"{p} ms: mean (%) max") for p in parts],
+        pl.format("{} max {}", pl.col("OVERLAPPED_mean_ms").round(3), pl.col("OVERLAPPED_max_ms").round(3))
+        .alias("OVERLAPPED ms: mean max"),
+    )
+
+
+def timeline(
+    step: Annotated[int, typer.Option("--step", help="The step to draw.")],
+    plot: Annotated[Path, typer.Option("--plot", help="PNG file to write.")],
+    run: RunArgument = None,
+    db: DbOption = Path(store.DEFAULT_DB),
+) -> None:
+    """Gantt of one step across ranks: compute grey, communication colored by dimension, idle blank."""
+    from traceana.plots import timeline_gantt
+
+    with _open(db) as con:
+        rid = store.resolve_run(con, run)
+        windows, intervals = bd.timeline(con, rid, step)
+    timeline_gantt(windows, intervals, plot, f"{rid}: step {step} across {windows.height} ranks")
+    typer.echo(f"wrote {plot} ({windows.height} ranks, {intervals.height} activity intervals)")
+
+
+def stragglers(
+    run: RunArgument = None,
+    threshold: Annotated[float, typer.Option("--threshold", help="Flag ranks whose COMP exceeds their stage's "
+                                             "median by more than this many percent.")] = 5.0,
+    json: JsonOption = False,
+    db: DbOption = Path(store.DEFAULT_DB),
+) -> None:
+    """The straggler stage (largest mean COMP per step), ranks slower than their stage, and who others waited for."""
+    if threshold < 0:
+        raise TraceanaError(f"--threshold {threshold}: must be a percentage >= 0")
+    with _open(db) as con:
+        rid = store.resolve_run(con, run)
+        per_rank = bd.stragglers(con, rid)
+        late = bd.late_ranks(con, rid)
+    if per_rank.is_empty():
+        raise TraceanaError(f"run {rid!r} has no device events, so no stragglers")
+    stage = per_rank.filter(pl.col("straggler_stage"))["pp"][0]
+    stage_ranks = per_rank.filter(pl.col("straggler_stage"))
+    slow = per_rank.filter(pl.col("COMP_excess_pct") > threshold).drop("straggler_stage")
+    if json:
+        emit_json({"run_id": rid, "threshold_pct": threshold, "straggler_stage": stage,
+                   "straggler_stage_mean_COMP_ms": stage_ranks["COMP_ms"].mean(),
+                   "straggler_ranks": slow.to_dicts(), "late_ranks": late.to_dicts()})
+        return
+    where = f"stage {stage}" if stage is not None else "all ranks (no pipeline stages: the run has no layout)"
+    typer.echo(f"{rid}: straggler stage: {where}, mean COMP {stage_ranks['COMP_ms'].mean():,.3f} ms per step")
+    emit(slow, title=f"ranks whose COMP exceeds their stage's median by more than {threshold:g}%")
+    emit(late, title="ranks most often last to arrive at a collective (the others waited for them)")
