@@ -39,10 +39,11 @@ _DTYPES = {
     "uint8_t": "uint8", "i32": "int32", "int32": "int32", "int": "int32", "int32_t": "int32", "u32": "uint32",
     "uint32": "uint32", "uint32_t": "uint32", "i64": "int64", "int64": "int64", "int64_t": "int64",
     "u64": "uint64", "uint64": "uint64", "uint64_t": "uint64", "f8e4m3": "float8_e4m3", "f8e5m2": "float8_e5m2",
-    "fp8_e4m3": "float8_e4m3", "fp8_e5m2": "float8_e5m2",
+    "fp8_e4m3": "float8_e4m3", "fp8_e5m2": "float8_e5m2", "long": "int64", "byte": "uint8", "char": "int8",
+    "short": "int16", "int16": "int16", "i16": "int16", "bool": "bool",
 }
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int32": 4,
-               "uint32": 4, "int64": 8, "uint64": 8, "float8_e4m3": 1, "float8_e5m2": 1, "bool": 1}
+               "uint32": 4, "int64": 8, "uint64": 8, "int16": 2, "float8_e4m3": 1, "float8_e5m2": 1, "bool": 1}
 
 
 def canonical_op(text: str | None) -> str | None:

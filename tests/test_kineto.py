@@ -1,0 +1,122 @@
+"""Kineto ingest on the shared real traces. Expected numbers come from a second route: the raw JSON read
+with the standard library in the test itself (kernel args, runtime correlations, enclosing CPU ops)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.conftest import SAMPLES, TRACES, run_cli
+
+KINETO = TRACES / "kineto"
+
+
+def raw_events(name: str) -> list[dict]:
+    with gzip.open(KINETO / name) as handle:
+        return [e for e in json.load(handle)["traceEvents"] if e.get("ph") == "X"]
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every shared Kineto trace, each ingested as its own run."""
+    path = tmp_path_factory.mktemp("kineto") / "t.duckdb"
+    for file in sorted(KINETO.glob("*.json.gz")):
+        run_cli("ingest", file, "--db", path)
+    return path
+
+
+def query(db: Path, sql: str, *params: object) -> list[tuple]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute(sql, list(params)).fetchall()
+
+
+def test_every_shared_trace_ingests(db: Path) -> None:
+    runs = {r[0] for r in query(db, "SELECT run_id FROM runs")}
+    assert runs == {f.name.removesuffix(".json.gz") for f in KINETO.glob("*.json.gz")}
+
+
+def test_device_event_counts_equal_the_raw_kernel_memcpy_memset_events(db: Path) -> None:
+    for run in ("hta_rank3of8_6steps", "tracelens_mi300_rank0of8_rccl"):
+        raw = sum(e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") for e in raw_events(f"{run}.json.gz"))
+        assert query(db, "SELECT count(*) FROM device_events WHERE run_id = ?", run) == [(raw,)]
+
+
+def test_collectives_from_kernel_args(db: Path) -> None:
+    raw = [e for e in raw_events("hta_rank0of2_pg_args.json.gz")
+           if e.get("cat") == "kernel" and "Collective name" in e["args"]]
+    sizes = {"Float": 4, "Int": 4, "Long": 8, "Byte": 1, "Half": 2, "BFloat16": 2}
+    expected: dict[str, list[int]] = {}
+    for e in raw:
+        op = {"allreduce": "AllReduce", "broadcast": "Broadcast"}[e["args"]["Collective name"]]
+        count_bytes = expected.setdefault(op, [0, 0])
+        count_bytes[0] += 1
+        count_bytes[1] += e["args"]["In msg nelems"] * sizes[e["args"]["dtype"]]
+    rows = query(db, "SELECT op, evidence, pg, count(*), sum(bytes) FROM collectives "
+                     "WHERE run_id = 'hta_rank0of2_pg_args' GROUP BY ALL ORDER BY op")
+    assert rows == [(op, "pg-args", "0", n, b) for op, (n, b) in sorted(expected.items())]
+    groups = query(db, "SELECT pg, ranks, name FROM process_groups WHERE run_id = 'hta_rank0of2_pg_args'")
+    assert groups == [("0", [0, 1], "default_pg")]
+
+
+def _kernels_under(name: str, cpu_op: str) -> int:
+    """Second route: comm kernels whose launching runtime call lies inside a CPU op called ``cpu_op``."""
+    events = raw_events(name)
+    runtime = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_runtime"}
+    hosts = [e for e in events if e.get("name") == cpu_op]
+    count = 0
+    for kernel in (e for e in events if e.get("cat") == "kernel" and e["name"].startswith("ncclKernel_SendRecv")):
+        call = runtime.get(kernel["args"]["correlation"])
+        if call and any(h["tid"] == call["tid"] and h["ts"] <= call["ts"] <= h["ts"] + h["dur"] for h in hosts):
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize("run", ["hta_sampled_rank0of128", "hta_sampled_rank1of128", "hta_rank0of16_a2a_rs_ag"])
+def test_sendrecv_kernels_under_all_to_all_are_alltoall(db: Path, run: str) -> None:
+    expected = _kernels_under(f"{run}.json.gz", "nccl:all_to_all")
+    assert expected > 0
+    rows = query(db, "SELECT count(*) FROM collectives WHERE run_id = ? AND op = 'AllToAll' "
+                     "AND kernel_op = 'SendRecv' AND evidence = 'cpu-op'", run)
+    assert rows == [(expected,)]
+
+
+def test_rccl_generic_kernels_get_their_op_from_args(db: Path) -> None:
+    raw = [e for e in raw_events("tracelens_mi300_rank0of8_rccl.json.gz")
+           if e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel_Generic")]
+    with_args = Counter(e["args"]["Collective name"] for e in raw if "Collective name" in e["args"])
+    rows = dict(query(db, "SELECT op, count(*) FROM collectives WHERE run_id = 'tracelens_mi300_rank0of8_rccl' "
+                          "AND kernel_op = 'Generic' AND evidence = 'pg-args' GROUP BY op"))
+    assert rows == {"AllReduce": with_args["allreduce"], "Broadcast": with_args["broadcast"]}
+    total = query(db, "SELECT count(*) FROM collectives WHERE run_id = 'tracelens_mi300_rank0of8_rccl'")
+    assert total == [(len(raw),)]
+
+
+def test_gloo_pg_config_yields_eleven_groups(db: Path) -> None:
+    with gzip.open(KINETO / "hta_rank34of300_gloo_pgconfig.json.gz") as handle:
+        config = json.load(handle)["distributedInfo"]["pg_config"]
+    assert len(config) == 11
+    rows = query(db, "SELECT count(*), count(DISTINCT pg) FROM process_groups "
+                     "WHERE run_id = 'hta_rank34of300_gloo_pgconfig'")
+    assert rows == [(11, 11)]
+
+
+def test_profiler_steps_become_steps(db: Path) -> None:
+    steps = [e["name"] for e in raw_events("hta_rank3of8_6steps.json.gz") if e["name"].startswith("ProfilerStep#")]
+    rows = query(db, "SELECT step FROM steps WHERE run_id = 'hta_rank3of8_6steps' ORDER BY step")
+    assert [f"ProfilerStep#{r[0]}" for r in rows] == sorted(steps)
+
+
+def test_gloo_groups_inferred_by_timing_match_the_recorded_worker_threads(tmp_path: Path) -> None:
+    """sample_traces recorded which gloo worker thread each group started: the ground truth for the inference."""
+    truth = json.loads((SAMPLES / "tp2dp2_mlp.pg_threads.json").read_text())
+    db = tmp_path / "t.duckdb"
+    run_cli("ingest", SAMPLES / "tp2dp2_mlp", "--layout", "tp=2,dp=2", "--db", db)
+    rows = query(db, "SELECT c.rank, d.stream, c.pg FROM collectives c JOIN device_events d "
+                     "USING (run_id, rank, event_id)")
+    assert rows
+    assert all(truth[str(rank)][str(stream)] == pg for rank, stream, pg in rows)
