@@ -1,0 +1,367 @@
+"""Nsight Systems ingest: SQLite exports (nsys 2022.x ... 2026.x) and .nsys-rep reports, one or many per run.
+
+A run is one report holding every process (torchrun under nsys), or one report per rank, or a folder of them.
+Each process and device with GPU activity is one rank; a report without GPU activity (a CPU-only capture) gives
+one rank per process with NVTX ranges. Ranks come, in order, from what the process states (MPI_RANKS, an
+"MPI Rank N" thread name, RANK / OMPI_COMM_WORLD_RANK / PMI_RANK / SLURM_PROCID / LOCAL_RANK in the captured
+environment of a one-process report), then from the number in each report's file name (compared as numbers), then
+from device order; ``rank_source`` records which. Reports are aligned by their session start (utcEpochNs); the
+shared ``finish`` refines cross-host skew from collective end times.
+
+Kernels, memcpys and memsets become device_events (kernel names through StringIds: the short name is classified,
+the demangled name kept); NVTX push/pop and start/end ranges become annotations, with the name
+``COALESCE(text, StringIds[textId])`` and the domain from the process's domain-create rows. An export with no
+kernel table is ingested with a note (no device activity); one with neither GPU activity nor NVTX ranges is
+refused. CUDA synchronization records are host-side waits, not device work, and are not read.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from traceana.errors import TraceanaError
+from traceana.ingest.nsys_comm import collective_ops
+from traceana.ingest.nsys_export import Export, export_report, is_sqlite
+from traceana.ingest.rules import classify
+from traceana.ingest.run_data import RunData, require_unique_ranks
+
+if TYPE_CHECKING:
+    from traceana.ingest.dispatch import IngestOptions
+
+# ProfilerStep#N and common iteration / step range names ("train_step 3", "iteration 12", "step_4").
+DEFAULT_STEP_MARKER = r"(?i)^(ProfilerStep#\d+|(train(ing)?[ _-]?)?(step|iteration|iter)[ _#-]*\d+)$"
+ENV_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "LOCAL_RANK")
+NVTX_RANGE_TYPES = (59, 60, 70, 71)  # NvtxPushPopRange, NvtxStartEndRange and their NVTXT forms
+NVTX_DOMAIN_CREATE = 75
+# CUPTI's memcpy kinds (CUpti_ActivityMemcpyKind; 2.x exports have no ENUM table for them).
+MEMCPY_KINDS = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
+                8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "Unified HtoD", 12: "Unified DtoH", 13: "Unified DtoD"}
+_PYTORCH_SUFFIX = r", (?:seq|op_id|sizes) = "  # emit_nvtx appends these to op names
+_I64 = pl.Int64()
+_STR = pl.String()
+_DEVICE_COLUMNS = {"start": _I64, "end": _I64, "deviceId": _I64, "streamId": _I64, "correlationId": _I64,
+                   "globalPid": _I64}
+
+
+def matches(path: Path) -> bool:
+    """A .nsys-rep, an SQLite export, or a folder holding either."""
+    if path.is_dir():
+        return any(_is_report(p) for p in path.iterdir())
+    if path.suffix in (".nsys-rep", ".sqlite", ".sqlite3"):
+        return True
+    return is_sqlite(path) and _has_nsys_tables(path)
+
+
+def _is_report(path: Path) -> bool:
+    return path.is_file() and (path.suffix == ".nsys-rep" or (path.suffix == ".sqlite" and is_sqlite(path)))
+
+
+def _has_nsys_tables(path: Path) -> bool:
+    try:
+        export = Export(path)
+    except TraceanaError:
+        return False
+    export.close()
+    return True
+
+
+def _natural(path: Path) -> list[object]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
+def _inputs(paths: list[Path]) -> list[Path]:
+    """Every report file the paths name, once, in natural order (rank_10 after rank_2)."""
+    files: list[Path] = []
+    for path in paths:
+        if not path.exists():
+            raise TraceanaError(f"{path}: no such file or directory")
+        if path.is_dir():
+            found = [p for p in path.iterdir() if _is_report(p)]
+            exported = {p.stem for p in found if p.suffix == ".sqlite"}
+            found = [p for p in found if p.suffix == ".sqlite" or p.stem not in exported]  # prefer the export
+            if not found:
+                raise TraceanaError(f"{path}: no .sqlite export or .nsys-rep report in this folder")
+            files.extend(found)
+        else:
+            files.append(path)
+    unique = {p.resolve(): p for p in files}
+    return sorted(unique.values(), key=_natural)
+
+
+@dataclass
+class Report:
+    """One export, parsed; ranks are decided later across all reports of the run."""
+
+    source: Path
+    units: pl.DataFrame          # pid, device, stated_rank, stated_source: the ranks this report holds
+    device: pl.DataFrame         # pid, device, stream, start_ns, end_ns, name, category, op, kernel_op, ...
+    ranges: pl.DataFrame         # pid, start_ns, end_ns, name, domain, args
+    host: str | None
+    session_start: int | None
+    version: str | None
+    notes: list[str]
+
+
+def _pid(gid: str) -> pl.Expr:
+    """globalPid / globalTid layout: hw:8 vm:8 pid:24 tid:24."""
+    return (pl.col(gid) // 16777216) & 16777215
+
+
+def _device_activity(export: Export, strings: pl.DataFrame) -> pl.DataFrame | None:
+    """Kernels, memcpys and memsets as pid, device, stream, start_ns, end_ns, name, short, correlationId."""
+    parts = []
+    names = strings.rename({"id": "_sid", "value": "_sval"})
+    required = ("start", "end", "deviceId")
+    kernels = export.frame("CUPTI_ACTIVITY_KIND_KERNEL",
+                           {**_DEVICE_COLUMNS, "shortName": _I64, "demangledName": _I64},
+                           required=(*required, "shortName"))
+    if kernels is not None:
+        kernels = (
+            kernels.join(names.rename({"_sid": "shortName", "_sval": "short"}), on="shortName", how="left")
+            .join(names.rename({"_sid": "demangledName", "_sval": "_full"}), on="demangledName", how="left")
+            .with_columns(pl.coalesce("_full", "short", pl.lit("kernel")).alias("name"))
+        )
+        parts.append(kernels)
+    memcpy = export.frame("CUPTI_ACTIVITY_KIND_MEMCPY", {**_DEVICE_COLUMNS, "copyKind": _I64}, required=required)
+    if memcpy is not None:
+        kind = pl.col("copyKind").replace_strict(MEMCPY_KINDS, default="Unknown", return_dtype=_STR)
+        parts.append(memcpy.with_columns(pl.concat_str(pl.lit("Memcpy "), kind).alias("name")))
+    memset = export.frame("CUPTI_ACTIVITY_KIND_MEMSET", _DEVICE_COLUMNS, required=required)
+    if memset is not None:
+        parts.append(memset.with_columns(pl.lit("Memset").alias("name")))
+    if not parts:
+        return None
+    frame = pl.concat([p.select(*_DEVICE_COLUMNS, "name", pl.col("short") if "short" in p.columns
+                                else pl.lit(None, _STR).alias("short")) for p in parts])
+    return frame.select(
+        _pid("globalPid").alias("pid"), pl.col("deviceId").alias("device"), pl.col("streamId").alias("stream"),
+        pl.col("start").alias("start_ns"), pl.col("end").alias("end_ns"), "name",
+        pl.coalesce("short", "name").alias("short"), "correlationId",
+    ).with_row_index("key").with_columns(pl.col("key").cast(_I64))
+
+
+def _nvtx_ranges(export: Export, strings: pl.DataFrame) -> pl.DataFrame | None:
+    """NVTX ranges as pid, tid, start_ns, end_ns, name, domain, args (PyTorch's op_id / seq moved to args)."""
+    nvtx = export.frame("NVTX_EVENTS", {"start": _I64, "end": _I64, "eventType": _I64, "text": _STR,
+                                        "textId": _I64, "domainId": _I64, "globalTid": _I64},
+                        required=("start", "eventType"))
+    if nvtx is None:
+        return None
+    nvtx = nvtx.with_columns(_pid("globalTid").alias("pid"), (pl.col("globalTid") & 16777215).alias("tid"))
+    domains = nvtx.filter(pl.col("eventType") == NVTX_DOMAIN_CREATE).group_by("pid", "domainId").agg(
+        pl.col("text").first().alias("_domain")
+    )
+    ranges = nvtx.filter(pl.col("eventType").is_in(NVTX_RANGE_TYPES) & pl.col("end").is_not_null())
+    ranges = ranges.join(strings.rename({"id": "textId", "value": "_registered"}), on="textId", how="left")
+    ranges = ranges.join(domains, on=["pid", "domainId"], how="left")
+    text = pl.coalesce("text", "_registered", pl.lit(""))
+    cut = text.str.find(_PYTORCH_SUFFIX)
+    ids = pl.struct(text.str.extract(r"op_id = (\d+)").cast(_I64).alias("op_id"),
+                    text.str.extract(r"seq = (\d+)").cast(_I64).alias("seq"))
+    return ranges.select(
+        "pid", "tid", pl.col("start").alias("start_ns"), pl.col("end").alias("end_ns"),
+        pl.when(cut.is_not_null()).then(text.str.slice(0, cut)).otherwise(text).alias("name"),
+        pl.when(pl.col("domainId").fill_null(0) == 0).then(None)
+        .otherwise(pl.coalesce("_domain", pl.format("domain {}", "domainId"))).alias("domain"),
+        pl.when(cut.is_not_null()).then(ids.struct.json_encode()).alias("args"),
+    )
+
+
+def _launches(export: Export) -> pl.DataFrame | None:
+    runtime = export.frame("CUPTI_ACTIVITY_KIND_RUNTIME", {"start": _I64, "globalTid": _I64, "correlationId": _I64})
+    if runtime is None:
+        return None
+    return runtime.select(_pid("globalTid").alias("pid"), (pl.col("globalTid") & 16777215).alias("tid"),
+                          "correlationId", pl.col("start").alias("launch_ns"))
+
+
+def _stated_ranks(export: Export, strings: pl.DataFrame, pids: list[int | None]) -> dict[int | None, tuple[int, str]]:
+    """pid -> (rank, source) where the report says it: MPI_RANKS, "MPI Rank N" thread names, captured env."""
+    stated: dict[int | None, tuple[int, str]] = {}
+    threads = export.frame("ThreadNames", {"nameId": _I64, "globalTid": _I64})
+    if threads is not None:
+        named = threads.join(strings.rename({"id": "nameId"}), on="nameId").select(
+            _pid("globalTid").alias("pid"), pl.col("value").str.extract(r"^MPI Rank (\d+)$").cast(_I64).alias("rank")
+        ).drop_nulls()
+        stated |= {pid: (rank, "thread-name") for pid, rank in named.unique("pid").iter_rows()}
+    mpi = export.frame("MPI_RANKS", {"globalTid": _I64, "rank": _I64})
+    if mpi is not None:
+        stated |= {pid: (rank, "MPI_RANKS") for pid, rank in
+                   mpi.select(_pid("globalTid").alias("pid"), "rank").unique("pid").iter_rows()}
+    if len(pids) == 1 and pids[0] not in stated:  # the captured environment is the launched process's
+        env = export.capture_env()
+        var = next((v for v in ENV_RANK_VARS if env.get(v, "").isdigit()), None)
+        if var is not None:
+            stated[pids[0]] = (int(env[var]), f"env:{var}")
+    return stated
+
+
+def _read_report(source: Path, options: IngestOptions) -> Report:
+    path = export_report(source, options.cache_dir) if source.suffix == ".nsys-rep" else source
+    export = Export(path)
+    try:
+        strings = export.strings()
+        device = _device_activity(export, strings)
+        ranges = _nvtx_ranges(export, strings)
+        absent = [t for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS") if t not in export.tables]
+        if absent:
+            export.notes.append(f"{source.name}: no {' or '.join(absent)} table (lazy exports omit empty tables)")
+        if device is None or device.is_empty():
+            if ranges is None or ranges.is_empty():
+                raise TraceanaError(f"{source}: nothing to ingest (no kernels, memory copies or NVTX ranges)")
+            export.notes.append(f"{source.name}: no GPU activity; ranks are the processes with NVTX ranges")
+            units = ranges.select("pid", pl.lit(None, _I64).alias("device")).unique()
+            device = None
+        else:
+            units = device.select("pid", "device").unique()
+            device = _with_collectives(device, export, ranges, options)
+        stated = _stated_ranks(export, strings, units["pid"].unique().to_list())
+        units = units.with_columns(
+            pl.col("pid").replace_strict({p: r for p, (r, _) in stated.items()}, default=None, return_dtype=_I64)
+            .alias("stated_rank"),
+            pl.col("pid").replace_strict({p: s for p, (_, s) in stated.items()}, default=None, return_dtype=_STR)
+            .alias("stated_source"),
+        ).sort("device", "pid", nulls_last=True)
+        host = export.scalar("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname' LIMIT 1")
+        start = export.scalar("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1")
+        if path != source:
+            export.notes.append(f"{source.name}: exported with nsys to {path}")
+        return Report(source, units, device if device is not None else _no_device(),
+                      ranges if ranges is not None else pl.DataFrame(schema=_RANGE_SCHEMA),
+                      str(host) if host is not None else None, int(start) if start is not None else None,
+                      export.version, export.notes)
+    finally:
+        export.close()
+
+
+_RANGE_SCHEMA = {"pid": _I64, "tid": _I64, "start_ns": _I64, "end_ns": _I64, "name": _STR, "domain": _STR,
+                 "args": _STR}
+_DEVICE_SCHEMA = {"pid": _I64, "device": _I64, "stream": _I64, "start_ns": _I64, "end_ns": _I64, "name": _STR,
+                  "category": _STR, "op": _STR, "kernel_op": _STR, "dtype": _STR, "evidence": _STR}
+
+
+def _no_device() -> pl.DataFrame:
+    return pl.DataFrame(schema=_DEVICE_SCHEMA)
+
+
+def _with_collectives(device: pl.DataFrame, export: Export, ranges: pl.DataFrame | None,
+                      options: IngestOptions) -> pl.DataFrame:
+    """Classify every device event; add op, kernel_op, dtype and evidence to the communication ones."""
+    device = device.with_columns(classify(pl.col("short"), options.rules))
+    comm = device.filter(pl.col("category") == "comm").select("key", "pid", "correlationId", "short", "rule_op")
+    needs_launches = comm["short"].str.contains(r"^nccl(?:Dev)?Kernel_(?:SendRecv|Generic)").any()
+    ops = collective_ops(comm, _launches(export) if needs_launches else None, ranges)
+    return device.join(ops, on="key", how="left").select(*_DEVICE_SCHEMA)
+
+
+def _assign_ranks(units: pl.DataFrame, reports: list[Report]) -> pl.DataFrame:
+    """units (report, pid, device, stated_rank, stated_source) -> with rank and rank_source."""
+    sources = [str(reports[i].source) for i in units["report"]]
+    stated = units["stated_rank"]
+    if stated.null_count() == 0:
+        if stated.n_unique() == len(units):
+            return units.with_columns(pl.col("stated_rank").alias("rank"), pl.col("stated_source").alias("rank_source"))
+        per_file = units.with_columns(pl.Series("_source", sources)).unique(["_source", "stated_rank"])
+        require_unique_ranks(per_file["stated_rank"].to_list(), per_file["_source"].to_list())
+    numbers = [_file_number(r.source) for r in reports]
+    if len(reports) > 1 and len(units) == len(reports) and None not in numbers and len(set(numbers)) == len(numbers):
+        return units.with_columns(pl.col("report").replace_strict(dict(enumerate(numbers)), return_dtype=_I64)
+                                  .alias("rank"), pl.lit("file-name").alias("rank_source"))
+    order = "device-order" if units["device"].null_count() == 0 else "process-order"
+    return units.sort("report", "stated_rank", "device", "pid", nulls_last=True).with_row_index("rank").with_columns(
+        pl.col("rank").cast(_I64), pl.lit(order).alias("rank_source")
+    )
+
+
+def _file_number(path: Path) -> int | None:
+    numbers = re.findall(r"\d+", path.name.split(".")[0])
+    return int(numbers[-1]) if numbers else None
+
+
+def _clock_offsets(reports: list[Report], notes: list[str]) -> list[int]:
+    """Per report, ns to add to reach the run timeline: session starts (utcEpochNs) relative to the earliest."""
+    starts = [r.session_start for r in reports]
+    if len(reports) == 1:
+        return [0]
+    if None in starts:
+        lacking = ", ".join(r.source.name for r in reports if r.session_start is None)
+        notes.append(f"no session start time in {lacking}: reports are not clock-aligned")
+        return [0] * len(reports)
+    first = min(s for s in starts if s is not None)
+    return [s - first for s in starts if s is not None]
+
+
+def _steps(annotations: pl.DataFrame, device: pl.DataFrame, marker: str) -> pl.DataFrame:
+    """Steps per rank from marker ranges (number from the name, else order); a rank without markers is one step."""
+    marked = annotations.filter(pl.col("name").str.contains(marker)).with_columns(
+        pl.col("name").str.extract(r"(\d+)\D*$").cast(_I64).alias("_number")
+    )
+    marked = marked.sort("rank", "start_ns").with_columns(
+        pl.coalesce("_number", pl.int_range(pl.len()).over("rank")).alias("step")
+    )
+    steps = marked.group_by("rank", "step").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+    spans = pl.concat([annotations.select("rank", "start_ns", "end_ns"), device.select("rank", "start_ns", "end_ns")])
+    whole = spans.filter(~pl.col("rank").is_in(steps["rank"].unique().implode())).group_by("rank").agg(
+        pl.lit(0, _I64).alias("step"), pl.col("start_ns").min(), pl.col("end_ns").max()
+    )
+    return pl.concat([steps, whole.select(steps.columns)]).sort("rank", "step")
+
+
+def read(paths: list[Path], options: IngestOptions) -> RunData:
+    """One run from nsys exports / reports (files, or folders of them)."""
+    reports = []
+    for source in _inputs(paths):
+        reports.append(_read_report(source, options))
+        options.progress(source.name)
+    notes = [n for r in reports for n in r.notes]
+    units = pl.concat([r.units.with_columns(pl.lit(i, _I64).alias("report")) for i, r in enumerate(reports)])
+    ranks = _assign_ranks(units, reports)
+    offsets = _clock_offsets(reports, notes)
+    if any(offsets):
+        notes.append("clock offsets from session start (utcEpochNs): "
+                     + ", ".join(f"{r.source.name} +{o} ns" for r, o in zip(reports, offsets, strict=True)))
+
+    def per_report(name: str) -> pl.DataFrame:
+        return pl.concat([getattr(r, name).with_columns(pl.lit(i, _I64).alias("report"),
+                                                        pl.lit(offsets[i], _I64).alias("_offset"))
+                          for i, r in enumerate(reports)])
+
+    shift = [(pl.col(c) + pl.col("_offset")).alias(c) for c in ("start_ns", "end_ns")]
+    keys = ranks.select("report", "pid", "device", "rank")
+    device = per_report("device").join(keys, on=["report", "pid", "device"], nulls_equal=True).with_columns(shift)
+    device = device.sort("rank", "start_ns", "end_ns", "stream").with_columns(
+        pl.int_range(pl.len()).over("rank").cast(_I64).alias("event_id")
+    )
+    ranges = per_report("ranges")
+    owners = keys.select("report", "pid", "rank")
+    annotations = ranges.join(owners, on=["report", "pid"], nulls_equal=True)  # a multi-GPU process: every rank
+    if dropped := ranges.join(owners, on=["report", "pid"], how="anti", nulls_equal=True).height:
+        notes.append(f"{dropped} NVTX ranges of processes without GPU activity were left out")
+    annotations = annotations.with_columns(*shift, pl.lit("nvtx").alias("kind")).sort("rank", "start_ns")
+    rank_rows = ranks.with_columns(
+        pl.col("report").replace_strict({i: r.host for i, r in enumerate(reports)}, return_dtype=_STR).alias("host"),
+        pl.col("report").replace_strict(dict(enumerate(offsets)), return_dtype=_I64).alias("clock_offset_ns"),
+        pl.col("report").replace_strict({i: str(r.source) for i, r in enumerate(reports)}, return_dtype=_STR)
+        .alias("source"),
+    ).sort("rank")
+    versions = sorted({r.version for r in reports if r.version})
+    return RunData(
+        source_format="nsys",
+        sources=[str(p.resolve()) for p in paths],
+        world_size=int(rank_rows["rank"].max()) + 1,  # type: ignore[arg-type]
+        tool_version=", ".join(versions) or None,
+        rank_source=", ".join(sorted(set(rank_rows["rank_source"].to_list()))),
+        notes=notes,
+        frames={
+            "ranks": rank_rows,
+            "device_events": device,
+            "collectives": device.filter(pl.col("op").is_not_null()),
+            "annotations": annotations,
+            "steps": _steps(annotations, device, options.step_marker or DEFAULT_STEP_MARKER),
+        },
+    )

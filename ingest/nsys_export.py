@@ -1,0 +1,171 @@
+"""One Nsight Systems SQLite export, opened read-only and read by column name.
+
+Exports differ between nsys versions (2022.x schema 2.9 ... 2026.x schema 3.28): metadata tables were renamed,
+columns are inserted mid-table, lazy exports omit empty tables, and some strings are not valid UTF-8. This module
+hides that: callers ask for a table and the columns they want, and get a Polars frame with exactly those columns
+(NULL where the export lacks one) or None where the table is absent, with what was missing written to ``notes``.
+It also turns a ``.nsys-rep`` into an SQLite export with the nsys CLI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+from urllib.parse import quote
+
+import polars as pl
+
+from traceana.errors import TraceanaError
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")  # 2023+ name, 2022 name
+
+
+def is_sqlite(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(16) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def _check_header(path: Path) -> None:
+    """Refuse files that are not SQLite, or shorter than their header says (a truncated copy or download)."""
+    try:
+        with path.open("rb") as handle:
+            header = handle.read(100)
+    except OSError as exc:
+        raise TraceanaError(f"{path}: cannot read ({exc.strerror})") from None
+    if not header.startswith(SQLITE_MAGIC):
+        raise TraceanaError(f"{path}: not an SQLite database (expected an nsys export: nsys export --type sqlite)")
+    if len(header) < 100:
+        raise TraceanaError(f"{path}: truncated SQLite file ({len(header)} bytes)")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    if pages and header[24:28] == header[92:96]:  # the in-header size is valid only when these two agree
+        expected, actual = page_size * pages, path.stat().st_size
+        if actual < expected:
+            raise TraceanaError(f"{path}: truncated SQLite file ({actual} bytes, its header says {expected})")
+
+
+class Export:
+    """A read-only view of one export: tables, columns, metadata, strings."""
+
+    def __init__(self, path: Path) -> None:
+        _check_header(path)
+        self.path = path
+        self.notes: list[str] = []
+        uri = f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1"
+        self._con = sqlite3.connect(uri, uri=True)
+        self._con.text_factory = lambda raw: raw.decode("utf-8", "replace")  # some StringIds are not UTF-8
+        names = [r[0] for r in self._sql("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        self.tables = set(names)
+        self._columns: dict[str, list[str]] = {}
+        self.meta = self._meta()
+
+    def close(self) -> None:
+        self._con.close()
+
+    def _sql(self, sql: str, params: tuple = ()) -> list[tuple]:
+        try:
+            return self._con.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise TraceanaError(f"{self.path}: cannot read the export ({exc}); is the file complete?") from None
+
+    def _meta(self) -> dict[str, str]:
+        table = next((t for t in META_TABLES if t in self.tables), None)
+        if table is None:
+            if "StringIds" not in self.tables:
+                raise TraceanaError(
+                    f"{self.path}: an SQLite database but not an Nsight Systems export "
+                    f"(no {' / '.join(META_TABLES)} or StringIds table)"
+                )
+            self.notes.append(f"{self.path.name}: no export metadata table; nsys version unknown")
+            return {}
+        return {str(k): str(v) for k, v in self._sql(f'SELECT name, value FROM "{table}"')}
+
+    @property
+    def version(self) -> str | None:
+        product, schema = self.meta.get("EXPORT_PRODUCT_VERSION"), self.meta.get("EXPORT_SCHEMA_VERSION")
+        if not product:
+            return None
+        return f"nsys {product} (export schema {schema})" if schema else f"nsys {product}"
+
+    def columns(self, table: str) -> list[str]:
+        if table not in self._columns:
+            self._columns[table] = [r[1] for r in self._sql(f'PRAGMA table_info("{table}")')]
+        return self._columns[table]
+
+    def frame(self, table: str, columns: dict[str, pl.DataType], where: str = "",
+              required: tuple[str, ...] = ()) -> pl.DataFrame | None:
+        """``columns`` of ``table`` (NULL where the export lacks one), or None when the table is absent.
+
+        A missing column in ``required`` is an error naming the table; other missing columns go into ``notes``.
+        """
+        if table not in self.tables:
+            return None
+        present = set(self.columns(table))
+        missing = [c for c in columns if c not in present]
+        if lacking := [c for c in required if c in missing]:
+            raise TraceanaError(f"{self.path}: table {table} has no column {', '.join(lacking)} (not an nsys export?)")
+        if missing:
+            self.notes.append(f"{self.path.name}: {table} has no column {', '.join(missing)}")
+        select = ", ".join(f'"{c}"' if c in present else f'NULL AS "{c}"' for c in columns)
+        rows = self._sql(f'SELECT {select} FROM "{table}" {where}')
+        return pl.DataFrame(rows, schema=columns, orient="row")
+
+    def strings(self) -> pl.DataFrame:
+        """StringIds as (id, value): every name in the export is an id into it."""
+        frame = self.frame("StringIds", {"id": pl.Int64(), "value": pl.String()}, required=("id", "value"))
+        return frame if frame is not None else pl.DataFrame(schema={"id": pl.Int64(), "value": pl.String()})
+
+    def capture_env(self) -> dict[str, str]:
+        """The launched process's environment as recorded in META_DATA_CAPTURE (3.x exports), else empty."""
+        if "META_DATA_CAPTURE" not in self.tables:
+            return {}
+        env: dict[str, str] = {}
+        rows = self._sql("SELECT value FROM META_DATA_CAPTURE WHERE name LIKE 'PROCESS_%:ENVIRONMENT_VARIABLE'")
+        for (value,) in rows:
+            key, _, text = str(value).partition("=")
+            env.setdefault(key, text.strip('"'))
+        return env
+
+    def scalar(self, sql: str) -> object | None:
+        """The first value of ``sql``, or None when it returns nothing or a table it names is absent."""
+        try:
+            rows = self._con.execute(sql).fetchall()
+        except sqlite3.OperationalError:
+            return None
+        except sqlite3.DatabaseError as exc:
+            raise TraceanaError(f"{self.path}: cannot read the export ({exc}); is the file complete?") from None
+        return rows[0][0] if rows else None
+
+
+def export_report(report: Path, cache_dir: Path) -> Path:
+    """The SQLite export of ``report`` (.nsys-rep), made with ``nsys export`` once and cached by content stamp."""
+    exported = report.with_suffix(".sqlite")
+    by_hand = f"nsys export --type sqlite --output {exported} {report}"
+    nsys = shutil.which("nsys")
+    if nsys is None:
+        raise TraceanaError(f"{report}: nsys is not on PATH to export it; run `{by_hand}` and ingest the .sqlite")
+    stat = report.stat()
+    stamp = hashlib.sha1(f"{report.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache_dir / f"{report.stem}-{stamp}.sqlite"
+    if target.exists():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial.sqlite")
+    command = [nsys, "export", "--type", "sqlite", "--quiet", "true", "--force-overwrite", "true",
+               "--output", str(partial), str(report)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0 or not partial.exists():
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        reason = lines[-1] if lines else f"exit status {result.returncode}"
+        partial.unlink(missing_ok=True)
+        raise TraceanaError(f"{report}: nsys export failed ({reason}); try `{by_hand}` by hand")
+    partial.replace(target)
+    return target
