@@ -11,8 +11,14 @@ import argparse
 import time
 from pathlib import Path
 
+import moe
+import pipeline
+import toy_transformer
 import tp_mlp
 from harness import Experiment, launch
+
+# Seed 002's pipeline replicas are rank0 -> rank1 and rank2 -> rank3: pp varies fastest.
+PP_LAYOUT = "pp=2,dp=2,order=tp-cp-ep-pp-dp"
 
 EXPERIMENTS = {
     e.name: e
@@ -21,6 +27,16 @@ EXPERIMENTS = {
                    "TP2xDP2 two-layer MLP, row-parallel output AllReduce"),
         Experiment("tp2dp2_mlp_sp", "tp=2,dp=2", ("TP", "DP"), tp_mlp.build_sequence_parallel,
                    "the same MLP, sequence parallel: ReduceScatter + AllGather"),
+        Experiment("pp2_mb1", PP_LAYOUT, ("PP", "DP"), pipeline.build_mb1,
+                   "2-stage GPipe pipeline, 1 micro-batch of 64"),
+        Experiment("pp2_mb8", PP_LAYOUT, ("PP", "DP"), pipeline.build_mb8,
+                   "2-stage GPipe pipeline, 8 micro-batches of 8"),
+        Experiment("moe_balanced", "ep=2,dp=4", ("EP", "DP-EP"), moe.build_balanced,
+                   "top-1 MoE over EP2, balanced splits [32, 32]"),
+        Experiment("moe_skewed", "ep=2,dp=4", ("EP", "DP-EP"), moe.build_skewed,
+                   "top-1 MoE over EP2, 7:1 skewed splits [56, 8]"),
+        Experiment("toy8_tp2pp2dp2_1f1b", "tp=2,pp=2,dp=2,order=tp-cp-ep-dp-pp", ("TP", "DP", "PP"),
+                   toy_transformer.build, "8-rank TP2 PP2 DP2 toy GPT, 1F1B, 4 micro-batches"),
     )
 }
 

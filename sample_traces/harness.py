@@ -8,8 +8,10 @@ to ``traceana ingest`` cannot disagree.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,24 +62,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _new_groups(layout: Layout, rank: int, kinds: tuple[str, ...]) -> Context:
+def _threads() -> set[int]:
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+
+def _new_groups(layout: Layout, rank: int, kinds: tuple[str, ...], pg_threads: dict[int, str]) -> Context:
+    """Create the groups; record which worker threads each group of this rank started (tid -> pg_name)."""
     groups: dict[str, dist.ProcessGroup] = {}
     ranks: dict[str, list[int]] = {}
     for kind in kinds:
         for members in layout.groups[kind]:  # every rank creates every group, in the same order
+            before = _threads()
             group = dist.new_group(members, group_desc=GROUP_DESC[kind])
             if rank in members:
                 groups[kind], ranks[kind] = group, members
+                pg_threads.update(dict.fromkeys(_threads() - before, group.group_name))
     return Context(rank, layout, groups, ranks)
 
 
 def _worker(rank: int, exp: Experiment, port: int, out_dir: Path) -> None:
+    # seed 002 and Megatron call APIs torch 2.13 deprecates (distributed.nn.functional, reduce_scatter_tensor);
+    # the notice would repeat on every rank and every call.
+    warnings.filterwarnings("ignore", message=r".*deprecated", category=FutureWarning)
     torch.set_num_threads(1)  # 2 cores, up to 8 ranks: one compute thread per process
     torch.manual_seed(1234 + rank)
     layout = Layout.parse(exp.layout)
+    before = _threads()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=layout.world_size)
     try:
-        ctx = _new_groups(layout, rank, exp.groups)
+        pg_threads = dict.fromkeys(_threads() - before, dist.group.WORLD.group_name)
+        ctx = _new_groups(layout, rank, exp.groups, pg_threads)
         step = exp.build(ctx)
         path = out_dir / f"rank{rank}.json.gz"  # export_chrome_trace gzips when the name ends in .gz
         with profile(
@@ -89,7 +103,11 @@ def _worker(rank: int, exp: Experiment, port: int, out_dir: Path) -> None:
             for _ in range(WAIT + WARMUP + ACTIVE):
                 step()
                 prof.step()
-        dist.barrier()
+        everyone: list[dict[int, str] | None] = [None] * layout.world_size
+        dist.all_gather_object(everyone, pg_threads)
+        if rank == 0:
+            threads = {str(r): {str(tid): pg for tid, pg in sorted(m.items())} for r, m in enumerate(everyone)}
+            (out_dir.parent / f"{exp.name}.pg_threads.json").write_text(json.dumps(threads, indent=1) + "\n")
     finally:
         dist.destroy_process_group()
 
