@@ -41,7 +41,7 @@ NVTX_DOMAIN_CREATE = 75
 # CUPTI's memcpy kinds (CUpti_ActivityMemcpyKind; 2.x exports have no ENUM table for them).
 MEMCPY_KINDS = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
                 8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "Unified HtoD", 12: "Unified DtoH", 13: "Unified DtoD"}
-_PYTORCH_SUFFIX = r", (?:seq|op_id|sizes) = "  # emit_nvtx appends these to op names
+_PYTORCH_SUFFIX = r"(?s), (?:seq|op_id|sizes) = .*$"  # emit_nvtx appends these to op names
 _I64 = pl.Int64()
 _STR = pl.String()
 _DEVICE_COLUMNS = {"start": _I64, "end": _I64, "deviceId": _I64, "streamId": _I64, "correlationId": _I64,
@@ -160,15 +160,14 @@ def _nvtx_ranges(export: Export, strings: pl.DataFrame) -> pl.DataFrame | None:
     ranges = ranges.join(strings.rename({"id": "textId", "value": "_registered"}), on="textId", how="left")
     ranges = ranges.join(domains, on=["pid", "domainId"], how="left")
     text = pl.coalesce("text", "_registered", pl.lit(""))
-    cut = text.str.find(_PYTORCH_SUFFIX)
     ids = pl.struct(text.str.extract(r"op_id = (\d+)").cast(_I64).alias("op_id"),
                     text.str.extract(r"seq = (\d+)").cast(_I64).alias("seq"))
     return ranges.select(
         "pid", "tid", pl.col("start").alias("start_ns"), pl.col("end").alias("end_ns"),
-        pl.when(cut.is_not_null()).then(text.str.slice(0, cut)).otherwise(text).alias("name"),
+        text.str.replace(_PYTORCH_SUFFIX, "").alias("name"),
         pl.when(pl.col("domainId").fill_null(0) == 0).then(None)
         .otherwise(pl.coalesce("_domain", pl.format("domain {}", "domainId"))).alias("domain"),
-        pl.when(cut.is_not_null()).then(ids.struct.json_encode()).alias("args"),
+        pl.when(text.str.contains(_PYTORCH_SUFFIX)).then(ids.struct.json_encode()).alias("args"),
     )
 
 
@@ -298,9 +297,11 @@ def _clock_offsets(reports: list[Report], notes: list[str]) -> list[int]:
 
 def _steps(annotations: pl.DataFrame, device: pl.DataFrame, marker: str) -> pl.DataFrame:
     """Steps per rank from marker ranges (number from the name, else order); a rank without markers is one step."""
-    marked = annotations.filter(pl.col("name").str.contains(marker)).with_columns(
-        pl.col("name").str.extract(r"(\d+)\D*$").cast(_I64).alias("_number")
-    )
+    try:
+        marked = annotations.filter(pl.col("name").str.contains(marker))
+    except pl.exceptions.ComputeError as exc:
+        raise TraceanaError(f"--step-marker {marker!r}: {str(exc).splitlines()[0]}") from None
+    marked = marked.with_columns(pl.col("name").str.extract(r"(\d+)\D*$").cast(_I64).alias("_number"))
     marked = marked.sort("rank", "start_ns").with_columns(
         pl.coalesce("_number", pl.int_range(pl.len()).over("rank")).alias("step")
     )

@@ -311,3 +311,12 @@ def test_nccl_path_through_the_ingester_on_an_edited_copy(tmp_path: Path) -> Non
     (start,) = sql(copy, "SELECT start FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE correlationId = 143")[0]
     event = data.table("device_events").filter(pl.col("event_id") == coll["event_id"][0])
     assert event.select("start_ns", "category").rows() == [(start, "comm")]
+
+
+def test_step_marker_regex_numbers_unnumbered_ranges_in_order() -> None:
+    steps = ingest(SAXPY, step_marker="^saxpy$").table("steps")
+    saxpy = sql(SAXPY, "SELECT start, \"end\" FROM NVTX_EVENTS WHERE eventType = 59 AND text = 'saxpy' ORDER BY start")
+    assert steps.select("step", "start_ns", "end_ns").rows() == [(i, s, e) for i, (s, e) in enumerate(saxpy)]
+    assert len(saxpy) == 5
+    with pytest.raises(TraceanaError, match=r"^--step-marker '\(\?<=M\)PI': regex"):
+        ingest(SAXPY, step_marker="(?<=M)PI")

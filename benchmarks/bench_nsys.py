@@ -1,0 +1,45 @@
+"""nsys ingest throughput on the largest shared SQLite export: read + finish, then the store write.
+
+Prints seconds, MB/s of export file and kernels/s (and all device events + NVTX ranges per second).
+Run: .venv/bin/python benchmarks/bench_nsys.py
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+
+from traceana import store
+from traceana.ingest.dispatch import IngestOptions, read_run
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "nsys"
+
+
+def main(repeats: int = 5) -> None:
+    export = max(SHARED.glob("*.sqlite"), key=lambda p: p.stat().st_size)
+    con = sqlite3.connect(f"file:{export}?mode=ro", uri=True)
+    (kernels,) = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
+    con.close()
+    best_read = best_total = float("inf")
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            data = read_run([export], "nsys", IngestOptions())
+            parsed = time.perf_counter()
+            with store.connect(Path(tmp) / "bench.duckdb") as db:
+                store.write_run(db, "bench", data, None)
+            done = time.perf_counter()
+        best_read, best_total = min(best_read, parsed - start), min(best_total, done - start)
+    mb = export.stat().st_size / 1e6
+    rows = data.table("device_events").height + data.table("annotations").height
+    print(f"export: {export.name}  ({mb:.2f} MB, {kernels:,} kernels, {data.table('device_events').height:,} device "
+          f"events, {data.table('annotations').height:,} NVTX ranges; best of {repeats})")
+    print(f"{'stage':<22}{'seconds':>9}{'MB/s':>9}{'kernels/s':>12}{'rows/s':>12}")
+    for label, seconds in (("read+finish", best_read), ("ingest incl. store", best_total)):
+        print(f"{label:<22}{seconds:>9.3f}{mb / seconds:>9.1f}{kernels / seconds:>12,.0f}{rows / seconds:>12,.0f}")
+
+
+if __name__ == "__main__":
+    main()
