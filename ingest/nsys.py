@@ -5,8 +5,9 @@ Each process and device with GPU activity is one rank; a report without GPU acti
 one rank per process with NVTX ranges. Ranks come, in order, from what the process states (MPI_RANKS, an
 "MPI Rank N" thread name, RANK / OMPI_COMM_WORLD_RANK / PMI_RANK / SLURM_PROCID / LOCAL_RANK in the captured
 environment of a one-process report), then from the number in each report's file name (compared as numbers), then
-from device order; ``rank_source`` records which. Reports are aligned by their session start (utcEpochNs); the
-shared ``finish`` refines cross-host skew from collective end times.
+from device order; ``rank_source`` records which. Reports are aligned coarsely by their session start
+(utcEpochNs), recorded in ranks.clock_offset_ns; refining cross-host skew by collective end times is left to the
+shared ``finish`` step, not done here.
 
 Kernels, memcpys and memsets become device_events (kernel names through StringIds: the short name is classified,
 the demangled name kept); NVTX push/pop and start/end ranges become annotations, with the name

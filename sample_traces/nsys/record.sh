@@ -6,6 +6,9 @@
 #   apt-get download nsight-systems nsight-systems-target
 #   dpkg -x nsight-systems-target_*.deb /opt/nsys && dpkg -x nsight-systems_2022*.deb /opt/nsys
 #   export PATH=/opt/nsys/usr/lib/nsight-systems/bin:$PATH
+# (libssh-4 from apt, linked as /opt/nsys/usr/lib/x86_64-linux-gnu/libssh.so.4, lets QdstrmImporter run.)
+# Only exporting a report (what the tests do) needs just nsight-systems-target: nsys is
+# /opt/nsys/usr/lib/x86_64-linux-gnu/nsight-systems/target-linux-x64/nsys.
 # torchrun starts nsys once per rank (--no-python), so each report captures that rank's RANK in its environment.
 set -euo pipefail
 cd "$(dirname "$0")"
