@@ -1,0 +1,171 @@
+"""The sample traces (real gloo jobs, sample_traces/) against seed 002's communication fingerprint.
+
+Expected numbers come from the model code in sample_traces/ (derivations in comments) and are checked twice:
+- against the raw JSON read with the standard library: the main thread's c10d::* calls per ProfilerStep, each paired
+  with the gloo:* range that ran it (k-th call <-> k-th range: the calls are synchronous), whose worker thread's group
+  comes from the thread -> group map recorded while the job ran (traces/<name>.pg_threads.json);
+- against what `traceana ingest --layout` stores: op, dim and bytes per rank per step.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.conftest import SAMPLES, run_cli
+from traceana.ingest.comm_names import canonical_op
+from traceana.layout import Layout
+
+KiB, F32 = 1024, 4
+Fingerprint = dict[tuple[str, str], tuple[int, int]]  # (op, dim) -> (collectives, bytes) per rank per step
+
+
+def _tp_mlp(c: dict[str, int]) -> Fingerprint:
+    # B=128 tokens, D=512, H=1024 split over TP=2. TP payload is the activation [B, D] (256 KiB); forward and
+    # backward one each. DP: the two weight shards [512, 512] (1 MiB each), one AllReduce per weight.
+    return {("AllReduce", "TP"): (2, 2 * 128 * 512 * F32), ("AllReduce", "DP"): (2, 2 * 512 * 512 * F32)}
+
+
+def _tp_mlp_sp(c: dict[str, int]) -> Fingerprint:
+    # ReduceScatter input is the partial [128, 512] (forward, and backward of the AllGather); AllGather input the
+    # sequence shard [64, 512] (forward, and backward of the ReduceScatter). DP as above.
+    return {("ReduceScatter", "TP"): (2, 2 * 128 * 512 * F32), ("AllGather", "TP"): (2, 2 * 64 * 512 * F32),
+            ("AllReduce", "DP"): (2, 2 * 512 * 512 * F32)}
+
+
+def _pipeline(micro_batches: int) -> Callable[[dict[str, int]], Fingerprint]:
+    # Batch 64 x hidden 1024 crosses the stage boundary as `micro_batches` messages each way (256 KiB in total);
+    # both stages send and receive once per micro-batch. Each stage has one [1024, 512] weight: one 2 MiB AllReduce.
+    total = 64 * 1024 * F32
+    return lambda c: {("Send", "PP"): (micro_batches, total), ("Recv", "PP"): (micro_batches, total),
+                      ("AllReduce", "DP"): (1, 512 * 1024 * F32)}
+
+
+def _moe(splits: list[int]) -> Callable[[dict[str, int]], Fingerprint]:
+    # 64 tokens x 512 per source. all_to_all bytes are this rank's input: dispatch sends its 64 tokens, combine sends
+    # back the tokens its expert received (2 sources x splits[ep]); backward repeats both with gradients of the same
+    # shapes. The expert's two weights [2048, 512] + [512, 2048] go as one flat bucket to its DP-EP group.
+    def fingerprint(c: dict[str, int]) -> Fingerprint:
+        received = 2 * splits[c["ep"]]
+        return {("AllToAll", "EP"): (4, 2 * (64 + received) * 512 * F32),
+                ("AllReduce", "DP-EP"): (1, 2 * 512 * 2048 * F32)}
+    return fingerprint
+
+
+def _toy8(c: dict[str, int]) -> Fingerprint:
+    # 4 micro-batches x 2 layers per stage x (2 forward g + 2 backward f) TP AllReduces of [128, 256]; 4 activations
+    # out and 4 gradients in (stage 0) or the reverse (stage 1), [128, 256] each. DP: one bucket of the stage's
+    # parameters: per layer 2 LayerNorms 1024 + qkv 256*384+384 + out 128*256 + up 256*512+512 + down 512*256
+    # = 395136; stage 0 adds the embedding 1024*256, stage 1 the head LayerNorm 512 and Linear 256*1024+1024.
+    stage_params = 2 * 395136 + (1024 * 256 if c["pp"] == 0 else 512 + 256 * 1024 + 1024)
+    message = 128 * 256 * F32
+    return {("AllReduce", "TP"): (32, 32 * message), ("Send", "PP"): (4, 4 * message),
+            ("Recv", "PP"): (4, 4 * message), ("AllReduce", "DP"): (1, stage_params * F32)}
+
+
+EXPERIMENTS: dict[str, tuple[str, Callable[[dict[str, int]], Fingerprint]]] = {
+    "tp2dp2_mlp": ("tp=2,dp=2", _tp_mlp),
+    "tp2dp2_mlp_sp": ("tp=2,dp=2", _tp_mlp_sp),
+    "pp2_mb1": ("pp=2,dp=2,order=tp-cp-ep-pp-dp", _pipeline(1)),
+    "pp2_mb8": ("pp=2,dp=2,order=tp-cp-ep-pp-dp", _pipeline(8)),
+    "moe_balanced": ("ep=2,dp=4", _moe([32, 32])),
+    "moe_skewed": ("ep=2,dp=4", _moe([56, 8])),
+    "toy8_tp2pp2dp2_1f1b": ("tp=2,pp=2,dp=2,order=tp-cp-ep-dp-pp", _toy8),
+}
+STEPS = (2, 3)  # the profiler schedule records ProfilerStep#2 and #3
+
+
+def expected(name: str) -> dict[tuple[int, int], Fingerprint]:
+    spec, fingerprint = EXPERIMENTS[name]
+    layout = Layout.parse(spec)
+    return {(rank, step): fingerprint(layout.coords(rank)) for rank in range(layout.world_size) for step in STEPS}
+
+
+def _nelems(dims: list[int]) -> int:
+    count = 1
+    for d in dims:
+        count *= d
+    return count
+
+
+def raw_fingerprint(name: str) -> dict[tuple[int, int], Fingerprint]:
+    """Per (rank, step) fingerprint read straight from the JSON files and the recorded thread -> group map."""
+    layout = Layout.parse(EXPERIMENTS[name][0])
+    threads = json.loads((SAMPLES / f"{name}.pg_threads.json").read_text())
+    result: dict[tuple[int, int], Counter[tuple[str, str]]] = {}
+    volume: Counter[tuple[int, int, str, str]] = Counter()
+    for path in sorted((SAMPLES / name).glob("rank*.json.gz")):
+        with gzip.open(path) as handle:
+            trace = json.load(handle)
+        rank = trace["distributedInfo"]["rank"]
+        groups = {g["pg_name"]: g["ranks"] for g in trace["distributedInfo"]["pg_config"]}
+        events = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X"), key=lambda e: e["ts"])
+        steps = {int(e["name"].split("#")[1]): e for e in events if e["name"].startswith("ProfilerStep#")}
+        main = next(iter(steps.values()))["tid"]
+        calls = [e for e in events if e["tid"] == main and e["name"].startswith("c10d::")]
+        worker_ranges = [e for e in events if e["tid"] != main and e["name"].startswith("gloo:")]
+        collectives = [c for c in calls if c["name"] not in ("c10d::send", "c10d::recv_")]
+        assert len(collectives) == len(worker_ranges)
+        ran_as = {id(call): (layout.dim_of(groups[threads[str(rank)][str(work["tid"])]])[0],
+                             _nelems(work["args"]["Input Dims"][0]) * F32)
+                  for call, work in zip(collectives, worker_ranges, strict=True)}
+        for step, marker in steps.items():
+            counts = result.setdefault((rank, step), Counter())
+            for call in calls:
+                if not marker["ts"] <= call["ts"] < marker["ts"] + marker["dur"]:
+                    continue
+                op = canonical_op(call["name"])
+                if id(call) in ran_as:
+                    dim, size = ran_as[id(call)]
+                else:  # send / recv run on the calling thread; in these models every P2P is between stages
+                    dim, size = "PP", _nelems(call["args"]["Input Dims"][0][0]) * F32
+                counts[op, dim] += 1
+                volume[rank, step, op, dim] += size
+    return {key: {k: (n, volume[(*key, *k)]) for k, n in counts.items()} for key, counts in result.items()}
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_traces_hold_the_fingerprint_the_model_code_predicts(name: str) -> None:
+    assert raw_fingerprint(name) == expected(name)
+
+
+def test_skewed_routing_puts_seven_times_the_tokens_on_the_hot_experts() -> None:
+    """The hot expert really computes on 112 tokens and the cold one on 16 (record_shapes of its first GEMM)."""
+    rows: dict[int, set[int]] = {}
+    for path in sorted((SAMPLES / "moe_skewed").glob("rank*.json.gz")):
+        with gzip.open(path) as handle:
+            trace = json.load(handle)
+        rows[trace["distributedInfo"]["rank"]] = {
+            e["args"]["Input Dims"][0][0] for e in trace["traceEvents"]
+            if e.get("name") == "aten::linear" and e["args"]["Input Dims"][1] == [2048, 512]}
+    assert rows == {0: {112}, 1: {16}, 2: {112}, 3: {16}}
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("samples") / "t.duckdb"
+    for name, (spec, _) in EXPERIMENTS.items():
+        run_cli("ingest", SAMPLES / name, "--layout", spec, "--db", path)
+    return path
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_ingested_collectives_match_the_fingerprint(db: Path, name: str) -> None:
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("""
+            SELECT c.rank, s.step, c.op, c.dim, count(*), sum(c.bytes)
+            FROM collectives c
+            JOIN device_events d USING (run_id, rank, event_id)
+            JOIN steps s ON s.run_id = c.run_id AND s.rank = c.rank AND d.start_ns >= s.start_ns
+                         AND d.start_ns < s.end_ns
+            WHERE c.run_id = ? GROUP BY ALL""", [name]).fetchall()
+    measured: dict[tuple[int, int], Fingerprint] = {}
+    for rank, step, op, dim, count, size in rows:
+        measured.setdefault((rank, step), {})[op, dim] = (count, size)
+    assert measured == expected(name)
