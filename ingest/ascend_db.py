@@ -1,0 +1,184 @@
+"""Ascend database export: ascend_pytorch_profiler_{rank}.db, ascend_mindspore_profiler_*.db, msprof_*.db.
+
+SQLite with times already in integer ns and every string interned in STRING_IDS. Compute tasks are TASK rows with
+a COMPUTE_TASK_INFO row (the set the profiler's Computing unions), HCCL ops are COMMUNICATION_OP (groupName is the
+communicator name), their tasks COMMUNICATION_TASK_INFO; other TASK rows are runtime tasks (events, copies) when
+their task type says so. Kernel-typed TASK rows without operator info are containers the text export also omits.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import polars as pl
+
+from traceana.errors import TraceanaError
+from traceana.ingest.ascend_tasks import RUNTIME_TASKS, RankTrace, hccl_task_annotations, hcom_columns, task_category
+from traceana.ingest.ascend_timeline import DEFAULT_STEP_MARKER, marked_steps
+from traceana.ingest.rules import Rule
+
+SCHEMA_MAJOR = "1"  # the schema family read here (META_DATA SCHEMA_VERSION 1.x)
+
+# Tables and columns this reader needs; a database without them is of a schema it does not know.
+_REQUIRED = {
+    "STRING_IDS": ("id", "value"),
+    "TASK": ("startNs", "endNs", "globalTaskId", "streamId", "taskType"),
+    "COMPUTE_TASK_INFO": ("name", "globalTaskId"),
+}
+_OPTIONAL = {
+    "COMMUNICATION_OP": ("opName", "startNs", "endNs", "groupName", "dataType", "count"),
+    "COMMUNICATION_TASK_INFO": ("globalTaskId", "name", "taskType", "planeId", "groupName", "srcRank", "dstRank",
+                                "transportType", "size", "linkType", "notifyId"),
+}
+
+_COMPUTE_SQL = """
+SELECT t.startNs AS start_ns, t.endNs AS end_ns, s.value AS name, t.streamId AS stream
+FROM TASK t JOIN COMPUTE_TASK_INFO c ON c.globalTaskId = t.globalTaskId JOIN STRING_IDS s ON s.id = c.name
+"""
+_RUNTIME_SQL = """
+SELECT t.startNs AS start_ns, t.endNs AS end_ns, s.value AS name, t.streamId AS stream
+FROM TASK t JOIN STRING_IDS s ON s.id = t.taskType
+WHERE t.globalTaskId NOT IN (SELECT globalTaskId FROM COMPUTE_TASK_INFO) {not_comm_task}
+"""
+_HCOM_SQL = """
+SELECT o.startNs AS start_ns, o.endNs AS end_ns, n.value AS name, 'comm' AS category, NULL AS stream,
+       {dtype} AS hccl_dtype, CAST(o.count AS INTEGER) AS count, g.value AS comm
+FROM COMMUNICATION_OP o JOIN STRING_IDS n ON n.id = o.opName LEFT JOIN STRING_IDS g ON g.id = o.groupName
+{dtype_join}
+"""
+_HCCL_TASK_SQL = """
+SELECT t.startNs AS start_ns, t.endNs AS end_ns, ty.value AS name, g.value AS "group", c.planeId AS plane,
+       op.value AS op, ty.value AS task_type, nullif(c.srcRank, 4294967295) AS src_rank,
+       nullif(c.dstRank, 4294967295) AS dst_rank, {transport} AS transport, {link} AS link_type, c.size AS size_bytes,
+       CASE WHEN t.endNs > t.startNs THEN CAST(c.size AS REAL) / (t.endNs - t.startNs) END AS bandwidth_GBps,
+       CAST(c.notifyId AS TEXT) AS notify_id, t.streamId AS stream
+FROM COMMUNICATION_TASK_INFO c JOIN TASK t ON t.globalTaskId = c.globalTaskId
+LEFT JOIN STRING_IDS ty ON ty.id = c.taskType LEFT JOIN STRING_IDS g ON g.id = c.groupName
+LEFT JOIN STRING_IDS op ON op.id = c.name {joins}
+"""
+_CPU_OPS_SQL = """
+SELECT CAST(p.startNs AS INTEGER) AS start_ns, CAST(p.endNs AS INTEGER) AS end_ns, s.value AS name,
+       'Python' AS domain, 'cpu_op' AS kind, NULL AS args
+FROM PYTORCH_API p JOIN STRING_IDS s ON s.id = p.name {op_type}
+"""
+
+
+class _Database:
+    """A read-only SQLite connection that knows the tables and columns it holds."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        # A finished export has no pending write-ahead log: open it immutable, which writes no -shm file beside it
+        # (the profiler leaves its databases in WAL mode, and input folders may be read-only).
+        wal = path.with_name(path.name + "-wal")
+        mode = "ro" if wal.is_file() and wal.stat().st_size else "ro&immutable=1"
+        try:
+            self.con = sqlite3.connect(f"file:{path}?mode={mode}", uri=True)
+            tables = [r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        except sqlite3.Error as exc:
+            raise TraceanaError(f"{path}: not a readable SQLite database ({exc})") from None
+        self.columns = {t: {r[1] for r in self.con.execute(f'PRAGMA table_info("{t}")')} for t in tables}
+
+    def has(self, table: str, columns: tuple[str, ...] = ()) -> bool:
+        return table in self.columns and set(columns) <= self.columns[table]
+
+    def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+        """Rows of ``sql`` typed by ``schema`` (looked up by the query's column names)."""
+        cursor = self.con.execute(sql)
+        return pl.DataFrame(cursor.fetchall(), schema={c[0]: schema[c[0]] for c in cursor.description}, orient="row")
+
+    def rows(self, sql: str) -> list[tuple]:
+        return self.con.execute(sql).fetchall()
+
+    def enum(self, table: str, column: str) -> tuple[str, str]:
+        """(value expression, join) resolving ``column`` through ENUM table ``table`` when the database has it."""
+        if not self.has(table, ("id", "name")):
+            return f"CAST({column} AS TEXT)", ""
+        alias = f"e_{table.lower()}"
+        return f"{alias}.name", f" LEFT JOIN {table} {alias} ON {alias}.id = {column}"
+
+
+def _check_schema(db: _Database) -> str:
+    """The schema version, after making sure the tables this reader needs are there."""
+    version = "unknown"
+    if db.has("META_DATA", ("name", "value")):
+        found = db.rows("SELECT value FROM META_DATA WHERE name = 'SCHEMA_VERSION'")
+        version = found[0][0] if found else version
+        if found and str(version).split(".")[0] != SCHEMA_MAJOR:
+            raise TraceanaError(f"{db.path}: database schema version {version} is not supported "
+                                f"(traceana reads {SCHEMA_MAJOR}.x)")
+    for table, columns in {**_REQUIRED, **{t: c for t, c in _OPTIONAL.items() if t in db.columns}}.items():
+        if not db.has(table, columns):
+            missing = sorted(set(columns) - db.columns.get(table, set())) if table in db.columns else ["(table)"]
+            raise TraceanaError(f"{db.path}: unknown Ascend database schema (version {version}): {table} lacks "
+                                f"{', '.join(missing)}")
+    return version
+
+
+_EVENT = {"start_ns": pl.Int64(), "end_ns": pl.Int64(), "name": pl.String(), "stream": pl.Int64()}
+_HCOM = {**_EVENT, "category": pl.String(), "hccl_dtype": pl.String(), "count": pl.Int64(), "comm": pl.String()}
+_HCCL_TASK = {"start_ns": pl.Int64(), "end_ns": pl.Int64(), "name": pl.String(), "group": pl.String(),
+              "plane": pl.Int32(), "op": pl.String(), "task_type": pl.String(), "src_rank": pl.Int64(),
+              "dst_rank": pl.Int64(), "transport": pl.String(), "link_type": pl.String(), "size_bytes": pl.Int64(),
+              "bandwidth_GBps": pl.Float64(), "notify_id": pl.String(), "stream": pl.Int64()}
+_ANNOTATION = {"start_ns": pl.Int64(), "end_ns": pl.Int64(), "name": pl.String(), "domain": pl.String(),
+               "kind": pl.String(), "args": pl.String()}
+
+
+def read_database(path: Path, rules: list[Rule], step_marker: str | None) -> RankTrace:
+    """Parse one rank's database export."""
+    db = _Database(path)
+    version = _check_schema(db)
+    has_comm = db.has("COMMUNICATION_OP")
+    has_tasks = db.has("COMMUNICATION_TASK_INFO")
+
+    compute = db.frame(_COMPUTE_SQL, _EVENT)
+    not_comm = "AND t.globalTaskId NOT IN (SELECT globalTaskId FROM COMMUNICATION_TASK_INFO)" if has_tasks else ""
+    runtime = db.frame(_RUNTIME_SQL.format(not_comm_task=not_comm), _EVENT).filter(
+        pl.col("name").is_in([k for k, v in RUNTIME_TASKS.items() if v]))  # kernel-typed containers are dropped
+    events = pl.concat([compute, runtime]).with_columns(task_category(pl.col("name"), rules))
+    if has_comm:
+        dtype, join = db.enum("ENUM_HCCL_DATA_TYPE", "o.dataType")
+        hcom = hcom_columns(db.frame(_HCOM_SQL.format(dtype=dtype, dtype_join=join), _HCOM))
+        events = pl.concat([events, hcom], how="diagonal_relaxed")
+
+    annotations = pl.DataFrame(schema=_ANNOTATION)
+    if db.has("PYTORCH_API", ("startNs", "endNs", "name")):
+        op_type = ""
+        if db.has("PYTORCH_API", ("type",)) and db.has("ENUM_API_TYPE", ("id", "name")):
+            op_type = "WHERE p.type IN (SELECT id FROM ENUM_API_TYPE WHERE name = 'op')"
+        annotations = db.frame(_CPU_OPS_SQL.format(op_type=op_type), _ANNOTATION)
+    if has_tasks:
+        transport, join_t = db.enum("ENUM_HCCL_TRANSPORT_TYPE", "c.transportType")
+        link, join_l = db.enum("ENUM_HCCL_LINK_TYPE", "c.linkType")
+        tasks = db.frame(_HCCL_TASK_SQL.format(transport=transport, link=link, joins=join_t + join_l), _HCCL_TASK)
+        annotations = pl.concat([annotations, hccl_task_annotations(tasks)])
+
+    if step_marker is None and db.has("STEP_TIME", ("id", "startNs", "endNs")):
+        steps = db.frame("SELECT id AS step, startNs AS start_ns, endNs AS end_ns FROM STEP_TIME",
+                         {"step": pl.Int32(), "start_ns": pl.Int64(), "end_ns": pl.Int64()})
+    else:
+        steps = marked_steps(annotations.filter(pl.col("kind") == "cpu_op"), step_marker or DEFAULT_STEP_MARKER)
+
+    rank, device, rank_source = None, None, None
+    if db.has("RANK_DEVICE_MAP", ("rankId", "deviceId")):
+        found = db.rows("SELECT rankId, deviceId FROM RANK_DEVICE_MAP")
+        if len(found) > 1:
+            raise TraceanaError(f"{path}: holds {len(found)} devices (RANK_DEVICE_MAP); ingest one database per rank")
+        if found:
+            rank, device = (found[0][0] if found[0][0] is not None and found[0][0] >= 0 else None), found[0][1]
+            rank_source = "RANK_DEVICE_MAP" if rank is not None else None
+    metadata = {}
+    if db.has("META_DATA", ("name", "value")):
+        for name, value in db.rows("SELECT name, value FROM META_DATA "
+                                   "WHERE name IN ('parallel_group_info', 'distributed_args')"):
+            metadata[name] = json.loads(value)
+    host = db.rows("SELECT hostName, hostUid FROM HOST_INFO") if db.has("HOST_INFO", ("hostName", "hostUid")) else []
+    pid = db.rows("SELECT min(globalPid) FROM TASK")[0][0]
+    return RankTrace(
+        source=path, events=events, annotations=annotations, steps=steps, device=device, pid=pid,
+        host=f"{host[0][0]}#{host[0][1]}" if host else None, rank=rank, rank_source=rank_source,
+        metadata=metadata, tool_version=f"database schema {version}",
+    )

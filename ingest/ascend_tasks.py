@@ -1,0 +1,104 @@
+"""The Ascend task vocabulary shared by the timeline and database readers: which device tasks are work, and what an
+HCCL op name says (op, op type, sequence number) and carries (data type, bytes).
+
+A task the runtime names after its own task type (EVENT_RECORD, MEMCPY_ASYNC ...) is not a kernel; everything else
+on an Ascend Hardware stream is a kernel named after its operator and goes through the user-extendable rules
+(MC2 fused ops become communication there). Kernels are what the profiler's Computing column unions (AI_CORE,
+AI_VECTOR_CORE, MIX_AIC/AIV, AI_CPU, DSA); device copies and event/notify tasks are not, so they are stored as
+'other' / 'sync' — the breakdown counts neither, which keeps COMP equal to the profiler's Computing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from traceana.ingest.comm_names import DTYPE_BYTES, canonical_op
+from traceana.ingest.rules import Rule, classify
+
+# Runtime task name (timeline) or task type (database) -> category; None = a task inside an HCCL op (the op is the
+# comm event, its tasks are hccl_task annotations), so it is not a device event of its own.
+RUNTIME_TASKS: dict[str, str | None] = {
+    "EVENT_RECORD": "sync", "EVENT_WAIT": "sync", "EVENT_RESET": "sync", "NOTIFY_WAIT": "sync",
+    "NOTIFY_RECORD": "sync", "REMOTE_EVENT_WAIT": "sync", "IPC_EVENT_RECORD": "sync", "IPC_EVENT_WAIT": "sync",
+    "MEM_WAIT_VALUE": "sync", "MEM_WRITE_VALUE": "sync", "BARRIER": "sync", "STREAM_SWITCH": "sync",
+    "STREAM_ACTIVE": "sync", "LABEL_SWITCH": "sync", "LABEL_GOTO": "sync", "LABEL_SET": "sync",
+    "MEMCPY_ASYNC": "other", "PROFILING_ENABLE": "other", "PROFILING_DISABLE": "other", "MAINTENANCE": "other",
+    "MODEL_EXECUTE": "other", "MODEL_MAINTAINCE": "other", "CMO": "other", "NOP": "other",
+    "HOSTFUNC_CALLBACK": "other", "reserve": "other",
+    "Notify Wait": None, "Notify Record": None, "Write Value": None, "SDMA": None, "RDMA Send": None,
+    "Reduce Inline": None,
+}
+
+# ENUM_HCCL_DATA_TYPE names -> the store's dtype spelling and its size.
+HCCL_DTYPES: dict[str, str] = {
+    "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64", "INT128": "int128", "UINT8": "uint8",
+    "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64", "FP16": "float16", "BFP16": "bfloat16",
+    "FP32": "float32", "FP64": "float64",
+}
+_SIZES = {**DTYPE_BYTES, "int16": 2, "uint16": 2, "int128": 16}
+
+# hcom_{opType}__{last 3 digits of the group hash}_{index of the op in its group}[_{n}]
+_HCOM = r"^(hcom_[A-Za-z]+_)_\d+_(\d+)"
+
+
+def task_category(names: pl.Expr, rules: list[Rule]) -> pl.Expr:
+    """Category of a device task by its runtime name; NULL for HCCL-internal tasks; kernels by the rules."""
+    known = names.is_in(list(RUNTIME_TASKS))
+    runtime = names.replace_strict(RUNTIME_TASKS, default=None, return_dtype=pl.String())
+    return pl.when(known).then(runtime).otherwise(classify(names, rules)[0]).alias("category")
+
+
+def hcom_columns(frame: pl.DataFrame, name: str = "name", hccl_dtype: str = "hccl_dtype",
+                 count: str = "count") -> pl.DataFrame:
+    """Add op, kernel_op, seq, dtype and bytes (count x dtype size) to a frame of HCCL ops."""
+    kernel_op = pl.col(name).str.extract(_HCOM, 1)
+    frame = frame.with_columns(
+        pl.coalesce(kernel_op, pl.col(name)).alias("kernel_op"),
+        pl.col(name).str.extract(_HCOM, 2).cast(pl.Int64).alias("seq"),
+        pl.col(hccl_dtype).str.to_uppercase().replace_strict(HCCL_DTYPES, default=None).alias("dtype"),
+    )
+    ops = {k: canonical_op(k) for k in frame["kernel_op"].unique().drop_nulls().to_list()}  # a few distinct names
+    return frame.with_columns(
+        pl.col("kernel_op").replace_strict(ops, default=None, return_dtype=pl.String()).fill_null("Unknown")
+        .alias("op"),
+        (pl.col(count).cast(pl.Int64) * pl.col("dtype").replace_strict(_SIZES, default=None, return_dtype=pl.Int64))
+        .alias("bytes"),
+    )
+
+
+# Fields of an HCCL task (a plane task of the timeline, a COMMUNICATION_TASK_INFO row) kept in annotations.args.
+HCCL_TASK_FIELDS = ("group", "plane", "op", "task_type", "src_rank", "dst_rank", "transport", "link_type",
+                    "size_bytes", "bandwidth_GBps", "notify_id", "stream")
+
+
+def hccl_task_annotations(tasks: pl.DataFrame) -> pl.DataFrame:
+    """HCCL tasks (start_ns, end_ns, name and the HCCL_TASK_FIELDS columns) as annotations of kind hccl_task."""
+    return tasks.select(
+        "start_ns", "end_ns", "name", pl.lit("HCCL").alias("domain"), pl.lit("hccl_task").alias("kind"),
+        pl.struct(HCCL_TASK_FIELDS).struct.json_encode().alias("args"),
+    )
+
+
+@dataclass
+class RankTrace:
+    """One rank's profile as a reader parsed it, before ranks are numbered and groups linked.
+
+    ``events``: start_ns, end_ns, name, category, stream; HCCL ops also carry op, kernel_op, seq, dtype, bytes and
+    ``comm`` (the communicator name, when the source states it). ``annotations`` and ``steps`` are in store
+    columns without rank.
+    """
+
+    source: Path
+    events: pl.DataFrame
+    annotations: pl.DataFrame
+    steps: pl.DataFrame
+    device: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    rank: int | None = None  # what the source itself says
+    rank_source: str | None = None
+    metadata: dict = field(default_factory=dict)  # profiler_metadata.json / META_DATA (parallel_group_info ...)
+    tool_version: str | None = None

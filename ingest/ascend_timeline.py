@@ -1,0 +1,146 @@
+"""Ascend timeline JSON (torch_npu / MindSpore trace_view.json, msprof_*.json and its msprof_slice_* parts).
+
+The file is a bare JSON array of Chrome-trace events whose ``ts`` are strings of microseconds with three decimals.
+DuckDB reads it into typed columns and everything after is SQL: ``ts`` goes through DECIMAL to integer ns exactly
+(a float64 of an epoch in µs keeps only ~0.25 µs); tracks are resolved by their process_name / thread_name
+metadata, never by pid arithmetic, because the pid schemes of profiler versions differ. HCCL plane threads belong
+to the "Group … Communication" thread before them in thread_sort_index order.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from traceana.errors import TraceanaError
+from traceana.ingest.ascend_tasks import RankTrace, hccl_task_annotations, hcom_columns, task_category
+from traceana.ingest.rules import Rule
+
+DEFAULT_STEP_MARKER = r"^ProfilerStep#(\d+)$"
+
+_COLUMNS = "{ph: 'VARCHAR', name: 'VARCHAR', pid: 'VARCHAR', tid: 'VARCHAR', ts: 'VARCHAR', dur: 'VARCHAR', " \
+           "cat: 'VARCHAR', args: 'JSON'}"
+_HCCL_PROCESSES = "('HCCL', 'Communication')"  # older msprof named the HCCL layer "Communication"
+
+_TRACKS_SQL = """
+CREATE TEMP TABLE tracks AS
+WITH meta AS (SELECT DISTINCT pid, tid, name, args FROM ev WHERE ph = 'M'),  -- slices repeat the metadata
+process AS (SELECT pid, min(args->>'$.name') AS process FROM meta WHERE name = 'process_name' GROUP BY pid),
+labels AS (SELECT pid, min(args->>'$.labels') AS labels FROM meta WHERE name = 'process_labels' GROUP BY pid),
+thread AS (SELECT pid, tid, min(args->>'$.name') AS thread FROM meta WHERE name = 'thread_name' GROUP BY pid, tid),
+sort AS (SELECT pid, tid, min(TRY_CAST(args->>'$.sort_index' AS BIGINT)) AS sort_index FROM meta
+         WHERE name = 'thread_sort_index' GROUP BY pid, tid)
+SELECT pid, tid, process, labels, thread, coalesce(sort_index, TRY_CAST(tid AS BIGINT)) AS sort_index
+FROM (SELECT DISTINCT pid, tid FROM ev) LEFT JOIN process USING (pid) LEFT JOIN labels USING (pid)
+LEFT JOIN thread USING (pid, tid) LEFT JOIN sort USING (pid, tid)
+"""
+
+_SPANS_SQL = """
+CREATE TEMP TABLE x AS
+SELECT t.process, t.thread, t.pid, t.tid, t.sort_index, e.name, e.cat, e.args,
+       CAST(TRY_CAST(e.ts AS DECIMAL(20, 3)) * 1000 AS BIGINT) AS start_ns,
+       CAST(round(TRY_CAST(e.dur AS DOUBLE) * 1000) AS BIGINT) AS dur_ns
+FROM ev e JOIN tracks t USING (pid, tid)
+WHERE e.ph = 'X' AND TRY_CAST(e.ts AS DECIMAL(20, 3)) IS NOT NULL
+"""
+
+_HARDWARE_SQL = r"""
+SELECT start_ns, start_ns + dur_ns AS end_ns, name,
+       coalesce(TRY_CAST(regexp_extract(thread, '^Stream (\d+)$', 1) AS BIGINT),
+                TRY_CAST(coalesce(args->>'$."Physic Stream Id"', args->>'$."Stream Id"') AS BIGINT)) AS stream
+FROM x WHERE process = 'Ascend Hardware'
+"""
+
+_GROUP_THREADS = f"""
+SELECT pid, tid, sort_index, regexp_extract(thread, '^Group (.*) Communication$', 1) AS grp FROM tracks
+WHERE process IN {_HCCL_PROCESSES} AND regexp_matches(thread, '^Group .* Communication$')
+"""
+
+_HCOM_SQL = f"""
+SELECT x.start_ns, x.start_ns + x.dur_ns AS end_ns, x.name, 'comm' AS category, NULL::BIGINT AS stream,
+       x.args->>'$.data_type' AS hccl_dtype, TRY_CAST(x.args->>'$.count' AS BIGINT) AS count,
+       NULL::VARCHAR AS comm
+FROM x JOIN ({_GROUP_THREADS}) g USING (pid, tid)
+"""
+
+_PLANE_SQL = rf"""
+WITH planes AS (
+    SELECT x.*, g.grp, g.tid AS group_tid, TRY_CAST(regexp_extract(x.thread, '^Plane (\d+)$', 1) AS INTEGER) AS plane
+    FROM x ASOF JOIN ({_GROUP_THREADS}) g ON x.pid = g.pid AND x.sort_index >= g.sort_index
+    WHERE x.process IN {_HCCL_PROCESSES} AND regexp_matches(x.thread, '^Plane \d+$')
+), ops AS (
+    SELECT pid, tid, start_ns, name FROM x WHERE process IN {_HCCL_PROCESSES} AND regexp_matches(thread, '^Group ')
+)
+SELECT p.start_ns, p.start_ns + p.dur_ns AS end_ns, p.name, p.grp AS "group", p.plane, o.name AS op,
+       p.args->>'$."task type"' AS task_type,
+       nullif(TRY_CAST(p.args->>'$."src rank"' AS BIGINT), 4294967295) AS src_rank,
+       nullif(TRY_CAST(p.args->>'$."dst rank"' AS BIGINT), 4294967295) AS dst_rank,
+       p.args->>'$."transport type"' AS transport, p.args->>'$."link type"' AS link_type,
+       TRY_CAST(p.args->>'$."size(Byte)"' AS BIGINT) AS size_bytes,
+       TRY_CAST(p.args->>'$."bandwidth(GB/s)"' AS DOUBLE) AS bandwidth_GBps,
+       p.args->>'$.notify_id' AS notify_id, TRY_CAST(p.args->>'$."stream id"' AS BIGINT) AS stream
+FROM planes p ASOF LEFT JOIN ops o ON o.pid = p.pid AND o.tid = p.group_tid AND p.start_ns >= o.start_ns
+"""
+
+_CPU_OPS_SQL = """
+SELECT start_ns, start_ns + dur_ns AS end_ns, name, 'Python' AS domain, 'cpu_op' AS kind, NULL::VARCHAR AS args
+FROM x WHERE process = 'Python' AND cat = 'cpu_op'
+"""
+
+
+def _load(con: duckdb.DuckDBPyConnection, files: list[Path]) -> None:
+    for file in files:
+        if file.stat().st_size == 0:
+            raise TraceanaError(f"{file}: the file is empty")
+    listing = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+    try:
+        con.execute(f"CREATE TEMP TABLE ev AS SELECT * FROM read_json([{listing}], format='array', "
+                    f"columns={_COLUMNS}, maximum_object_size=1073741824)")
+    except duckdb.Error as exc:
+        where = files[0] if len(files) == 1 else f"{files[0].parent} (msprof slices)"
+        detail = str(exc).strip().splitlines()[0][:160]
+        raise TraceanaError(f"{where}: not a complete JSON array of trace events ({detail})") from None
+
+
+def read_timeline(files: list[Path], rules: list[Rule], step_marker: str | None) -> RankTrace:
+    """Parse one rank's timeline (one file, or all msprof slices of one export)."""
+    con = duckdb.connect()
+    con.execute("SET threads TO 2")
+    _load(con, files)
+    con.execute(_TRACKS_SQL)
+    hardware = con.execute("SELECT pid, any_value(labels) FROM tracks WHERE process = 'Ascend Hardware' "
+                           "GROUP BY pid").fetchall()
+    if not hardware:
+        raise TraceanaError(f"{files[0]}: no 'Ascend Hardware' track in the timeline (not an Ascend device profile)")
+    if len(hardware) > 1:
+        raise TraceanaError(f"{files[0]}: holds the timelines of {len(hardware)} devices; export and ingest one "
+                            f"timeline per device (rank)")
+    con.execute(_SPANS_SQL)
+
+    tasks = con.sql(_HARDWARE_SQL).pl().with_columns(task_category(pl.col("name"), rules))
+    hcom = hcom_columns(con.sql(_HCOM_SQL).pl())
+    events = pl.concat([tasks.filter(pl.col("category").is_not_null()), hcom], how="diagonal_relaxed")
+    annotations = con.sql(_CPU_OPS_SQL).pl()
+    planes = con.sql(_PLANE_SQL).pl()
+    if not planes.is_empty():
+        annotations = pl.concat([annotations, hccl_task_annotations(planes)])
+    python = con.execute("SELECT min(pid) FROM tracks WHERE process = 'Python'").fetchall()[0][0]
+    device = re.search(r"(\d+)", hardware[0][1] or "")
+    return RankTrace(
+        source=files[0], events=events, annotations=annotations,
+        steps=marked_steps(annotations.filter(pl.col("kind") == "cpu_op"), step_marker or DEFAULT_STEP_MARKER),
+        device=int(device.group(1)) if device else None,
+        pid=int(python) if python and python.isdigit() else None,
+    )
+
+
+def marked_steps(ranges: pl.DataFrame, marker: str) -> pl.DataFrame:
+    """Steps from the ranges whose name matches ``marker``: numbered by the name's integer, else in order."""
+    marked = ranges.filter(pl.col("name").str.contains(marker)).sort("start_ns")
+    numbers = marked["name"].str.extract(r"(\d+)", 1).cast(pl.Int32)
+    if numbers.null_count() or numbers.n_unique() < len(numbers):
+        numbers = pl.int_range(len(marked), dtype=pl.Int32, eager=True)
+    return marked.select(numbers.alias("step"), "start_ns", "end_ns")

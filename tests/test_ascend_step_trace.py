@@ -1,0 +1,81 @@
+"""The breakdown of Ascend runs against the profiler's own step summary: step_trace_time.csv of each rank (text
+exports) and StepTraceTime in each rank's analysis.db (database export). Everything on our side is read from the
+store through the rank_step_breakdown and activity_intervals views, so this checks ingest and views together
+against numbers traceana did not compute.
+
+The profiler's Computing is the union of compute tasks, its Communication(Not Overlapped) the HCCL op time outside
+it, its Free the idle gaps between the step's first and last device task, and its Preparing the step time before
+the first one; our IDLE also holds Preparing and the tail after the last task.
+"""
+
+from __future__ import annotations
+
+import csv
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing
+
+import duckdb
+import pytest
+
+from tests.conftest import TRACES
+from traceana import store
+from traceana.ingest.dispatch import IngestOptions, read_run
+
+ASCEND = TRACES / "ascend"
+RUNS = ("torch_npu_2rank_level0", "torch_npu_2rank_level1", "torch_npu_2rank_level1_db")
+COLUMNS = ("Computing", "Communication(Not Overlapped)", "Free", "Preparing")
+
+
+@pytest.fixture(scope="module")
+def con(tmp_path_factory: pytest.TempPathFactory) -> Iterator[duckdb.DuckDBPyConnection]:
+    with store.connect(tmp_path_factory.mktemp("ascend") / "t.duckdb") as connection:
+        for run in RUNS:
+            store.write_run(connection, run, read_run([ASCEND / run], "auto", IngestOptions()), None)
+        yield connection
+
+
+def profiler_summary(run: str, rank: int) -> dict[int, dict[str, float]]:
+    """step -> the profiler's columns in µs, from step_trace_time.csv or (database export) analysis.db."""
+    output = ASCEND / run / f"rank{rank}_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    if (output / "step_trace_time.csv").is_file():
+        with open(output / "step_trace_time.csv", newline="") as handle:
+            return {int(r["Step"]): {c: float(r[c]) for c in COLUMNS} for r in csv.DictReader(handle)}
+    with closing(sqlite3.connect(f"file:{output / 'analysis.db'}?mode=ro&immutable=1", uri=True)) as db:
+        rows = db.execute("SELECT step, computing, communication_not_overlapped, free, preparing "
+                          "FROM StepTraceTime").fetchall()
+    return {int(r[0]): dict(zip(COLUMNS, map(float, r[1:]), strict=True)) for r in rows}
+
+
+def ours(con: duckdb.DuckDBPyConnection, run: str, rank: int) -> dict[int, dict[str, float]]:
+    """step -> the same quantities in µs from the store's views."""
+    rows = con.execute(
+        """SELECT b.step, b.COMP_ns, b.MP_WAIT_ns + b.CP_WAIT_ns + b.EP_WAIT_ns + b.DP_WAIT_ns + b.PP_WAIT_ns
+                  + b.OTHER_WAIT_ns, b.IDLE_ns, w.start_ns, w.end_ns, a.first_ns, a.last_ns
+           FROM rank_step_breakdown b
+           JOIN step_windows w USING (run_id, rank, step)
+           JOIN (SELECT run_id, rank, step, min(start_ns) AS first_ns, max(end_ns) AS last_ns
+                 FROM activity_intervals GROUP BY ALL) a USING (run_id, rank, step)
+           WHERE b.run_id = ? AND b.rank = ?""", [run, rank]).fetchall()
+    result = {}
+    for step, comp, wait, idle, start, end, first, last in rows:
+        preparing = first - start
+        free = idle - preparing - (end - last)
+        result[step] = dict(zip(COLUMNS, (comp / 1e3, wait / 1e3, free / 1e3, preparing / 1e3), strict=True))
+    return result
+
+
+@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_breakdown_matches_profiler_step_trace(con: duckdb.DuckDBPyConnection, run: str, rank: int) -> None:
+    expected, found = profiler_summary(run, rank), ours(con, run, rank)
+    assert found.keys() == expected.keys() == {50}
+    for step, columns in expected.items():
+        for column, value in columns.items():
+            assert found[step][column] == pytest.approx(value, abs=1.0), (step, column)  # 1 µs: far inside 1%
+
+
+def test_breakdown_rows_add_up(con: duckdb.DuckDBPyConnection) -> None:
+    rows = con.execute("SELECT TOTAL_ns, COMP_ns + MP_WAIT_ns + CP_WAIT_ns + EP_WAIT_ns + DP_WAIT_ns + PP_WAIT_ns "
+                       "+ OTHER_WAIT_ns + IDLE_ns FROM rank_step_breakdown").fetchall()
+    assert len(rows) == 6 and all(total == parts for total, parts in rows)
