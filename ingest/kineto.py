@@ -33,7 +33,7 @@ _EVENT = (
     'args STRUCT("External id" JSON, correlation JSON, stream JSON, "Collective name" VARCHAR, '
     '"In msg nelems" JSON, "Out msg nelems" JSON, dtype VARCHAR, "Process Group Name" VARCHAR, '
     '"Process Group Ranks" JSON, "Process Group Description" VARCHAR, "Seq" JSON, "Input Dims" JSON, '
-    '"Input type" JSON, "dst rank" JSON, "src rank" JSON))[]'
+    '"Input type" JSON, "Concrete Inputs" JSON, "dst rank" JSON, "src rank" JSON))[]'
 )
 
 
@@ -89,6 +89,7 @@ def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
             e.args."Process Group Description" AS pg_desc,
             TRY_CAST(e.args."Seq"->>'$' AS BIGINT) AS seq,
             e.args."Input Dims" AS input_dims, e.args."Input type" AS input_type,
+            e.args."Concrete Inputs" AS concrete,
             TRY_CAST(coalesce(e.args."dst rank", e.args."src rank")->>'$' AS INTEGER) AS peer
         FROM (SELECT unnest(traceEvents) AS e FROM {reader}) WHERE e.ph = 'X'"""
     )
@@ -218,7 +219,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         "CREATE TABLE ev (f INTEGER, ph VARCHAR, cat VARCHAR, name VARCHAR, pid VARCHAR, tid VARCHAR, "
         "start_ns BIGINT, end_ns BIGINT, ext_id BIGINT, corr BIGINT, stream BIGINT, coll_name VARCHAR, "
         "in_nelems BIGINT, dtype VARCHAR, pg_name VARCHAR, pg_ranks VARCHAR, pg_desc VARCHAR, seq BIGINT, "
-        "input_dims JSON, input_type JSON, peer INTEGER)"
+        "input_dims JSON, input_type JSON, concrete JSON, peer INTEGER)"
     )
     infos, ranks, rank_sources = [], [], []
     for index, file in enumerate(files):

@@ -2,11 +2,16 @@
 
 Compute is the main thread's outermost CPU ops (nested ops are inside their parent, so never counted twice; the
 host side of communication calls is not compute). Communication is the ``gloo:*`` ranges that gloo's worker threads
-record. Those ranges carry op and shape but no process group, so the group is inferred by timing (evidence
-``timing-match``): every worker thread serves one group, and a collective cannot end on one member before it has
-started on every other member. For each worker thread and each candidate group of its rank, count the thread's ops
-whose partners (same op and size; Send<->Recv for point-to-point) overlap them on all other members (on one member
-for point-to-point); the group with the best share wins, closest end times breaking ties.
+record. Those ranges carry op and shape but no process group, so the group is inferred:
+
+- collectives (evidence ``timing-match``): every gloo worker thread serves one group, and a collective cannot end
+  on one member before it has started on every other member. For each worker thread and each candidate group of its
+  rank, count the thread's ops whose partners (same op and size) overlap them on all other members; the group with
+  the most such ops wins, closest end times breaking ties;
+- point-to-point (evidence ``cpu-op``): send/recv run on the calling thread, right after the ``c10d::send`` /
+  ``c10d::recv_`` op whose third concrete input is the peer's rank *within the group*. A Send from a to group-rank k
+  of group G is real only if G[k] has a Recv from a's own group-rank with the same size; the group where most of a
+  rank's sends and receives pair up that way wins, and G[k] is the peer.
 """
 
 from __future__ import annotations
@@ -60,7 +65,10 @@ def cpu_frames(con: duckdb.DuckDBPyConnection, file_rank: pl.DataFrame, groups: 
         .alias("bytes"),
         pl.col("op").alias("kernel_op"),
     )
-    comm = _infer_groups(con, comm.join(file_rank, on="f"))
+    comm = comm.join(file_rank, on="f")
+    is_p2p = pl.col("op").is_in(["Send", "Recv"])
+    comm = pl.concat([_collective_groups(con, comm.filter(~is_p2p)), _p2p_groups(con, comm.filter(is_p2p))],
+                     how="diagonal_relaxed")
     steps = con.sql(f"""
         SELECT e.f, CAST(regexp_extract(e.name, '{_STEP}', 1) AS INTEGER) AS step, e.start_ns, e.end_ns
         FROM ev e JOIN main_thread m USING (f, tid) WHERE regexp_matches(e.name, '{_STEP}')
@@ -68,46 +76,117 @@ def cpu_frames(con: duckdb.DuckDBPyConnection, file_rank: pl.DataFrame, groups: 
     return events, comm, steps
 
 
-def _infer_groups(con: duckdb.DuckDBPyConnection, comm: pl.DataFrame) -> pl.DataFrame:
-    """Give each gloo op its group (and peer for Send/Recv) by the timing rule in the module docstring."""
+def _collective_groups(con: duckdb.DuckDBPyConnection, comm: pl.DataFrame) -> pl.DataFrame:
+    """Give each gloo collective its group by the worker-thread timing rule in the module docstring."""
     con.register("gloo_ops", comm.select("rank", "stream", "event_id", "op", "nelems", "start_ns", "end_ns",
                                          "peer").to_arrow())
-    scored = con.sql("""
+    partners = con.sql("""
         WITH cand AS (  -- every group of a rank is a candidate for each of its worker threads
             SELECT DISTINCT o.rank, o.stream, g.pg, g.ranks
             FROM gloo_ops o JOIN groups g ON list_contains(g.ranks, o.rank)
-        ), partner AS (  -- for each op and candidate group: members that have a matching, overlapping op
-            SELECT o.rank, o.stream, o.event_id, c.pg, len(c.ranks) AS size, o.op,
-                   p.rank AS member, min(abs(p.end_ns - o.end_ns)) AS gap_ns
-            FROM gloo_ops o JOIN cand c ON c.rank = o.rank AND c.stream = o.stream
-            JOIN gloo_ops p ON list_contains(c.ranks, p.rank) AND p.rank <> o.rank
-                 AND p.nelems IS NOT DISTINCT FROM o.nelems
-                 AND p.op = CASE o.op WHEN 'Send' THEN 'Recv' WHEN 'Recv' THEN 'Send' ELSE o.op END
-                 AND p.start_ns <= o.end_ns AND o.start_ns <= p.end_ns
-            GROUP BY ALL
-        ), per_op AS (
-            SELECT rank, stream, event_id, pg, op, size, count(*) AS members, sum(gap_ns) AS gap_ns,
-                   arg_min(member, gap_ns) AS peer
-            FROM partner GROUP BY ALL
-        ), ok AS (
-            SELECT *, CASE WHEN op IN ('Send', 'Recv') THEN members >= 1 ELSE members = size - 1 END AS matched
-            FROM per_op
-        ), score AS (
-            SELECT rank, stream, pg, count(*) FILTER (WHERE matched) AS hits, sum(gap_ns) FILTER (WHERE matched) AS gap
-            FROM ok GROUP BY ALL
-        ), thread_pg AS (
-            SELECT rank, stream, arg_max(pg, hits * 1e15 - coalesce(gap, 0)) AS pg FROM score WHERE hits > 0
-            GROUP BY ALL
-        )
-        SELECT t.rank, t.stream, t.pg, o.event_id,
-               CASE WHEN o.op IN ('Send', 'Recv') THEN CAST(o.peer AS INTEGER) END AS inferred_peer
-        FROM thread_pg t LEFT JOIN ok o ON o.rank = t.rank AND o.stream = t.stream AND o.pg = t.pg AND o.matched
+        )  -- for each op and candidate group: ops of other members that match it and overlap it in time
+        SELECT o.rank, o.stream, o.event_id, c.pg, len(c.ranks) AS size, p.rank AS member, p.stream AS member_stream,
+               CAST(min(abs(p.end_ns - o.end_ns)) AS DOUBLE) AS gap
+        FROM gloo_ops o JOIN cand c ON c.rank = o.rank AND c.stream = o.stream
+        JOIN gloo_ops p ON list_contains(c.ranks, p.rank) AND p.rank <> o.rank
+             AND p.op = o.op AND (p.nelems IS NOT DISTINCT FROM o.nelems OR o.op = 'AllToAll')  -- a2a splits vary
+             AND p.start_ns <= o.end_ns AND o.start_ns <= p.end_ns
+        GROUP BY ALL
     """).pl()
-    thread_pg = scored.select("rank", "stream", "pg").unique()
-    peers = scored.select("rank", "event_id", "inferred_peer").drop_nulls("event_id")
-    return comm.join(thread_pg, on=["rank", "stream"], how="left").join(
-        peers, on=["rank", "event_id"], how="left").with_columns(
-        pl.coalesce("peer", "inferred_peer").alias("peer"),
-        pl.lit("timing-match").alias("evidence"),
-        pl.lit(None, dtype=pl.Int64).alias("seq"),
-    )
+    assignment = _pick_thread_groups(_score(partners, None))
+    for _ in range(8):  # a partner counts only if its own thread serves the same group: iterate to a fixed point
+        refined = _pick_thread_groups(_score(partners, assignment))
+        if refined.sort("rank", "stream").equals(assignment.sort("rank", "stream")):
+            break
+        assignment = refined
+    return comm.join(assignment, on=["rank", "stream"], how="left").with_columns(
+        pl.lit("timing-match").alias("evidence"), pl.lit(None, dtype=pl.Int64).alias("seq"))
+
+
+def _score(partners: pl.DataFrame, assignment: pl.DataFrame | None) -> pl.DataFrame:
+    """(rank, stream, pg, hits, gap): ops of the thread matched on every other member of pg, and their end gaps.
+
+    Given the current assignment, an op whose partners all sit on threads assigned the same group counts 1, one
+    matched only through threads assigned elsewhere counts 0.1: consistent evidence outweighs coincidence.
+    """
+    if assignment is None:
+        partners = partners.with_columns(consistent=pl.lit(True))
+    else:
+        partners = partners.join(
+            assignment.rename({"rank": "member", "stream": "member_stream", "pg": "member_pg"}),
+            on=["member", "member_stream"], how="left").with_columns(consistent=pl.col("member_pg") == pl.col("pg"))
+    per_op = partners.group_by("rank", "stream", "event_id", "pg", "size").agg(
+        pl.col("member").n_unique().alias("members"),
+        pl.col("member").filter(pl.col("consistent")).n_unique().alias("consistent"),
+        pl.col("gap").min().over("member").sum().alias("gap"))
+    matched = per_op.filter(pl.col("members") == pl.col("size") - 1).with_columns(
+        pl.when(pl.col("consistent") == pl.col("members")).then(1.0).otherwise(0.1).alias("weight"))
+    return matched.group_by("rank", "stream", "pg").agg(pl.col("weight").sum().alias("hits"), pl.col("gap").sum())
+
+
+def _pick_thread_groups(score: pl.DataFrame) -> pl.DataFrame:
+    """(rank, stream, pg): each worker thread's group, by timing hits under the creation-order constraint.
+
+    Timing alone is ambiguous when two groups run same-size collectives at once (and on an oversubscribed CPU the
+    true partner can end milliseconds later). Creation order is not: torch names groups "0", "1", ... as it creates
+    them and gloo starts a group's worker threads inside that call, so along a rank's thread ids the groups' names
+    never decrease. Each rank's threads therefore get the non-decreasing assignment with the most hits (closest end
+    times breaking ties): a small dynamic programme over threads x candidate groups, not a loop over events.
+    """
+    def order(pg: str) -> int:
+        head = pg.split("/")[0]
+        return int(head) if head.isdigit() else 1 << 30
+
+    picks = []
+    for (rank,), rows in score.group_by(["rank"], maintain_order=True):
+        threads = sorted(set(rows["stream"].to_list()))
+        groups = sorted(set(rows["pg"].to_list()), key=order)
+        value = {(t, g): h * 1e12 - (gap or 0) for t, g, h, gap in rows.select("stream", "pg", "hits", "gap")
+                 .iter_rows()}
+        # best[j] = (total, assignment) for the threads so far with the last thread in group j or earlier
+        best: list[tuple[float, list[str]]] = [(0.0, [])] * len(groups)
+        for thread in threads:
+            row, running = [], (float("-inf"), [])
+            for j, group in enumerate(groups):
+                if best[j][0] > running[0]:
+                    running = best[j]
+                row.append((running[0] + value.get((thread, group), -1e18), [*running[1], group]))
+            best = [max(row[: j + 1], key=lambda item: item[0]) for j in range(len(groups))]
+        picks += [(rank, t, g) for t, g in zip(threads, best[-1][1], strict=True)]
+    return pl.DataFrame(picks, schema={"rank": pl.Int32(), "stream": pl.Int64(), "pg": pl.String()}, orient="row")
+
+
+def _p2p_groups(con: duckdb.DuckDBPyConnection, p2p: pl.DataFrame) -> pl.DataFrame:
+    """Give each gloo send/recv its group and peer by the group-rank rule in the module docstring."""
+    con.register("p2p_ranges", p2p.select("f", "rank", "stream", "event_id", "op", "nelems", "start_ns").to_arrow())
+    resolved = con.sql("""
+        WITH calls AS (  -- the c10d op that issued each range: k-th call <-> k-th range, per thread and direction
+            SELECT f, CAST(tid AS BIGINT) AS stream, TRY_CAST(concrete->>2 AS INTEGER) AS group_peer,
+                   starts_with(name, 'c10d::send') AS is_send,
+                   row_number() OVER (PARTITION BY f, tid, starts_with(name, 'c10d::send') ORDER BY start_ns) AS k
+            FROM ev WHERE name IN ('c10d::send', 'c10d::recv_')
+        ), ops AS (
+            SELECT r.*, c.group_peer FROM (
+                SELECT *, row_number() OVER (PARTITION BY f, stream, op ORDER BY start_ns) AS k FROM p2p_ranges
+            ) r LEFT JOIN calls c ON c.f = r.f AND c.stream = r.stream AND c.is_send = (r.op = 'Send') AND c.k = r.k
+        ), cand AS (  -- each op under each group of its rank that has that group-rank
+            SELECT o.rank, o.event_id, o.op, o.nelems, g.pg, len(g.ranks) AS size, g.ranks[o.group_peer + 1] AS peer,
+                   list_position(g.ranks, o.rank) - 1 AS own
+            FROM ops o JOIN groups g ON list_contains(g.ranks, o.rank) AND o.group_peer < len(g.ranks)
+            WHERE o.group_peer IS NOT NULL AND g.ranks[o.group_peer + 1] <> o.rank
+        ), paired AS (
+            SELECT c.*, EXISTS (
+                SELECT 1 FROM ops p WHERE p.rank = c.peer AND p.group_peer = c.own AND p.nelems = c.nelems
+                AND p.op = CASE c.op WHEN 'Send' THEN 'Recv' ELSE 'Send' END) AS ok
+            FROM cand c
+        ), best AS (
+            SELECT rank, arg_max(pg, n * 1000000 - size) AS pg FROM (  -- ties: the smallest (most specific) group
+                SELECT rank, pg, count(*) FILTER (WHERE ok) AS n, max(size) AS size FROM paired GROUP BY ALL
+            ) WHERE n > 0 GROUP BY rank
+        )
+        SELECT p.rank, p.event_id, p.pg, CAST(p.peer AS INTEGER) AS inferred_peer
+        FROM paired p JOIN best b ON b.rank = p.rank AND b.pg = p.pg
+    """).pl()
+    return p2p.join(resolved, on=["rank", "event_id"], how="left").with_columns(
+        pl.coalesce("peer", "inferred_peer").alias("peer"), pl.lit("cpu-op").alias("evidence"),
+        pl.lit(None, dtype=pl.Int64).alias("seq")).drop("inferred_peer")

@@ -111,12 +111,25 @@ def test_profiler_steps_become_steps(db: Path) -> None:
     assert [f"ProfilerStep#{r[0]}" for r in rows] == sorted(steps)
 
 
-def test_gloo_groups_inferred_by_timing_match_the_recorded_worker_threads(tmp_path: Path) -> None:
-    """sample_traces recorded which gloo worker thread each group started: the ground truth for the inference."""
-    truth = json.loads((SAMPLES / "tp2dp2_mlp.pg_threads.json").read_text())
+SAMPLE_LAYOUTS = {
+    "tp2dp2_mlp": "tp=2,dp=2", "tp2dp2_mlp_sp": "tp=2,dp=2", "pp2_mb1": "pp=2,dp=2,order=tp-cp-ep-pp-dp",
+    "pp2_mb8": "pp=2,dp=2,order=tp-cp-ep-pp-dp", "moe_balanced": "ep=2,dp=4", "moe_skewed": "ep=2,dp=4",
+    "toy8_tp2pp2dp2_1f1b": "tp=2,pp=2,dp=2,order=tp-cp-ep-dp-pp",
+}
+
+
+@pytest.mark.parametrize("experiment", sorted(SAMPLE_LAYOUTS))
+def test_gloo_groups_inferred_match_the_recorded_worker_threads(tmp_path: Path, experiment: str) -> None:
+    """sample_traces recorded which gloo worker threads each group started (tid -> group): the ground truth for
+    the timing inference. Send/recv run on the main thread, so their check is the peer: the pipeline neighbour."""
+    truth = json.loads((SAMPLES / f"{experiment}.pg_threads.json").read_text())
     db = tmp_path / "t.duckdb"
-    run_cli("ingest", SAMPLES / "tp2dp2_mlp", "--layout", "tp=2,dp=2", "--db", db)
-    rows = query(db, "SELECT c.rank, d.stream, c.pg FROM collectives c JOIN device_events d "
-                     "USING (run_id, rank, event_id)")
-    assert rows
-    assert all(truth[str(rank)][str(stream)] == pg for rank, stream, pg in rows)
+    run_cli("ingest", SAMPLES / experiment, "--layout", SAMPLE_LAYOUTS[experiment], "--db", db)
+    rows = query(db, "SELECT c.rank, d.stream, c.pg, c.op, c.peer, r.pp, p.pp FROM collectives c "
+                     "JOIN device_events d USING (run_id, rank, event_id) JOIN ranks r USING (run_id, rank) "
+                     "LEFT JOIN ranks p ON p.run_id = c.run_id AND p.rank = c.peer")
+    collectives = [r for r in rows if r[3] not in ("Send", "Recv")]
+    assert collectives
+    assert all(truth[str(rank)][str(stream)] == pg for rank, stream, pg, *_ in collectives)
+    p2p = [r for r in rows if r[3] in ("Send", "Recv")]
+    assert all(peer is not None and peer_stage == 1 - stage for *_, peer, stage, peer_stage in p2p)

@@ -20,8 +20,11 @@ def emit(frame: pl.DataFrame, *, title: str | None = None, fmt: str = "table") -
     """Print ``frame`` as a rich table ('table'), JSON records ('json') or CSV ('csv')."""
     if fmt == "json":
         sys.stdout.write(json.dumps(frame.to_dicts(), default=str, indent=1) + "\n")
-    elif fmt == "csv":
-        sys.stdout.write(frame.write_csv())
+    elif fmt == "csv":  # CSV has no nested values: lists and structs are written as their JSON text
+        nested = [c for c, t in frame.schema.items() if t.is_nested()]
+        flat = frame.with_columns(pl.col(c).map_elements(lambda v: json.dumps(v.to_list() if hasattr(v, "to_list")
+                                  else v, default=str), return_dtype=pl.String) for c in nested)
+        sys.stdout.write(flat.write_csv())
     else:
         table = Table(title=title, show_lines=False)
         for name, dtype in frame.schema.items():
