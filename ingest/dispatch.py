@@ -8,10 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from traceana.errors import TraceanaError
 from traceana.ingest.rules import Rule, load_rules
 from traceana.ingest.run_data import RunData, finish
-
-from traceana.errors import TraceanaError
 from traceana.layout import Layout
 
 # Format name -> module. Each module has ``matches(path) -> bool`` (cheap: names and a few header bytes) and

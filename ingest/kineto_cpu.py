@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import duckdb
 import polars as pl
+
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op
 from traceana.ingest.dispatch import IngestOptions
 
