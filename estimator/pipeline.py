@@ -90,18 +90,17 @@ class PipelineResult:
     @cached_property
     def events(self) -> list[Event]:
         """Every F/B/W interval, the EP exposure a wait absorbed, and each transfer arriving at a stage."""
-        plan, (start, end, hidden, wire, p2p_s) = self._plan, self._times
-        durations = self._durations
+        plan, costs, (start, end, hidden, wire, p2p_s) = self._plan, self._costs, self._times
         out: list[Event] = []
         for i, kind in enumerate(plan.kind):
-            s, t0, t1, labels = plan.stage[i], start[i], end[i], plan.labels[i]
+            s, t0, t1, labels, cost = plan.stage[i], start[i], end[i], plan.labels[i], plan.cost[i]
             if hidden[i] > 0:
                 out.append((s, "EP", *labels[0], t0 - wire[i] - hidden[i], t0 - wire[i]))
-            if kind == "BW":
-                cut = t1 - durations[i][1]
+            if kind == "BW":  # the EP a wait absorbed came off B; W keeps its length
+                cut = t1 - costs[cost[0]].wgrad_s
                 out += [(s, "B", *labels[0], t0, cut), (s, "W", *labels[0], cut, t1)]
-            elif kind == "FBW":
-                f, b, w = durations[i]
+            elif kind == "FBW":  # the overlapped pair's time, shared in proportion to F, B and W
+                f, b, w = costs[cost[0]].forward_s, costs[cost[1]].backward_s, costs[cost[1]].wgrad_s
                 scale = (t1 - t0) / (f + b + w) if f + b + w > 0 else 0.0
                 t_f, t_b = t0 + f * scale, t0 + (f + b) * scale
                 out += [(s, "F", *labels[0], t0, t_f), (s, "B", *labels[1], t_f, t_b), (s, "W", *labels[1], t_b, t1)]
@@ -113,26 +112,10 @@ class PipelineResult:
                         out.append((s, "P2P", *labels[part], end[dep], end[dep] + p2p_s))
         return out
 
-    @cached_property
-    def _durations(self) -> list[tuple[float, ...]]:
-        """Per op, the (F, B, W) parts its events are cut into; only BW and FBW are split."""
-        plan, costs = self._plan, self._costs
-        parts: list[tuple[float, ...]] = []
-        for kind, cost in zip(plan.kind, plan.cost, strict=True):
-            if kind == "BW":
-                parts.append((0.0, costs[cost[0]].wgrad_s))
-            elif kind == "FBW":
-                f, b = costs[cost[0]], costs[cost[1]]
-                parts.append((f.forward_s, b.backward_s, b.wgrad_s))
-            else:
-                parts.append(())
-        return parts
-
     def events_frame(self) -> pl.DataFrame:
-        """The timeline as a table for Gantt plots and Chrome traces (times in ms)."""
-        frame = pl.DataFrame(self.events, schema=["stage", "kind", "micro_batch", "chunk", "start_ms", "end_ms"],
-                             orient="row")
-        return frame.with_columns(pl.col("start_ms") * 1e3, pl.col("end_ms") * 1e3)
+        """The timeline as a table for Gantt plots and Chrome traces."""
+        rows = [(s, kind, mb, chunk, t0 * 1e3, t1 * 1e3) for s, kind, mb, chunk, t0, t1 in self.events]
+        return pl.DataFrame(rows, schema=["stage", "kind", "micro_batch", "chunk", "start_ms", "end_ms"], orient="row")
 
     def stage_frame(self) -> pl.DataFrame:
         """Per-stage load: busy, bubble and exposed p2p time (ms) and the activations held."""
@@ -253,7 +236,8 @@ def simulate(kind: str, costs: Sequence[StageCost], micro_batches: int, p2p_s: f
 
 
 def in_flight(kind: str, stages: int, micro_batches: int, vpp: int = 1) -> list[float]:
-    """Peak micro-batches of activations each stage holds under ``kind`` (full-stage units); needs no costs."""
+    """Peak micro-batches of activations each stage holds under ``kind`` (full-stage units); needs no costs
+    (zb-v: its order for F = B = W, which fills the 2p-chunk limit like any other proportions with m >= 2p)."""
     problem = schedule_problem(kind, stages, micro_batches, vpp)
     if problem:
         raise TraceanaError(problem)
@@ -261,8 +245,8 @@ def in_flight(kind: str, stages: int, micro_batches: int, vpp: int = 1) -> list[
     return [x / plan.chunks for x in plan.in_flight_chunks]
 
 
-def bubble_time(kind: str, stages: int, micro_batches: int, cost: StageCost, vpp: int = 1) -> float:
-    """Closed-form bubble (seconds per stage) for equal stages, no p2p, no EP: the tests' oracle.
+def bubble_time(kind: str, stages: int, cost: StageCost) -> float:
+    """Closed-form bubble (seconds per stage) for equal stages, no p2p, no EP, m >= p: the tests' oracle.
 
     ``cost`` is one chunk's cost. 1F1B/GPipe (p-1)(F+B+W) and interleaved (p-1)(F+B+W)/v in stage terms
     (Narayanan et al. SC'21); ZB-H1 (p-1)(F+B-W) (Qi et al. ICLR'24); DualPipe (PP/2-1)(F&B+B-3W) from
@@ -286,7 +270,7 @@ def bubble_fraction(kind: str, stages: int, micro_batches: int, vpp: int = 1) ->
     (p-1)/(v·m) interleaved, (p-1)/(3m) ZB-H1, (p-2)/(3m) DualPipe, (p-1)/(6m) zb-v."""
     chunks = 2 if kind == "zb-v" else vpp if kind == "interleaved" else 1
     unit = StageCost(1.0, 1.0, 1.0)
-    return bubble_time(kind, stages, micro_batches, unit, vpp) / (3.0 * chunks * micro_batches)
+    return bubble_time(kind, stages, unit) / (3.0 * chunks * micro_batches)
 
 
 def _check_costs(costs: Sequence[StageCost], p2p_s: float, ratio: float) -> None:

@@ -49,7 +49,7 @@ def test_bubble_matches_closed_form_for_equal_stages(kind: str, p: int, m: int, 
     r = simulate(kind, equal(kind, p, UNIT, vpp), m, 0.0, vpp)
     work = 3.0 * m * chunks(kind, vpp)
     assert (r.makespan_s - work) / work == pytest.approx(bubble_fraction(kind, p, m, vpp), abs=1e-12)
-    assert r.bubble_s == pytest.approx([bubble_time(kind, p, m, UNIT, vpp)] * p)
+    assert r.bubble_s == pytest.approx([bubble_time(kind, p, UNIT)] * p)
 
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b", "interleaved"])
@@ -67,7 +67,7 @@ def test_zb_h1_bubble_is_p_minus_1_times_f_plus_b_minus_w(fbw: tuple[float, floa
     cost = StageCost(*fbw)
     for p, m in ((4, 8), (8, 24)):
         r = simulate("zb-h1", [cost] * p, m, 0.0)
-        assert r.bubble_s == pytest.approx([bubble_time("zb-h1", p, m, cost)] * p)
+        assert r.bubble_s == pytest.approx([bubble_time("zb-h1", p, cost)] * p)
 
 
 def test_zero_bubble_schedules_beat_1f1b_on_realistic_costs() -> None:
