@@ -15,7 +15,14 @@ from pathlib import Path
 import polars as pl
 
 from traceana.errors import TraceanaError
-from traceana.ingest.ascend_tasks import RUNTIME_TASKS, RankTrace, hccl_task_annotations, hcom_columns, task_category
+from traceana.ingest.ascend_tasks import (
+    RUNTIME_TASKS,
+    RankTrace,
+    hccl_task_annotations,
+    hcom_columns,
+    rank_events,
+    task_category,
+)
 from traceana.ingest.ascend_timeline import DEFAULT_STEP_MARKER, marked_steps
 from traceana.ingest.rules import Rule
 
@@ -138,11 +145,12 @@ def read_database(path: Path, rules: list[Rule], step_marker: str | None) -> Ran
     not_comm = "AND t.globalTaskId NOT IN (SELECT globalTaskId FROM COMMUNICATION_TASK_INFO)" if has_tasks else ""
     runtime = db.frame(_RUNTIME_SQL.format(not_comm_task=not_comm), _EVENT).filter(
         pl.col("name").is_in([k for k, v in RUNTIME_TASKS.items() if v]))  # kernel-typed containers are dropped
-    events = pl.concat([compute, runtime]).with_columns(task_category(pl.col("name"), rules))
+    tasks = pl.concat([compute, runtime]).with_columns(task_category(pl.col("name"), rules))
+    hcom = pl.DataFrame(schema=_HCOM)
     if has_comm:
         dtype, join = db.enum("ENUM_HCCL_DATA_TYPE", "o.dataType")
-        hcom = hcom_columns(db.frame(_HCOM_SQL.format(dtype=dtype, dtype_join=join), _HCOM))
-        events = pl.concat([events, hcom], how="diagonal_relaxed")
+        hcom = db.frame(_HCOM_SQL.format(dtype=dtype, dtype_join=join), _HCOM)
+    events = rank_events(tasks, hcom_columns(hcom))
 
     annotations = pl.DataFrame(schema=_ANNOTATION)
     if db.has("PYTORCH_API", ("startNs", "endNs", "name")):

@@ -70,8 +70,8 @@ def link_by_hash(ops: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
     whose start (a float in µs there) is nearest to its own, within 50 µs.
     """
     keyed = keys.drop_nulls("start_ns").rename({"op_name": "name"}).sort("start_ns")
-    return ops.sort("start_ns").join_asof(keyed, on="start_ns", by="name", strategy="nearest", tolerance=50_000,
-                                        check_sortedness=False)
+    return ops.drop("group_hash").sort("start_ns").join_asof(
+        keyed, on="start_ns", by="name", strategy="nearest", tolerance=50_000, check_sortedness=False)
 
 
 def layout_from_metadata(metadata: list[dict]) -> Layout | None:

@@ -82,13 +82,28 @@ def hccl_task_annotations(tasks: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+# A reader's events: device tasks and HCCL ops; the HCCL columns are NULL on tasks. ``comm`` is the communicator name
+# when the source states it, ``group_hash`` its double_hash when communication.json states that instead.
+EVENT_SCHEMA: dict[str, pl.DataType] = {
+    "start_ns": pl.Int64(), "end_ns": pl.Int64(), "name": pl.String(), "category": pl.String(), "stream": pl.Int64(),
+    "op": pl.String(), "kernel_op": pl.String(), "seq": pl.Int64(), "dtype": pl.String(), "bytes": pl.Int64(),
+    "comm": pl.String(), "group_hash": pl.UInt64(),
+}
+
+
+def rank_events(tasks: pl.DataFrame, hcom: pl.DataFrame) -> pl.DataFrame:
+    """Device tasks (HCCL-internal ones dropped) and HCCL ops in EVENT_SCHEMA."""
+    frame = pl.concat([tasks.filter(pl.col("category").is_not_null()), hcom], how="diagonal_relaxed")
+    return frame.select([(pl.col(c) if c in frame.columns else pl.lit(None)).cast(t).alias(c)
+                         for c, t in EVENT_SCHEMA.items()])
+
+
 @dataclass
 class RankTrace:
     """One rank's profile as a reader parsed it, before ranks are numbered and groups linked.
 
-    ``events``: start_ns, end_ns, name, category, stream; HCCL ops also carry op, kernel_op, seq, dtype, bytes and
-    ``comm`` (the communicator name, when the source states it). ``annotations`` and ``steps`` are in store
-    columns without rank.
+    ``events`` are in EVENT_SCHEMA; ``annotations`` and ``steps`` in store columns without rank. ``source`` is the
+    file read until the caller replaces it with the folder the rank came from.
     """
 
     source: Path
@@ -100,5 +115,6 @@ class RankTrace:
     host: str | None = None
     rank: int | None = None  # what the source itself says
     rank_source: str | None = None
+    boot_ns: int | None = None  # wall-clock minus monotonic clock at collection: the host's boot time
     metadata: dict = field(default_factory=dict)  # profiler_metadata.json / META_DATA (parallel_group_info ...)
     tool_version: str | None = None

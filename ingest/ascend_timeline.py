@@ -16,7 +16,7 @@ import duckdb
 import polars as pl
 
 from traceana.errors import TraceanaError
-from traceana.ingest.ascend_tasks import RankTrace, hccl_task_annotations, hcom_columns, task_category
+from traceana.ingest.ascend_tasks import RankTrace, hccl_task_annotations, hcom_columns, rank_events, task_category
 from traceana.ingest.rules import Rule
 
 DEFAULT_STEP_MARKER = r"^ProfilerStep#(\d+)$"
@@ -122,7 +122,7 @@ def read_timeline(files: list[Path], rules: list[Rule], step_marker: str | None)
 
     tasks = con.sql(_HARDWARE_SQL).pl().with_columns(task_category(pl.col("name"), rules))
     hcom = hcom_columns(con.sql(_HCOM_SQL).pl())
-    events = pl.concat([tasks.filter(pl.col("category").is_not_null()), hcom], how="diagonal_relaxed")
+    events = rank_events(tasks, hcom)
     annotations = con.sql(_CPU_OPS_SQL).pl()
     planes = con.sql(_PLANE_SQL).pl()
     if not planes.is_empty():

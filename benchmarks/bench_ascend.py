@@ -1,0 +1,87 @@
+"""Ascend ingest throughput: the shared 2-rank runs (text timeline and database export) and a scaled copy of a real
+timeline (its events repeated with shifted timestamps, as a long profile would hold them).
+
+Prints seconds, MB/s and events/s for parse + link + finish (read_run) and for the whole ingest including the store
+write. Run: .venv/bin/python benchmarks/bench_ascend.py [copies]
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import tempfile
+import time
+from decimal import Decimal
+from pathlib import Path
+
+from traceana import store
+from traceana.ingest.dispatch import IngestOptions, read_run
+
+ASCEND = Path(__file__).resolve().parents[2] / "shared" / "traces" / "ascend"
+
+
+def _inputs(run: Path) -> tuple[float, int]:
+    """(MB read, events or rows) of a run's timeline JSON or database files."""
+    megabytes, events = 0.0, 0
+    for trace in run.rglob("trace_view.json"):
+        megabytes += trace.stat().st_size / 1e6
+        events += len(json.loads(trace.read_text()))
+    for db in run.rglob("ascend_pytorch_profiler_*.db"):
+        megabytes += db.stat().st_size / 1e6
+        with sqlite3.connect(f"file:{db}?mode=ro&immutable=1", uri=True) as con:
+            events += sum(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in
+                          ("TASK", "COMMUNICATION_OP", "PYTORCH_API"))
+    return megabytes, events
+
+
+def _scaled(copies: int, folder: Path) -> Path:
+    """A rank folder whose trace_view.json holds ``copies`` back-to-back copies of a real rank's events."""
+    source = ASCEND / "torch_npu_2rank_level1" / "rank0_ascend_pt"
+    events = json.loads((source / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").read_text())
+    meta = [e for e in events if e["ph"] == "M"]
+    timed = [e for e in events if e["ph"] != "M"]
+    starts = [Decimal(e["ts"]) for e in timed]
+    span = max(starts) - min(starts) + 1000
+    out = []
+    for copy in range(copies):
+        shift = span * copy
+        out.extend({**e, "ts": f"{start + shift:.3f}"} for e, start in zip(timed, starts, strict=True))
+    target = folder / "scaled_ascend_pt"
+    (target / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True)
+    (target / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").write_text(json.dumps(meta + out))
+    (target / "profiler_info_0.json").write_text((source / "profiler_info_0.json").read_text())
+    return target
+
+
+def _measure(path: Path, repeats: int) -> tuple[float, float, int]:
+    """Best seconds of read_run and of read_run + store write, and the device events ingested."""
+    best_parse = best_total = float("inf")
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            data = read_run([path], "ascend", IngestOptions())
+            parsed = time.perf_counter()
+            with store.connect(Path(tmp) / "bench.duckdb") as con:
+                store.write_run(con, "bench", data, None)
+            done = time.perf_counter()
+        best_parse, best_total = min(best_parse, parsed - start), min(best_total, done - start)
+    return best_parse, best_total, data.table("device_events").height
+
+
+def main(copies: int = 50, repeats: int = 3) -> None:
+    print(f"{'input':<34}{'MB':>8}{'events':>10}{'stage':>12}{'seconds':>9}{'MB/s':>8}{'events/s':>12}")
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = [(ASCEND / "torch_npu_2rank_level1", "level1 text, 2 ranks"),
+                 (ASCEND / "torch_npu_2rank_level1_db", "level1 database, 2 ranks"),
+                 (_scaled(copies, Path(tmp)), f"level1 text x{copies}, 1 rank")]
+        for path, label in cases:
+            megabytes, events = _inputs(path)
+            parse, total, _ = _measure(path, repeats)
+            for stage, seconds in (("read_run", parse), ("+store", total)):
+                print(f"{label:<34}{megabytes:>8.1f}{events:>10,}{stage:>12}{seconds:>9.2f}"
+                      f"{megabytes / seconds:>8.1f}{events / seconds:>12,.0f}")
+
+
+if __name__ == "__main__":
+    main(*(int(a) for a in sys.argv[1:2]))
