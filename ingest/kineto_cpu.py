@@ -1,7 +1,10 @@
 """CPU-only PyTorch profiler runs (gloo): the process is the device.
 
-Compute is the main thread's outermost CPU ops (nested ops are inside their parent, so never counted twice; the
-host side of communication calls is not compute). Communication is the ``gloo:*`` ranges that gloo's worker threads
+Compute is the main thread's innermost CPU ops (leaves: no op starts inside them). Outer ops are not used because
+they can hold a blocking wait: a custom autograd Function whose forward all-reduces spans the whole collective, and
+counting it would hide that wait as compute. Leaves never overlap, so nothing is counted twice; the gaps between
+them inside a parent (dispatcher and Python overhead) are host time, IDLE. The host side of communication calls
+(``c10d::*``) is not compute. Communication is the ``gloo:*`` ranges that gloo's worker threads
 record. Those ranges carry op and shape but no process group, so the group is inferred:
 
 - collectives (evidence ``timing-match``): every gloo worker thread serves one group, and a collective cannot end
@@ -40,12 +43,11 @@ def cpu_frames(con: duckdb.DuckDBPyConnection, file_rank: pl.DataFrame, groups: 
     compute = con.sql(f"""
         WITH ops AS (
             SELECT e.f, CAST(e.tid AS BIGINT) AS stream, e.start_ns, e.end_ns, e.name,
-                   max(e.end_ns) OVER (PARTITION BY e.f ORDER BY e.start_ns, e.end_ns DESC
-                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered_until
+                   lead(e.start_ns) OVER (PARTITION BY e.f ORDER BY e.start_ns, e.end_ns DESC) AS next_start
             FROM ev e JOIN main_thread m USING (f, tid) WHERE e.cat = 'cpu_op'
         )
         SELECT f, stream, start_ns, end_ns, name, 'compute' AS category FROM ops
-        WHERE (covered_until IS NULL OR start_ns >= covered_until) AND NOT regexp_matches(name, '{_HOST_COMM}')
+        WHERE (next_start IS NULL OR next_start >= end_ns) AND NOT regexp_matches(name, '{_HOST_COMM}')
     """).pl()
     comm = con.sql("""
         SELECT e.f, CAST(e.tid AS BIGINT) AS stream, e.start_ns, e.end_ns, e.name, 'comm' AS category,
