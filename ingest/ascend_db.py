@@ -117,10 +117,10 @@ def _check_schema(db: _Database) -> str:
             raise TraceanaError(f"{db.path}: database schema version {version} is not supported "
                                 f"(traceana reads {SCHEMA_MAJOR}.x)")
     for table, columns in {**_REQUIRED, **{t: c for t, c in _OPTIONAL.items() if t in db.columns}}.items():
-        if not db.has(table, columns):
-            missing = sorted(set(columns) - db.columns.get(table, set())) if table in db.columns else ["(table)"]
-            raise TraceanaError(f"{db.path}: unknown Ascend database schema (version {version}): {table} lacks "
-                                f"{', '.join(missing)}")
+        lacking = sorted(set(columns) - db.columns.get(table, set()))
+        problem = f"no {table} table" if table not in db.columns else f"{table} lacks {', '.join(lacking)}"
+        if lacking:
+            raise TraceanaError(f"{db.path}: unknown Ascend database schema (version {version}): {problem}")
     return version
 
 
@@ -134,59 +134,69 @@ _ANNOTATION = {"start_ns": pl.Int64(), "end_ns": pl.Int64(), "name": pl.String()
                "kind": pl.String(), "args": pl.String()}
 
 
-def read_database(path: Path, rules: list[Rule], step_marker: str | None) -> RankTrace:
-    """Parse one rank's database export."""
-    db = _Database(path)
-    version = _check_schema(db)
-    has_comm = db.has("COMMUNICATION_OP")
-    has_tasks = db.has("COMMUNICATION_TASK_INFO")
-
+def _events(db: _Database, rules: list[Rule]) -> pl.DataFrame:
     compute = db.frame(_COMPUTE_SQL, _EVENT)
-    not_comm = "AND t.globalTaskId NOT IN (SELECT globalTaskId FROM COMMUNICATION_TASK_INFO)" if has_tasks else ""
-    runtime = db.frame(_RUNTIME_SQL.format(not_comm_task=not_comm), _EVENT).filter(
+    comm_task = "AND t.globalTaskId NOT IN (SELECT globalTaskId FROM COMMUNICATION_TASK_INFO)" \
+        if db.has("COMMUNICATION_TASK_INFO") else ""
+    runtime = db.frame(_RUNTIME_SQL.format(not_comm_task=comm_task), _EVENT).filter(
         pl.col("name").is_in([k for k, v in RUNTIME_TASKS.items() if v]))  # kernel-typed containers are dropped
     tasks = pl.concat([compute, runtime]).with_columns(task_category(pl.col("name"), rules))
     hcom = pl.DataFrame(schema=_HCOM)
-    if has_comm:
+    if db.has("COMMUNICATION_OP"):
         dtype, join = db.enum("ENUM_HCCL_DATA_TYPE", "o.dataType")
         hcom = db.frame(_HCOM_SQL.format(dtype=dtype, dtype_join=join), _HCOM)
-    events = rank_events(tasks, hcom_columns(hcom))
+    return rank_events(tasks, hcom_columns(hcom))
 
+
+def _annotations(db: _Database) -> pl.DataFrame:
+    """PyTorch operators (cpu_op) and HCCL tasks (hccl_task)."""
     annotations = pl.DataFrame(schema=_ANNOTATION)
     if db.has("PYTORCH_API", ("startNs", "endNs", "name")):
         op_type = ""
         if db.has("PYTORCH_API", ("type",)) and db.has("ENUM_API_TYPE", ("id", "name")):
             op_type = "WHERE p.type IN (SELECT id FROM ENUM_API_TYPE WHERE name = 'op')"
         annotations = db.frame(_CPU_OPS_SQL.format(op_type=op_type), _ANNOTATION)
-    if has_tasks:
+    if db.has("COMMUNICATION_TASK_INFO"):
         transport, join_t = db.enum("ENUM_HCCL_TRANSPORT_TYPE", "c.transportType")
         link, join_l = db.enum("ENUM_HCCL_LINK_TYPE", "c.linkType")
         tasks = db.frame(_HCCL_TASK_SQL.format(transport=transport, link=link, joins=join_t + join_l), _HCCL_TASK)
         annotations = pl.concat([annotations, hccl_task_annotations(tasks)])
+    return annotations
 
+
+def _metadata(db: _Database) -> dict:
+    """parallel_group_info and distributed_args from META_DATA, as profiler_metadata.json would hold them."""
+    if not db.has("META_DATA", ("name", "value")):
+        return {}
+    rows = db.rows("SELECT name, value FROM META_DATA WHERE name IN ('parallel_group_info', 'distributed_args')")
+    try:
+        return {name: json.loads(value) for name, value in rows}
+    except ValueError as exc:
+        raise TraceanaError(f"{db.path}: META_DATA holds malformed JSON ({exc})") from None
+
+
+def read_database(path: Path, rules: list[Rule], step_marker: str | None) -> RankTrace:
+    """Parse one rank's database export."""
+    db = _Database(path)
+    version = _check_schema(db)
+    annotations = _annotations(db)
     if step_marker is None and db.has("STEP_TIME", ("id", "startNs", "endNs")):
         steps = db.frame("SELECT id AS step, startNs AS start_ns, endNs AS end_ns FROM STEP_TIME",
                          {"step": pl.Int32(), "start_ns": pl.Int64(), "end_ns": pl.Int64()})
     else:
         steps = marked_steps(annotations.filter(pl.col("kind") == "cpu_op"), step_marker or DEFAULT_STEP_MARKER)
-
-    rank, device, rank_source = None, None, None
+    trace = RankTrace(source=path, events=_events(db, rules), annotations=annotations, steps=steps,
+                      pid=db.rows("SELECT min(globalPid) FROM TASK")[0][0], metadata=_metadata(db),
+                      tool_version=f"database schema {version}")
     if db.has("RANK_DEVICE_MAP", ("rankId", "deviceId")):
         found = db.rows("SELECT rankId, deviceId FROM RANK_DEVICE_MAP")
         if len(found) > 1:
             raise TraceanaError(f"{path}: holds {len(found)} devices (RANK_DEVICE_MAP); ingest one database per rank")
         if found:
-            rank, device = (found[0][0] if found[0][0] is not None and found[0][0] >= 0 else None), found[0][1]
-            rank_source = "RANK_DEVICE_MAP" if rank is not None else None
-    metadata = {}
-    if db.has("META_DATA", ("name", "value")):
-        for name, value in db.rows("SELECT name, value FROM META_DATA "
-                                   "WHERE name IN ('parallel_group_info', 'distributed_args')"):
-            metadata[name] = json.loads(value)
-    host = db.rows("SELECT hostName, hostUid FROM HOST_INFO") if db.has("HOST_INFO", ("hostName", "hostUid")) else []
-    pid = db.rows("SELECT min(globalPid) FROM TASK")[0][0]
-    return RankTrace(
-        source=path, events=events, annotations=annotations, steps=steps, device=device, pid=pid,
-        host=f"{host[0][0]}#{host[0][1]}" if host else None, rank=rank, rank_source=rank_source,
-        metadata=metadata, tool_version=f"database schema {version}",
-    )
+            trace.device = found[0][1]
+            if found[0][0] is not None and found[0][0] >= 0:  # -1: a run without ranks
+                trace.rank, trace.rank_source = found[0][0], "RANK_DEVICE_MAP"
+    if db.has("HOST_INFO", ("hostName", "hostUid")):
+        hosts = db.rows("SELECT hostName, hostUid FROM HOST_INFO")
+        trace.host = f"{hosts[0][0]}#{hosts[0][1]}" if hosts else None  # the uid tells apart hosts of one name
+    return trace

@@ -18,8 +18,9 @@ import polars as pl
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_op
 from traceana.ingest.rules import Rule, classify
 
-# Runtime task name (timeline) or task type (database) -> category; None = a task inside an HCCL op (the op is the
-# comm event, its tasks are hccl_task annotations), so it is not a device event of its own.
+# Runtime task name (timeline) or task type (database) -> category, from the CANN runtime's task-type registry
+# (seen in the shared traces: EVENT_RECORD, EVENT_WAIT, MEMCPY_ASYNC, PROFILING_*, Notify Wait, Write Value, SDMA).
+# None = a task inside an HCCL op: the op is the comm event, its tasks are hccl_task annotations.
 RUNTIME_TASKS: dict[str, str | None] = {
     "EVENT_RECORD": "sync", "EVENT_WAIT": "sync", "EVENT_RESET": "sync", "NOTIFY_WAIT": "sync",
     "NOTIFY_RECORD": "sync", "REMOTE_EVENT_WAIT": "sync", "IPC_EVENT_RECORD": "sync", "IPC_EVENT_WAIT": "sync",
@@ -28,11 +29,10 @@ RUNTIME_TASKS: dict[str, str | None] = {
     "MEMCPY_ASYNC": "other", "PROFILING_ENABLE": "other", "PROFILING_DISABLE": "other", "MAINTENANCE": "other",
     "MODEL_EXECUTE": "other", "MODEL_MAINTAINCE": "other", "CMO": "other", "NOP": "other",
     "HOSTFUNC_CALLBACK": "other", "reserve": "other",
-    "Notify Wait": None, "Notify Record": None, "Write Value": None, "SDMA": None, "RDMA Send": None,
-    "Reduce Inline": None,
+    "Notify Wait": None, "Write Value": None, "SDMA": None,
 }
 
-# ENUM_HCCL_DATA_TYPE names -> the store's dtype spelling and its size.
+# ENUM_HCCL_DATA_TYPE names (also the timeline's data_type) -> the store's dtype spelling.
 HCCL_DTYPES: dict[str, str] = {
     "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64", "INT128": "int128", "UINT8": "uint8",
     "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64", "FP16": "float16", "BFP16": "bfloat16",
@@ -51,20 +51,18 @@ def task_category(names: pl.Expr, rules: list[Rule]) -> pl.Expr:
     return pl.when(known).then(runtime).otherwise(classify(names, rules)[0]).alias("category")
 
 
-def hcom_columns(frame: pl.DataFrame, name: str = "name", hccl_dtype: str = "hccl_dtype",
-                 count: str = "count") -> pl.DataFrame:
-    """Add op, kernel_op, seq, dtype and bytes (count x dtype size) to a frame of HCCL ops."""
-    kernel_op = pl.col(name).str.extract(_HCOM, 1)
+def hcom_columns(frame: pl.DataFrame) -> pl.DataFrame:
+    """Add op, kernel_op, seq, dtype and bytes (count x dtype size) to HCCL ops (name, hccl_dtype, count)."""
     frame = frame.with_columns(
-        pl.coalesce(kernel_op, pl.col(name)).alias("kernel_op"),
-        pl.col(name).str.extract(_HCOM, 2).cast(pl.Int64).alias("seq"),
-        pl.col(hccl_dtype).str.to_uppercase().replace_strict(HCCL_DTYPES, default=None).alias("dtype"),
+        pl.coalesce(pl.col("name").str.extract(_HCOM, 1), "name").alias("kernel_op"),
+        pl.col("name").str.extract(_HCOM, 2).cast(pl.Int64).alias("seq"),
+        pl.col("hccl_dtype").str.to_uppercase().replace_strict(HCCL_DTYPES, default=None).alias("dtype"),
     )
     ops = {k: canonical_op(k) for k in frame["kernel_op"].unique().drop_nulls().to_list()}  # a few distinct names
     return frame.with_columns(
         pl.col("kernel_op").replace_strict(ops, default=None, return_dtype=pl.String()).fill_null("Unknown")
         .alias("op"),
-        (pl.col(count).cast(pl.Int64) * pl.col("dtype").replace_strict(_SIZES, default=None, return_dtype=pl.Int64))
+        (pl.col("count").cast(pl.Int64) * pl.col("dtype").replace_strict(_SIZES, default=None, return_dtype=pl.Int64))
         .alias("bytes"),
     )
 

@@ -42,7 +42,7 @@ _SPANS_SQL = """
 CREATE TEMP TABLE x AS
 SELECT t.process, t.thread, t.pid, t.tid, t.sort_index, e.name, e.cat, e.args,
        CAST(TRY_CAST(e.ts AS DECIMAL(20, 3)) * 1000 AS BIGINT) AS start_ns,
-       CAST(round(TRY_CAST(e.dur AS DOUBLE) * 1000) AS BIGINT) AS dur_ns
+       coalesce(CAST(round(TRY_CAST(e.dur AS DOUBLE) * 1000) AS BIGINT), 0) AS dur_ns
 FROM ev e JOIN tracks t USING (pid, tid)
 WHERE e.ph = 'X' AND TRY_CAST(e.ts AS DECIMAL(20, 3)) IS NOT NULL
 """

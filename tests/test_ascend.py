@@ -24,6 +24,7 @@ import pytest
 from tests.conftest import TRACES
 from traceana.errors import TraceanaError
 from traceana.ingest.ascend_groups import double_hash, group_dims, layout_from_metadata, metadata_groups
+from traceana.ingest.ascend_tasks import hcom_columns
 from traceana.ingest.dispatch import IngestOptions, detect, read_run
 from traceana.ingest.run_data import RunData
 from traceana.layout import Layout
@@ -182,6 +183,24 @@ def test_ops_linked_to_their_communicator(runs: dict[str, RunData]) -> None:
     assert any("no communicator evidence" in n for n in level0.notes)
 
 
+@pytest.mark.parametrize(("name", "op", "kernel_op", "seq"), [
+    ("hcom_allReduce__586_0_1", "AllReduce", "hcom_allReduce_", 0),  # the shared level-1 run
+    ("hcom_send__822_0", "Send", "hcom_send_", 0),  # older CANN, no trailing _n (msprof-analyze cluster sample)
+    ("hcom_receive__822_3", "Recv", "hcom_receive_", 3),
+    ("hcom_broadcast__483_1", "Broadcast", "hcom_broadcast_", 1),
+    ("hcom_allGather__501_7_1", "AllGather", "hcom_allGather_", 7),
+    ("hcom_reduceScatter__501_8_1", "ReduceScatter", "hcom_reduceScatter_", 8),
+    ("hcom_alltoallv__210_2_1", "AllToAll", "hcom_alltoallv_", 2),
+    ("hcom_batchsendrecv__210_4_1", "SendRecv", "hcom_batchsendrecv_", 4),
+    ("hcom_reduce__210_5_1", "Reduce", "hcom_reduce_", 5),
+    ("hcom_scatter__210_6_1", "Scatter", "hcom_scatter_", 6),
+])
+def test_hcom_names(name: str, op: str, kernel_op: str, seq: int) -> None:
+    parsed = hcom_columns(pl.DataFrame({"name": [name], "hccl_dtype": ["BFP16"], "count": [1000]})).row(0, named=True)
+    assert (parsed["op"], parsed["kernel_op"], parsed["seq"], parsed["dtype"], parsed["bytes"]) == \
+           (op, kernel_op, seq, "bfloat16", 2000)
+
+
 def test_double_hash_matches_msprof_analyze() -> None:
     """communication_group.json: msprof-analyze's group_name is double_hash(group_id) for every communicator."""
     groups = json.loads((ASCEND / "metadata" / "communication_group_msprof_analyze.json").read_text())
@@ -274,6 +293,23 @@ def test_msprof_slices_merge(tmp_path: Path, runs: dict[str, RunData]) -> None:
     columns = ["start_ns", "end_ns", "name", "category", "stream"]
     assert merged.table("device_events").select(columns).rows() == \
            whole.table("device_events").filter(pl.col("rank") == 0).select(columns).rows()
+
+
+def test_msprof_database_ranked_by_rank_device_map(tmp_path: Path) -> None:
+    """A raw msprof PROF_* folder with its msprof_{time}.db: no profiler_info, so the rank is RANK_DEVICE_MAP's."""
+    prof = tmp_path / "PROF_000001_20250109081616000_XYZ"
+    prof.mkdir()
+    (prof / "msprof_20250109081616.db").symlink_to(
+        rank_folder("torch_npu_2rank_level1_db", 1) / "ASCEND_PROFILER_OUTPUT" / "ascend_pytorch_profiler_1.db")
+    data = ingest(prof)
+    assert data.table("ranks").select("rank", "device", "rank_source").rows() == [(1, 1, "RANK_DEVICE_MAP")]
+    assert data.world_size == 2
+
+
+def test_step_marker_option(runs: dict[str, RunData]) -> None:
+    """--step-marker over the CPU ops gives the database run the same step as its STEP_TIME table."""
+    marked = read_run([ASCEND / "torch_npu_2rank_level1_db"], "auto", IngestOptions(step_marker=r"^ProfilerStep#"))
+    assert marked.table("steps").rows() == runs["torch_npu_2rank_level1_db"].table("steps").rows()
 
 
 def test_layout_gives_group_dims(runs: dict[str, RunData]) -> None:
