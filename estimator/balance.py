@@ -9,8 +9,9 @@ PPB minimises the slowest stage under the memory limit: a bisection on the bottl
 pass that gives every stage as many layers as fit. For limits that only grow with a stage's layers the greedy pass
 is exact (a stage that ends earlier never leaves the next one less room), so the bisection finds the optimum.
 
-``layer_offset`` is MindFormers' pipeline offset (seed 003 comes from that lineage): stage i gets
-layers // pp + offset[i] layers, so the offsets sum to layers % pp.
+``layer_offset`` is seed 003's boundary shift, MindFormers' pipeline ``offset`` (the lineage seed 003 comes from):
+stage i gets layers // pp + offset[i] layers, so the offsets sum to layers % pp. Megatron's "layer offset" (the
+index of a stage's first layer) is ``Partition.megatron_layer_offset``.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class StageTerms:
 
 @dataclass(frozen=True)
 class Partition:
-    stage_layers: tuple[int, ...]  # the stage_partition: layers per stage, in model order
+    stage_partition: tuple[int, ...]  # layers per stage, in model order
     stage_cost: tuple[float, ...]  # seconds per micro-batch (F + B + W, recompute and stage extras included)
     stage_memory: tuple[float, ...]  # bytes at the stage's peak
     recompute: tuple[bool, ...]  # per layer, as applied
@@ -49,7 +50,7 @@ class Partition:
 
     @property
     def layers(self) -> int:
-        return sum(self.stage_layers)
+        return sum(self.stage_partition)
 
     @property
     def imbalance_score(self) -> float:
@@ -71,22 +72,27 @@ class Partition:
     @property
     def layer_offset(self) -> tuple[int, ...]:
         """The partition as MindFormers-style offsets from layers // pp."""
-        base = self.layers // len(self.stage_layers)
-        return tuple(n - base for n in self.stage_layers)
+        base = self.layers // len(self.stage_partition)
+        return tuple(n - base for n in self.stage_partition)
+
+    @property
+    def megatron_layer_offset(self) -> tuple[int, ...]:
+        """Megatron's layer offset of each stage (get_transformer_layer_offset): the index of its first layer."""
+        return tuple(r.start for r in self.layer_ranges)
 
     @property
     def layer_ranges(self) -> list[range]:
         """The layers of each stage, to sum per-layer F/B/W into pipeline.StageCost."""
-        ends = list(accumulate(self.stage_layers))
-        return [range(end - n, end) for n, end in zip(self.stage_layers, ends, strict=True)]
+        ends = list(accumulate(self.stage_partition))
+        return [range(end - n, end) for n, end in zip(self.stage_partition, ends, strict=True)]
 
     def frame(self) -> pl.DataFrame:
         """Per-stage load for reports and plots."""
         limit = self.memory_limit
         return pl.DataFrame({
-            "stage": list(range(len(self.stage_layers))),
-            "layers": list(self.stage_layers),
-            "first_layer": [r.start for r in self.layer_ranges],
+            "stage": list(range(len(self.stage_partition))),
+            "layers": list(self.stage_partition),
+            "first_layer": list(self.megatron_layer_offset),
             "layer_offset": list(self.layer_offset),
             "cost_ms": [c * 1e3 for c in self.stage_cost],
             "memory_bytes": list(self.stage_memory),

@@ -92,13 +92,13 @@ def test_ap_pp_02_ppb_is_more_balanced_than_the_uniform_split() -> None:
     even = evaluate(uniform(LAYERS, p), COSTS, STATIC, None, terms(p, m))
     ppb = balance(COSTS, STATIC, p, None, terms(p, m))
     # Uniform: the last stage carries four MoE layers and the output head (2·h·V FLOPs/token, ~1.4 layers).
-    assert even.imbalance_score == pytest.approx(max(by_hand(list(even.stage_layers), p, m)[0]) * p
+    assert even.imbalance_score == pytest.approx(max(by_hand(list(even.stage_partition), p, m)[0]) * p
                                                  / (sum(COSTS) + seconds(HEAD_FLOPS)))
     assert even.imbalance_score > 1.35
     # PPB: 61 layers on 16 stages force some stage to hold 4 layers; four MoE layers is the best possible bottleneck.
     assert max(ppb.stage_cost) == pytest.approx(4 * seconds(MOE_FLOPS))
     assert ppb.imbalance_score < 1.03
-    assert ppb.stage_layers[-1] < even.stage_layers[-1]
+    assert ppb.stage_partition[-1] < even.stage_partition[-1]
 
 
 def test_ppb_matches_exhaustive_search() -> None:
@@ -140,13 +140,13 @@ def test_ap_pp_04_stage_over_the_memory_limit_is_infeasible_and_named() -> None:
     p, m = 16, 32
     limit = 60e9
     even = evaluate(uniform(LAYERS, p), COSTS, STATIC, limit, terms(p, m))
-    hand_memory = by_hand(list(even.stage_layers), p, m)[1]
+    hand_memory = by_hand(list(even.stage_partition), p, m)[1]
     over = [j for j, mem in enumerate(hand_memory) if mem > limit]
     assert not even.is_feasible and even.offending_stage == over[0] == 1
     # PPB moves layers off the early stages (they hold the most micro-batches) until every stage fits.
     fitted = balance(COSTS, STATIC, p, limit, terms(p, m))
     assert fitted.is_feasible and max(fitted.stage_memory) <= limit
-    assert fitted.stage_layers[:2] < even.stage_layers[:2]
+    assert fitted.stage_partition[:2] < even.stage_partition[:2]
     assert max(fitted.stage_cost) > max(balance(COSTS, STATIC, p, None, terms(p, m)).stage_cost)
     # Nothing fits 10 GB: the best-balanced partition comes back flagged, with its first offending stage.
     hopeless = balance(COSTS, STATIC, p, 10e9, terms(p, m))
@@ -175,23 +175,25 @@ def test_ap_pp_06_more_stages_than_layers_is_rejected() -> None:
         with pytest.raises(TraceanaError, match=r"parallel\.pp"):
             call()
     # Seed 003 §3.6: empty stages only where the configuration allows them.
-    assert sum(balance([1.0] * 4, [1.0] * 4, 8, allow_empty=True).stage_layers) == 4
+    assert sum(balance([1.0] * 4, [1.0] * 4, 8, allow_empty=True).stage_partition) == 4
 
 
 def test_ap_pp_07_ppb_moves_stage_boundaries_and_reports_the_offsets() -> None:
     p, m = 16, 32
     ppb = balance(COSTS, STATIC, p, None, terms(p, m))
     # 61 // 16 = 3 layers each plus the offsets; the last stage gives a layer up to make room for the head.
-    assert ppb.layer_offset == tuple(n - 3 for n in ppb.stage_layers)
+    assert ppb.layer_offset == tuple(n - 3 for n in ppb.stage_partition)
     assert sum(ppb.layer_offset) == LAYERS % p
     assert ppb.layer_offset[-1] < max(ppb.layer_offset)
     assert ppb.layer_offset != tuple(n - 3 for n in uniform(LAYERS, p))
     # Round trip: the offsets as a config give back the same partition and the same numbers.
     counts = from_layer_offset(list(ppb.layer_offset), LAYERS, p)
-    assert counts == ppb.stage_layers
+    assert counts == ppb.stage_partition
     again = evaluate(counts, COSTS, STATIC, None, terms(p, m))
     assert again.stage_cost == ppb.stage_cost and again.stage_memory == ppb.stage_memory
-    assert [len(r) for r in ppb.layer_ranges] == list(ppb.stage_layers) and ppb.layer_ranges[-1].stop == LAYERS
+    assert [len(r) for r in ppb.layer_ranges] == list(ppb.stage_partition) and ppb.layer_ranges[-1].stop == LAYERS
+    first = [sum(ppb.stage_partition[:j]) for j in range(p)]
+    assert list(ppb.megatron_layer_offset) == first and list(ppb.frame()["first_layer"]) == first
 
 
 def test_ap_pp_08_illegal_layer_offset_is_rejected() -> None:
@@ -253,5 +255,5 @@ def test_ap_pp_11_partition_frame_for_plots() -> None:
     assert frame.columns == ["stage", "layers", "first_layer", "layer_offset", "cost_ms", "memory_bytes",
                              "over_limit_bytes"]
     assert frame["layers"].sum() == LAYERS
-    assert frame["cost_ms"].to_list() == pytest.approx([c * 1e3 for c in by_hand(list(ppb.stage_layers), p, m)[0]])
+    assert frame["cost_ms"].to_list() == pytest.approx([c * 1e3 for c in by_hand(list(ppb.stage_partition), p, m)[0]])
     assert frame["over_limit_bytes"].sum() == 0.0
