@@ -178,7 +178,7 @@ def balance(layer_costs: Sequence[float], layer_memory: Sequence[float], stages:
     counts = model.bottleneck_partition(memory_limit, allow_empty)
     if counts is None:
         counts = model.bottleneck_partition(None, allow_empty)
-    assert counts is not None  # without a memory limit the whole model on the last stage always fits
+    assert counts is not None  # without a memory limit the probe at the total cost always succeeds
     return model.partition(counts, memory_limit)
 
 
