@@ -49,14 +49,25 @@ def cpu_frames(con: duckdb.DuckDBPyConnection, file_rank: pl.DataFrame, groups: 
         SELECT f, stream, start_ns, end_ns, name, 'compute' AS category FROM ops
         WHERE (next_start IS NULL OR next_start >= end_ns) AND NOT regexp_matches(name, '{_HOST_COMM}')
     """).pl()
+    # The logical op is what the program called (the c10d op issued on the main thread just before the gloo range
+    # starts); the range's own name is what gloo ran: reduce_scatter runs as gloo:all_reduce.
     comm = con.sql("""
+        WITH calls AS (
+            SELECT e.f, e.start_ns, e.name FROM ev e JOIN main_thread USING (f, tid)
+            WHERE starts_with(e.name, 'c10d::') AND NOT regexp_matches(e.name, 'send|recv')
+        )
         SELECT e.f, CAST(e.tid AS BIGINT) AS stream, e.start_ns, e.end_ns, e.name, 'comm' AS category,
                list_reduce(TRY_CAST(e.input_dims->0 AS BIGINT[]), lambda x, y: x * y, 1) AS nelems,
-               e.input_type->>0 AS dtype_name, e.peer
-        FROM ev e WHERE e.cat IN ('user_annotation', 'cpu_op') AND starts_with(e.name, 'gloo:')
+               e.input_type->>0 AS dtype_name, e.peer, c.name AS call
+        FROM ev e ASOF LEFT JOIN calls c ON c.f = e.f AND e.start_ns >= c.start_ns
+        WHERE e.cat IN ('user_annotation', 'cpu_op') AND starts_with(e.name, 'gloo:')
     """).pl()
+    kernel_op = pl.col("name").map_elements(canonical_op, return_dtype=pl.String()).fill_null("Unknown")
+    call_op = pl.col("call").map_elements(canonical_op, return_dtype=pl.String())
     comm = comm.with_columns(
-        pl.col("name").map_elements(canonical_op, return_dtype=pl.String()).fill_null("Unknown").alias("op"),
+        kernel_op.alias("kernel_op"),
+        pl.when(kernel_op.is_in(["Send", "Recv"])).then(kernel_op).otherwise(pl.coalesce(call_op, kernel_op))
+        .alias("op"),
         pl.col("dtype_name").map_elements(canonical_dtype, return_dtype=pl.String()).alias("dtype"),
     )
     events = pl.concat([compute, comm.select(compute.columns)]).sort("f", "start_ns", "end_ns", "name")
@@ -66,7 +77,6 @@ def cpu_frames(con: duckdb.DuckDBPyConnection, file_rank: pl.DataFrame, groups: 
     comm = comm.with_columns(
         (pl.col("nelems") * pl.col("dtype").replace_strict(DTYPE_BYTES, default=None, return_dtype=pl.Int64))
         .alias("bytes"),
-        pl.col("op").alias("kernel_op"),
     )
     comm = comm.join(file_rank, on="f")
     is_p2p = pl.col("op").is_in(["Send", "Recv"])
