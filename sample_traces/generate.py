@@ -8,6 +8,7 @@ Writes DIR/<experiment>/rank<N>.json.gz (default DIR: sample_traces/traces). Nee
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -48,10 +49,11 @@ def main() -> None:
     args = parser.parse_args()
     for name in args.only or EXPERIMENTS:
         exp = EXPERIMENTS[name]
-        started = time.perf_counter()
+        load, started = os.getloadavg()[0], time.perf_counter()
         folder = launch(exp, args.out)
         size = sum(f.stat().st_size for f in folder.glob("*.json.gz"))
-        print(f"{name}: {exp.summary}; {time.perf_counter() - started:.1f} s, {size / 1e3:.0f} kB -> {folder}")
+        print(f"{name}: {exp.summary}; {time.perf_counter() - started:.1f} s, {size / 1e3:.0f} kB -> {folder} "
+              f"(1-min load average before: {load:.1f})")
         print(f"  traceana ingest {folder} --layout {exp.layout}")
 
 

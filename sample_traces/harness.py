@@ -56,7 +56,7 @@ class Experiment:
     summary: str
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -120,5 +120,5 @@ def launch(exp: Experiment, out_root: Path) -> Path:
         old.unlink()
     world = Layout.parse(exp.layout).world_size
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_worker, args=(exp, _free_port(), out_dir), nprocs=world, join=True)
+    mp.spawn(_worker, args=(exp, free_port(), out_dir), nprocs=world, join=True)
     return out_dir

@@ -169,3 +169,11 @@ def test_ingested_collectives_match_the_fingerprint(db: Path, name: str) -> None
     for rank, step, op, dim, count, size in rows:
         measured.setdefault((rank, step), {})[op, dim] = (count, size)
     assert measured == expected(name)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_estimator_config_describes_the_experiment(name: str) -> None:
+    """configs/<name>.yaml loads and has the run's layout, so `compare` can join it with the ingested run."""
+    config = pytest.importorskip("traceana.estimator.config")
+    cfg = config.load(SAMPLES.parent / "configs" / f"{name}.yaml")
+    assert cfg.parallel.layout.groups == Layout.parse(EXPERIMENTS[name][0]).groups
