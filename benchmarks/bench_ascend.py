@@ -63,7 +63,7 @@ def _measure(path: Path, repeats: int) -> tuple[float, float, int]:
             data = read_run([path], "ascend", IngestOptions())
             parsed = time.perf_counter()
             with store.connect(Path(tmp) / "bench.duckdb") as con:
-                store.write_run(con, "bench", data, None)
+                store.write_run(con, "bench", data)
             done = time.perf_counter()
         best_parse, best_total = min(best_parse, parsed - start), min(best_total, done - start)
     return best_parse, best_total, data.table("device_events").height

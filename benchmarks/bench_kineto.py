@@ -28,7 +28,7 @@ def main(repeats: int = 3) -> None:
             data = read_run([trace], "kineto", IngestOptions())
             parsed = time.perf_counter()
             with store.connect(Path(tmp) / "bench.duckdb") as con:
-                store.write_run(con, "bench", data, None)
+                store.write_run(con, "bench", data)
             done = time.perf_counter()
         best_parse, best_total = min(best_parse, parsed - start), min(best_total, done - start)
     mb_gz, mb_raw = trace.stat().st_size / 1e6, len(raw) / 1e6

@@ -29,7 +29,7 @@ def main(repeats: int = 5) -> None:
             data = read_run([export], "nsys", IngestOptions())
             parsed = time.perf_counter()
             with store.connect(Path(tmp) / "bench.duckdb") as db:
-                store.write_run(db, "bench", data, None)
+                store.write_run(db, "bench", data)
             done = time.perf_counter()
         best_read, best_total = min(best_read, parsed - start), min(best_total, done - start)
     mb = export.stat().st_size / 1e6

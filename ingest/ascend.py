@@ -19,7 +19,6 @@ from traceana.ingest.ascend_db import read_database
 from traceana.ingest.ascend_groups import (
     communication_keys,
     double_hash,
-    group_dims,
     layout_from_metadata,
     link_by_hash,
     metadata_groups,
@@ -29,7 +28,7 @@ from traceana.ingest.ascend_tasks import RankTrace
 from traceana.ingest.ascend_timeline import read_timeline
 from traceana.ingest.dispatch import IngestOptions
 from traceana.ingest.run_data import RunData, require_unique_ranks
-from traceana.layout import DIMS, Layout
+from traceana.layout import Layout
 
 _HOST_CLOCK_TOLERANCE_NS = 1_000_000  # ranks of one host record the same wall-minus-monotonic offset to a few µs
 
@@ -139,12 +138,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
           "source": str(t.source)} for t in traces],
         schema={"rank": pl.Int32(), "host": pl.String(), "device": pl.Int32(), "pid": pl.Int64(),
                 "rank_source": pl.String(), "source": pl.String()})
-    layout = options.layout or _metadata_layout(metadata, world, notes)
-    if layout is not None:
-        groups = group_dims(groups, layout)
-        if options.layout is None:  # finish() places ranks only on a layout the user gave
-            coords = pl.DataFrame([layout.coords(r) for r in ranks["rank"]], schema={d: pl.Int32() for d in DIMS})
-            ranks = pl.concat([ranks, coords], how="horizontal")
+    layout = None if options.layout else _metadata_layout(metadata, world, notes)
     return RunData(
         source_format="ascend",
         sources=[str(f.resolve()) for source in inputs for f in source.files],
@@ -152,6 +146,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         tool_version="; ".join(sorted({t.tool_version for t in traces if t.tool_version})) or None,
         rank_source=",".join(sorted({t.rank_source for t in traces if t.rank_source})),
         notes=notes,
+        layout=layout,
         frames={
             "ranks": ranks,
             "process_groups": groups,

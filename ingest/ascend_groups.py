@@ -10,13 +10,12 @@ are only the hash's last digits and can collide, so they are never used to pick 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import polars as pl
 
 from traceana.errors import TraceanaError
-from traceana.layout import Layout, dim_from_name
+from traceana.layout import Layout
 
 _MASK = 0xFFFFFFFF
 
@@ -89,30 +88,3 @@ def layout_from_metadata(metadata: list[dict]) -> Layout | None:
     return None
 
 
-def group_dims(groups: pl.DataFrame, layout: Layout) -> pl.DataFrame:
-    """Each group's dim under ``layout``: :meth:`Layout.dim_of`, except where a rank set cannot decide it.
-
-    A one-rank group (cp or exp of size 1, the first stage's embd) is in every size-1 dimension, so its name
-    decides. A set no generated group has but that is the full span of some dimensions (MindSpeed's tp_dp and
-    tp_dp_cp: a whole pipeline stage) is named by those dimensions in layout order, like TP-PP for mp.
-    """
-    dims = []
-    for ranks, name in zip(groups["ranks"].to_list(), groups["name"].to_list(), strict=True):
-        members = sorted(set(ranks))
-        if len(members) == 1:
-            dims.append(dim_from_name(name) or layout.dim_of(members, name)[0])
-        elif layout.dims_of(members):
-            dims.append(layout.dim_of(members, name)[0])
-        else:
-            dims.append(_span(layout, members) or layout.dim_of(members, name)[0])
-    return groups.with_columns(pl.Series("dim", dims, dtype=pl.String()))
-
-
-def _span(layout: Layout, members: list[int]) -> str | None:
-    """'TP-DP' when ``members`` are exactly the ranks that differ only in tp and dp (dense dims; not the world)."""
-    coords = [layout.coords(r) for r in members]
-    varying = [d for d in layout.order.split("-") if d != "ep" and len({c[d] for c in coords}) > 1]
-    if not varying or len(members) >= layout.world_size or math.prod(getattr(layout, d) for d in varying) != len(
-            members):
-        return None
-    return "-".join(d.upper() for d in varying)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from traceana.errors import TraceanaError
-from traceana.layout import Layout
+from traceana.layout import Layout, dim_from_name
 
 # Column name -> Polars dtype, per table, in store order (run_id is added by the store).
 SCHEMAS: dict[str, dict[str, pl.DataType]] = {
@@ -66,13 +66,17 @@ class RunData:
     rank_source: str | None = None
     notes: list[str] = field(default_factory=list)
     frames: dict[str, pl.DataFrame] = field(default_factory=dict)
+    layout: Layout | None = None  # the user's --layout, else one the trace states (MindSpeed distributed_args)
 
     def table(self, name: str) -> pl.DataFrame:
         return conform(name, self.frames.get(name))
 
 
 def finish(data: RunData, layout: Layout | None) -> RunData:
-    """Coordinates, group dimensions, collective dims and instance numbers: the steps every format shares."""
+    """Coordinates, group dimensions, collective dims and instance numbers: the steps every format shares.
+
+    ``layout`` is the user's; without it, a layout the trace itself states is used."""
+    layout = data.layout = layout or data.layout
     ranks = data.table("ranks").with_columns(pl.col("clock_offset_ns").fill_null(0))
     if layout is not None:
         layout.check_world_size(data.world_size, data.sources[0])
@@ -80,7 +84,7 @@ def finish(data: RunData, layout: Layout | None) -> RunData:
                               schema={"rank": pl.Int32(), **{d: pl.Int32() for d in ("tp", "cp", "ep", "dp", "pp")}})
         ranks = ranks.drop("tp", "cp", "ep", "dp", "pp").join(coords, on="rank", how="left").select(ranks.columns)
     data.frames["ranks"] = ranks
-    groups = _group_dims(data.table("process_groups"), layout)
+    groups = group_dims(data.table("process_groups"), layout)
     data.frames["process_groups"] = groups
     data.frames["collectives"] = number_instances(_collective_dims(data.table("collectives"), groups))
     align_hosts(data)
@@ -136,19 +140,15 @@ def align_hosts(data: RunData) -> None:
     ).drop("shift")
 
 
-def _group_dims(groups: pl.DataFrame, layout: Layout | None) -> pl.DataFrame:
-    """Fill each group's dim from its rank set against the layout (name breaks ties), else from its name."""
-    from traceana.layout import dim_from_name
-
-    dims = []
-    for ranks, name, dim in zip(groups["ranks"].to_list(), groups["name"].to_list(), groups["dim"].to_list(),
-                                strict=True):
-        if dim and dim != "UNKNOWN":
-            dims.append(dim)
-        elif layout is not None:
-            dims.append(layout.dim_of(ranks, name)[0])
-        else:
-            dims.append(dim_from_name(name) or "UNKNOWN")
+def group_dims(groups: pl.DataFrame, layout: Layout | None) -> pl.DataFrame:
+    """Fill each group's missing dim: from its rank set against the layout (name breaks ties), else its name."""
+    known = groups["dim"].to_list() if "dim" in groups.columns else [None] * groups.height
+    dims = [
+        dim if dim and dim != "UNKNOWN"
+        else layout.dim_of(ranks, name)[0] if layout is not None
+        else dim_from_name(name) or "UNKNOWN"
+        for ranks, name, dim in zip(groups["ranks"].to_list(), groups["name"].to_list(), known, strict=True)
+    ]
     return groups.with_columns(pl.Series("dim", dims, dtype=pl.String()))
 
 

@@ -31,7 +31,7 @@ COLUMNS = ("Computing", "Communication(Not Overlapped)", "Free", "Preparing")
 def con(tmp_path_factory: pytest.TempPathFactory) -> Iterator[duckdb.DuckDBPyConnection]:
     with store.connect(tmp_path_factory.mktemp("ascend") / "t.duckdb") as connection:
         for run in RUNS:
-            store.write_run(connection, run, read_run([ASCEND / run], "auto", IngestOptions()), None)
+            store.write_run(connection, run, read_run([ASCEND / run], "auto", IngestOptions()))
         yield connection
 
 

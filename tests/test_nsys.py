@@ -279,7 +279,7 @@ def test_cli_ingests_a_good_export_and_leaves_the_database_alone_on_bad_ones(tmp
 def test_store_round_trip_of_every_shared_export(tmp_path: Path) -> None:
     with store.connect(tmp_path / "s.duckdb") as con:
         for path in (SAXPY, CLOVERLEAF, H100, MOCK):
-            store.write_run(con, path.stem, ingest(path), None)
+            store.write_run(con, path.stem, ingest(path))
         got = dict(con.execute("SELECT run_id, count(*) FROM device_events GROUP BY 1").fetchall())
     assert got == {p.stem: sum(device_rows_per_pid(p).values()) for p in (SAXPY, CLOVERLEAF, H100, MOCK)}
 

@@ -38,7 +38,7 @@ def db(tmp_path: Path) -> Path:
     data = run_data(EVENTS, STEPS, pp={0: 0, 1: 0, 2: 1, 3: 1},
                     instances={(EVENTS[i][0], i): inst for i, inst in INSTANCE_OF.items()})
     with store.connect(path) as con:
-        store.write_run(con, "r", data, None)
+        store.write_run(con, "r", data)
     return path
 
 

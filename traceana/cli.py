@@ -59,7 +59,7 @@ def ingest(
         data = read_run(paths, fmt, options)
     rid = run_id or default_run_id(paths)
     with store.connect(db) as con:
-        store.write_run(con, rid, data, parsed_layout.spec if parsed_layout else None)
+        store.write_run(con, rid, data)
         counts = con.execute(
             "SELECT (SELECT count(*) FROM ranks WHERE run_id=$r), (SELECT count(*) FROM device_events WHERE run_id=$r),"
             " (SELECT count(*) FROM collectives WHERE run_id=$r), (SELECT count(*) FROM steps WHERE run_id=$r)",

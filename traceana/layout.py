@@ -181,12 +181,30 @@ class Layout:
         target = sorted(set(ranks))
         return [kind for kind in GROUP_PRIORITY if target in self.groups[kind]]
 
+    def span_of(self, ranks: Iterable[int]) -> str | None:
+        """'TP-DP' when ``ranks`` are exactly the ranks that differ only in tp and dp (dense dims, not the world):
+        a group no generated kind has, like MindSpeed's tp_dp or tp_dp_cp (a whole pipeline stage)."""
+        members = sorted(set(ranks))
+        coords = [self.coords(r) for r in members]
+        varying = [d for d in self.order.split("-") if d != "ep" and len({c[d] for c in coords}) > 1]
+        if not varying or len(members) >= self.world_size:
+            return None
+        if math.prod(getattr(self, d) for d in varying) != len(members):
+            return None
+        return "-".join(d.upper() for d in varying)
+
     def dim_of(self, ranks: Iterable[int], name: str | None = None) -> tuple[str, str]:
-        """(dim, evidence) for a group: by rank set, the framework's name breaking ties; else by name; else UNKNOWN."""
-        candidates = self.dims_of(ranks)
+        """(dim, evidence) for a group: by rank set, the framework's name breaking ties; else by name; else UNKNOWN.
+
+        A one-rank group sits in every size-1 dimension, so only its name can say which (cp, exp, embd)."""
+        members = sorted(set(ranks))
         hint = dim_from_name(name)
+        if len(members) == 1:
+            return (hint, "comm-name") if hint else ("UNKNOWN", "layout-match")
+        candidates = self.dims_of(members)
         if candidates:
             return (hint, "layout-match") if hint in candidates else (candidates[0], "layout-match")
-        if len(set(ranks)) == 1:
-            return "UNKNOWN", "layout-match"
+        span = self.span_of(members)
+        if span:
+            return span, "layout-match"
         return (hint, "comm-name") if hint else ("UNKNOWN", "layout-match")

@@ -49,7 +49,7 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False) -> Iterator
         con.close()
 
 
-def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData, layout_spec: str | None) -> None:
+def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData) -> None:
     """Replace run ``run_id`` with ``data`` in one transaction: all of it or none of it."""
     con.execute("BEGIN TRANSACTION")
     try:
@@ -58,7 +58,8 @@ def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData, layout
         con.execute(
             "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [run_id, data.source_format, data.sources, dt.datetime.now(dt.UTC).replace(tzinfo=None),
-             data.world_size, layout_spec, data.tool_version, data.rank_source, data.notes],
+             data.world_size, data.layout.spec if data.layout else None, data.tool_version, data.rank_source,
+             data.notes],
         )
         for table in TABLES:
             frame = conform(table, data.frames.get(table))
