@@ -3,7 +3,8 @@
 Every rank creates every process group of the kinds an experiment needs, in one global order (seed 002: a different
 order on different ranks can hang), named with ``group_desc`` so the trace's ``pg_config`` carries the framework name.
 Rank sets come from traceana's own Layout (Megatron RankGenerator semantics), so the traces and the ``--layout`` given
-to ``traceana ingest`` cannot disagree.
+to ``traceana ingest`` cannot disagree. Which threads each group started is written beside the traces
+(``<name>.pg_threads.json``): gloo traces do not say which group ran a collective, and tests need the truth.
 """
 
 from __future__ import annotations
