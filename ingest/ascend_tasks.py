@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
-from traceana.ingest.comm_names import DTYPE_BYTES, canonical_op
+from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op
 from traceana.ingest.rules import Rule, classify
 
 # Runtime task name (timeline) or task type (database) -> category, from the CANN runtime's task-type registry
@@ -31,14 +31,6 @@ RUNTIME_TASKS: dict[str, str | None] = {
     "HOSTFUNC_CALLBACK": "other", "reserve": "other",
     "Notify Wait": None, "Write Value": None, "SDMA": None,
 }
-
-# ENUM_HCCL_DATA_TYPE names (also the timeline's data_type) -> the store's dtype spelling.
-HCCL_DTYPES: dict[str, str] = {
-    "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64", "INT128": "int128", "UINT8": "uint8",
-    "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64", "FP16": "float16", "BFP16": "bfloat16",
-    "FP32": "float32", "FP64": "float64",
-}
-_SIZES = {**DTYPE_BYTES, "int16": 2, "uint16": 2, "int128": 16}
 
 # hcom_{opType}__{last 3 digits of the group hash}_{index of the op in its group}[_{n}]
 _HCOM = r"^(hcom_[A-Za-z]+_)_\d+_(\d+)"
@@ -56,14 +48,16 @@ def hcom_columns(frame: pl.DataFrame) -> pl.DataFrame:
     frame = frame.with_columns(
         pl.coalesce(pl.col("name").str.extract(_HCOM, 1), "name").alias("kernel_op"),
         pl.col("name").str.extract(_HCOM, 2).cast(pl.Int64).alias("seq"),
-        pl.col("hccl_dtype").str.to_uppercase().replace_strict(HCCL_DTYPES, default=None).alias("dtype"),
     )
-    ops = {k: canonical_op(k) for k in frame["kernel_op"].unique().drop_nulls().to_list()}  # a few distinct names
+    dtypes = {k: canonical_dtype(k) for k in frame["hccl_dtype"].unique().drop_nulls().to_list()}  # a few names
+    ops = {k: canonical_op(k) for k in frame["kernel_op"].unique().drop_nulls().to_list()}
+    frame = frame.with_columns(pl.col("hccl_dtype").replace_strict(dtypes, default=None, return_dtype=pl.String())
+                               .alias("dtype"))
     return frame.with_columns(
         pl.col("kernel_op").replace_strict(ops, default=None, return_dtype=pl.String()).fill_null("Unknown")
         .alias("op"),
-        (pl.col("count").cast(pl.Int64) * pl.col("dtype").replace_strict(_SIZES, default=None, return_dtype=pl.Int64))
-        .alias("bytes"),
+        (pl.col("count").cast(pl.Int64)
+         * pl.col("dtype").replace_strict(DTYPE_BYTES, default=None, return_dtype=pl.Int64)).alias("bytes"),
     )
 
 

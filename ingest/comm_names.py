@@ -40,10 +40,12 @@ _DTYPES = {
     "uint32": "uint32", "uint32_t": "uint32", "i64": "int64", "int64": "int64", "int64_t": "int64",
     "u64": "uint64", "uint64": "uint64", "uint64_t": "uint64", "f8e4m3": "float8_e4m3", "f8e5m2": "float8_e5m2",
     "fp8_e4m3": "float8_e4m3", "fp8_e5m2": "float8_e5m2", "long": "int64", "byte": "uint8", "char": "int8",
-    "short": "int16", "int16": "int16", "i16": "int16", "bool": "bool",
+    "short": "int16", "int16": "int16", "i16": "int16", "bool": "bool", "uint16": "uint16", "int128": "int128",
+    "fp16": "float16", "bfp16": "bfloat16", "fp32": "float32", "fp64": "float64",  # HCCL's ENUM_HCCL_DATA_TYPE
 }
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int32": 4,
-               "uint32": 4, "int64": 8, "uint64": 8, "int16": 2, "float8_e4m3": 1, "float8_e5m2": 1, "bool": 1}
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
+               "uint16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "int128": 16, "float8_e4m3": 1,
+               "float8_e5m2": 1, "bool": 1}
 
 
 def canonical_op(text: str | None) -> str | None:
