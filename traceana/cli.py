@@ -17,6 +17,7 @@ app = typer.Typer(help="Trace-driven analyzer for distributed LLM training.", no
 
 DbOption = Annotated[Path, typer.Option("--db", help="DuckDB store file.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+LayoutOption = Annotated[str | None, typer.Option(help='Parallel layout, e.g. "tp=2,dp=2,pp=2,order=tp-cp-ep-dp-pp".')]
 RunArgument = Annotated[str | None, typer.Argument(help="Run id (default: the latest ingested run).")]
 
 
@@ -36,8 +37,7 @@ def ingest(
     db: DbOption = Path(store.DEFAULT_DB),
     run_id: Annotated[str | None, typer.Option(help="Run id (default: derived from the inputs).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="auto, nsys, kineto or ascend.")] = "auto",
-    layout: Annotated[str | None, typer.Option(help='Parallel layout, e.g. "tp=2,dp=2,pp=2,order=tp-cp-ep-dp-pp".')]
-    = None,
+    layout: LayoutOption = None,
     step_marker: Annotated[str | None, typer.Option(help="Regex over annotation names that marks steps.")] = None,
     rules: Annotated[Path | None, typer.Option(help="Extra classification rules CSV (pattern,category,op).")] = None,
 ) -> None:
