@@ -1,13 +1,17 @@
 -- step_windows: the time window of every (run, rank, step) the breakdown covers.
--- Columns: run_id, rank, step (INTEGER), start_ns, end_ns (BIGINT ns on the run timeline), from_markers (BOOLEAN).
--- Steps come from the `steps` table. A rank without step rows gets one step, numbered 0, spanning its first device
--- event's start to its last device event's end (DESIGN §4: "else the whole trace of a rank is one step").
+-- Columns: run_id, rank, step (INTEGER), start_ns, end_ns (BIGINT ns on the run timeline, end exclusive),
+--   from_markers (BOOLEAN: from the steps table; FALSE for the default window).
+-- Steps come from the `steps` table; a step that overlaps the rank's next one is cut at the next one's start, so
+-- windows never overlap and no device time is counted twice. A rank without step rows gets one step, numbered 0,
+-- from its first device event's start to its last device event's end (DESIGN §4: "the whole trace is one step").
 CREATE OR REPLACE VIEW step_windows AS
-SELECT run_id, rank, step, start_ns, end_ns, TRUE AS from_markers
+SELECT run_id, rank, step, start_ns,
+       least(end_ns, lead(start_ns) OVER (PARTITION BY run_id, rank ORDER BY start_ns, step)) AS end_ns,
+       TRUE AS from_markers
 FROM steps
 WHERE end_ns > start_ns
 UNION ALL
-SELECT e.run_id, e.rank, 0 AS step, min(e.start_ns) AS start_ns, max(e.end_ns) AS end_ns, FALSE AS from_markers
-FROM device_events e
-ANTI JOIN steps s ON s.run_id = e.run_id AND s.rank = e.rank
-GROUP BY e.run_id, e.rank;
+SELECT spans.*, FALSE
+FROM (SELECT run_id, rank, 0 AS step, min(start_ns) AS start_ns, max(end_ns) AS end_ns
+      FROM device_events GROUP BY run_id, rank) spans
+ANTI JOIN steps s ON s.run_id = spans.run_id AND s.rank = spans.rank;

@@ -10,18 +10,16 @@
 --   IDLE_ns       nothing of the above runs (host-bound gaps, launch latency, pipeline gaps, sync-only time);
 --   OVERLAPPED_ns communication hidden under COMP (beside TOTAL, not inside it).
 CREATE OR REPLACE VIEW rank_step_breakdown AS
-WITH pieces AS (
-    SELECT *, end_ns - start_ns AS len,
-           tp::INT + cp::INT + ep::INT + dp::INT + pp::INT + other::INT AS n_dims
+WITH states AS (  -- time per state: busy or not, and which dims communicate (at most 2^7 rows per rank and step)
+    SELECT run_id, rank, step, busy, tp, cp, ep, dp, pp, other,
+           tp::INT + cp::INT + ep::INT + dp::INT + pp::INT + other::INT AS n_dims, sum(end_ns - start_ns) AS len
     FROM step_segments
+    GROUP BY ALL
 ),
-split AS (  -- exposed time per set of running dims: each dim of the set gets len // n, the first (len % n) of
-            -- them in order one ns more (rounding once per set, so it does not depend on where events start or end)
-    SELECT run_id, rank, step, tp, cp, ep, dp, pp, other, any_value(n_dims) AS n_dims,
-           sum(len) // any_value(n_dims) AS q, sum(len) % any_value(n_dims) AS r
-    FROM pieces
+split AS (  -- exposed time of each set of dims: each gets len // n, the first (len % n) of them in order one ns more
+    SELECT *, len // n_dims AS q, len % n_dims AS r
+    FROM states
     WHERE NOT busy AND n_dims > 0
-    GROUP BY run_id, rank, step, tp, cp, ep, dp, pp, other
 ),
 charged AS (
     SELECT run_id, rank, step,
@@ -34,26 +32,26 @@ charged AS (
     FROM split
     GROUP BY run_id, rank, step
 ),
-states AS (
+totals AS (
     SELECT run_id, rank, step,
            sum(len) FILTER (WHERE busy) AS COMP_ns,
            sum(len) FILTER (WHERE NOT busy AND n_dims = 0) AS IDLE_ns,
            sum(len) FILTER (WHERE busy AND n_dims > 0) AS OVERLAPPED_ns
-    FROM pieces
+    FROM states
     GROUP BY run_id, rank, step
 )
 SELECT w.run_id, w.rank, k.tp, k.cp, k.ep, k.dp, k.pp, w.step,
        w.end_ns - w.start_ns AS TOTAL_ns,
-       coalesce(s.COMP_ns, 0)::BIGINT AS COMP_ns,
+       coalesce(t.COMP_ns, 0)::BIGINT AS COMP_ns,
        coalesce(c.MP_WAIT_ns, 0)::BIGINT AS MP_WAIT_ns,
        coalesce(c.CP_WAIT_ns, 0)::BIGINT AS CP_WAIT_ns,
        coalesce(c.EP_WAIT_ns, 0)::BIGINT AS EP_WAIT_ns,
        coalesce(c.DP_WAIT_ns, 0)::BIGINT AS DP_WAIT_ns,
        coalesce(c.PP_WAIT_ns, 0)::BIGINT AS PP_WAIT_ns,
        coalesce(c.OTHER_WAIT_ns, 0)::BIGINT AS OTHER_WAIT_ns,
-       coalesce(s.IDLE_ns, 0)::BIGINT AS IDLE_ns,
-       coalesce(s.OVERLAPPED_ns, 0)::BIGINT AS OVERLAPPED_ns
+       coalesce(t.IDLE_ns, 0)::BIGINT AS IDLE_ns,
+       coalesce(t.OVERLAPPED_ns, 0)::BIGINT AS OVERLAPPED_ns
 FROM step_windows w
-LEFT JOIN states s USING (run_id, rank, step)
+LEFT JOIN totals t USING (run_id, rank, step)
 LEFT JOIN charged c USING (run_id, rank, step)
 LEFT JOIN ranks k ON k.run_id = w.run_id AND k.rank = w.rank;

@@ -4,25 +4,16 @@
 --   ranks (INTEGER), then for M in TOTAL, COMP, MP_WAIT, CP_WAIT, EP_WAIT, DP_WAIT, PP_WAIT, OTHER_WAIT, IDLE,
 --   OVERLAPPED: M_mean_ns and M_max_ns (DOUBLE ns per step).
 CREATE OR REPLACE VIEW stage_breakdown AS
-WITH per_rank AS (
-    SELECT run_id, rank, pp, step, TOTAL_ns, COMP_ns, MP_WAIT_ns, CP_WAIT_ns, EP_WAIT_ns, DP_WAIT_ns, PP_WAIT_ns,
-           OTHER_WAIT_ns, IDLE_ns, OVERLAPPED_ns
-    FROM rank_step_breakdown
-    UNION ALL
-    SELECT run_id, rank, pp, NULL, TOTAL_ns, COMP_ns, MP_WAIT_ns, CP_WAIT_ns, EP_WAIT_ns, DP_WAIT_ns, PP_WAIT_ns,
-           OTHER_WAIT_ns, IDLE_ns, OVERLAPPED_ns
-    FROM rank_breakdown
-)
 SELECT run_id, pp, step, count(*)::INTEGER AS ranks,
-       avg(TOTAL_ns) AS TOTAL_mean_ns, max(TOTAL_ns)::DOUBLE AS TOTAL_max_ns,
-       avg(COMP_ns) AS COMP_mean_ns, max(COMP_ns)::DOUBLE AS COMP_max_ns,
-       avg(MP_WAIT_ns) AS MP_WAIT_mean_ns, max(MP_WAIT_ns)::DOUBLE AS MP_WAIT_max_ns,
-       avg(CP_WAIT_ns) AS CP_WAIT_mean_ns, max(CP_WAIT_ns)::DOUBLE AS CP_WAIT_max_ns,
-       avg(EP_WAIT_ns) AS EP_WAIT_mean_ns, max(EP_WAIT_ns)::DOUBLE AS EP_WAIT_max_ns,
-       avg(DP_WAIT_ns) AS DP_WAIT_mean_ns, max(DP_WAIT_ns)::DOUBLE AS DP_WAIT_max_ns,
-       avg(PP_WAIT_ns) AS PP_WAIT_mean_ns, max(PP_WAIT_ns)::DOUBLE AS PP_WAIT_max_ns,
-       avg(OTHER_WAIT_ns) AS OTHER_WAIT_mean_ns, max(OTHER_WAIT_ns)::DOUBLE AS OTHER_WAIT_max_ns,
-       avg(IDLE_ns) AS IDLE_mean_ns, max(IDLE_ns)::DOUBLE AS IDLE_max_ns,
-       avg(OVERLAPPED_ns) AS OVERLAPPED_mean_ns, max(OVERLAPPED_ns)::DOUBLE AS OVERLAPPED_max_ns
-FROM per_rank
+       avg(TOTAL_ns) AS TOTAL_mean_ns, max(TOTAL_ns) AS TOTAL_max_ns,
+       avg(COMP_ns) AS COMP_mean_ns, max(COMP_ns) AS COMP_max_ns,
+       avg(MP_WAIT_ns) AS MP_WAIT_mean_ns, max(MP_WAIT_ns) AS MP_WAIT_max_ns,
+       avg(CP_WAIT_ns) AS CP_WAIT_mean_ns, max(CP_WAIT_ns) AS CP_WAIT_max_ns,
+       avg(EP_WAIT_ns) AS EP_WAIT_mean_ns, max(EP_WAIT_ns) AS EP_WAIT_max_ns,
+       avg(DP_WAIT_ns) AS DP_WAIT_mean_ns, max(DP_WAIT_ns) AS DP_WAIT_max_ns,
+       avg(PP_WAIT_ns) AS PP_WAIT_mean_ns, max(PP_WAIT_ns) AS PP_WAIT_max_ns,
+       avg(OTHER_WAIT_ns) AS OTHER_WAIT_mean_ns, max(OTHER_WAIT_ns) AS OTHER_WAIT_max_ns,
+       avg(IDLE_ns) AS IDLE_mean_ns, max(IDLE_ns) AS IDLE_max_ns,
+       avg(OVERLAPPED_ns) AS OVERLAPPED_mean_ns, max(OVERLAPPED_ns) AS OVERLAPPED_max_ns
+FROM rank_breakdown
 GROUP BY run_id, pp, step;

@@ -11,10 +11,10 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pytest
-from traceana.ingest.run_data import RunData
 
 from traceana import store
 from traceana.breakdown import PARTS
+from traceana.ingest.run_data import RunData
 
 # (rank, start_ns, end_ns, category, dim): dim is the collectives row's dim for comm events, "-" for a comm event
 # without a collectives row, None for everything else.
@@ -55,7 +55,7 @@ def con(tmp_path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
 
 def breakdown(con: duckdb.DuckDBPyConnection, data: RunData) -> dict[tuple[int, int], dict[str, int]]:
     """(rank, step) -> the breakdown columns, after writing ``data`` as run 'r'."""
-    store.write_run(con, "r", data, None)
+    store.write_run(con, "r", data)
     sql = f"SELECT rank, step, {', '.join(COLUMNS)} FROM rank_step_breakdown WHERE run_id = 'r'"
     rows = con.execute(sql).fetchall()
     return {(r[0], r[1]): dict(zip(COLUMNS, r[2:], strict=True)) for r in rows}
@@ -173,7 +173,8 @@ def test_random_cases_match_brute_force(con: duckdb.DuckDBPyConnection, seed: in
     steps = [(r, s, 300 * s + rng.randint(0, 20), 300 * (s + 1) + rng.randint(0, 20))
              for r in range(3) for s in (0, 1, 2)]
     got = breakdown(con, run_data(events, steps, world_size=4))
-    windows = {(r, s): (a, b) for r, s, a, b in steps}
+    # steps overlap at random; a window is cut at the rank's next step's start
+    windows = {(r, s): (a, min([b] + [a2 for r2, _, a2, _ in steps if r2 == r and a < a2])) for r, s, a, b in steps}
     last = [e for e in events if e[0] == 3]
     if last:
         windows[(3, 0)] = (min(e[1] for e in last), max(e[2] for e in last))
@@ -196,3 +197,11 @@ def test_stage_view_means_and_max_over_steps_after_the_first(con: duckdb.DuckDBP
     assert rows[1] == (0, 0, 2, 250.0, 500.0, 0.0, 750.0)    # step 0: 500 and 0
     assert rows[4] == (1, None, 1, 0.0, 0.0, 45.0, 955.0)    # rank 2: PP wait 90 in step 1, 0 in step 2
     assert len(rows) == 8
+
+
+def test_many_collectives_of_one_dim_at_once(con: duckdb.DuckDBPyConnection) -> None:
+    # 200 TP and 200 DP collectives all running over [0, 101): the per-dim counts (packed 8 bits a dim in the
+    # sweep) reach 200 without spilling into the next dim; 101 ns split 51 TP / 50 DP.
+    events = [(0, 0, 101, "comm", d) for d in ["TP"] * 200 + ["DP"] * 200]
+    got = breakdown(con, run_data(events, steps=[(0, 0, 0, 101)]))
+    assert got[(0, 0)] == expect(TOTAL=101, MP_WAIT=51, DP_WAIT=50)

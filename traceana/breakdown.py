@@ -37,13 +37,11 @@ def check_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> None:
 
 def by_rank(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None) -> pl.DataFrame:
     """One row per rank in ms: step ``step``, or the rank's typical step (mean over steps after the first)."""
-    if step is None:
-        sql = "SELECT * EXCLUDE (run_id) FROM rank_breakdown WHERE run_id = ? ORDER BY rank"
-        frame = con.sql(sql, params=[run_id]).pl()
-    else:
+    if step is not None:
         check_step(con, run_id, step)
-        sql = "SELECT * EXCLUDE (run_id) FROM rank_step_breakdown WHERE run_id = ? AND step = ? ORDER BY rank"
-        frame = con.sql(sql, params=[run_id, step]).pl()
+    frame = con.sql(
+        "SELECT * EXCLUDE (run_id) FROM rank_breakdown WHERE run_id = ? AND step IS NOT DISTINCT FROM ? "
+        "ORDER BY rank", params=[run_id, step]).pl()
     return _ns_to_ms(frame)
 
 

@@ -40,7 +40,7 @@ def breakdown_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
     """One stacked bar per rank (COMP, each *_WAIT, IDLE in ms), ranks grouped by stage; OVERLAPPED beside it."""
     frame = frame.sort(pl.col("pp").fill_null(-1), "rank")
     xs, stage_labels = _stage_positions(frame["pp"].to_list())
-    fig, ax = plt.subplots(figsize=(max(7.0, min(0.35 * len(xs) + 3, 40.0)), 5))
+    fig, ax = plt.subplots(figsize=(max(9.0, min(0.35 * len(xs) + 5, 40.0)), 5))
     bottom = [0.0] * len(xs)
     for part in PARTS:
         values = frame[f"{part}_ms"].to_list()
@@ -49,8 +49,9 @@ def breakdown_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
         ax.bar(xs, values, bottom=bottom, width=0.7, color=PART_COLORS[part], edgecolor="0.3", linewidth=0.3,
                label=f"{part} ms")
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.bar([x + 0.42 for x in xs], frame["OVERLAPPED_ms"].to_list(), width=0.12, color="black",
-           label="OVERLAPPED ms (comm hidden under COMP, not in TOTAL)")
+    if frame["OVERLAPPED_ms"].sum() > 0:
+        ax.bar([x + 0.42 for x in xs], frame["OVERLAPPED_ms"].to_list(), width=0.12, color="black",
+               label="OVERLAPPED ms (comm hidden under COMP, not in TOTAL)")
     ticks = xs if len(xs) <= 64 else xs[:: len(xs) // 32]
     ranks = frame["rank"].to_list()
     ax.set_xticks(ticks, [str(ranks[xs.index(t)]) for t in ticks], fontsize=7)
@@ -59,7 +60,7 @@ def breakdown_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
                     ha="center", fontsize=8)
     ax.set_xlabel("rank (grouped by pipeline stage)", labelpad=18)
     ax.set_ylabel("time per step (ms)")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=130)
@@ -75,8 +76,8 @@ def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, t
     dims = [d for d in DIM_LANES if d in set(intervals["lane"].to_list())]
     rows = {rank: i for i, rank in enumerate(windows["rank"].to_list())}
     fig, ax = plt.subplots(figsize=(12, max(3.0, 0.45 * len(rows) + 1.5)))
-    band = 0.4 / max(len(dims), 1)  # the lower half of a lane is shared by the dims that communicate in this step
-    spans = {lane: (0.5, 0.4) for lane in ["COMP"]} | {d: (0.05 + i * band, band) for i, d in enumerate(dims)}
+    band = 0.45 / max(len(dims), 1)  # the lower half of a lane is shared by the dims that communicate in this step
+    spans = {"COMP": (0.05, 0.4)} | {d: (0.5 + i * band, band) for i, d in enumerate(dims)}  # y grows downwards
     for (lane,), group in intervals.with_columns(
             ((pl.col("start_ns") - origin) / 1e6).alias("x"), ((pl.col("end_ns") - pl.col("start_ns")) / 1e6)
             .alias("w")).group_by(["lane"]):

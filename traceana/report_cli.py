@@ -24,15 +24,23 @@ def _open(db: Path) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
     return store.connect(db, read_only=not db.exists())
 
 
-def _present_coords(frame: pl.DataFrame) -> list[str]:
-    return [c for c in bd.COORDS if c in frame.columns and frame[c].null_count() < frame.height]
+def _varying_coords(frame: pl.DataFrame) -> list[str]:
+    """The coordinates worth a column: those of dimensions larger than 1."""
+    return [c for c in bd.COORDS if frame[c].n_unique() > 1]
 
 
-def _with_share(part: str, suffix: str = "_ms") -> pl.Expr:
-    """A cell 'ms (pct%)' for table output."""
-    value = pl.col(f"{part}{suffix}")
-    pct = 100 * value / pl.col(f"TOTAL{suffix}")
-    return pl.format("{} ({}%)", value.round(3), pct.round(1).fill_nan(None))
+def _cells(frame: pl.DataFrame, suffix: str, share: bool) -> list[pl.Expr]:
+    """TOTAL, each part that is not zero everywhere as 'ms (pct%)' (or plain ms), and OVERLAPPED, for a table."""
+    def ms(part: str) -> pl.Expr:
+        return pl.col(f"{part}{suffix}").round_sig_figs(4)
+
+    shown = [p for p in bd.PARTS if p not in bd.WAITS or frame[f"{p}{suffix}"].abs().sum() > 0]
+    cells = [ms("TOTAL").cast(pl.String).alias("TOTAL ms")]
+    for part in shown:
+        pct = (100 * pl.col(f"{part}{suffix}") / pl.col(f"TOTAL{suffix}")).round(1).fill_nan(None)
+        cells.append((pl.format("{} ({}%)", ms(part), pct) if share else ms(part).cast(pl.String))
+                     .alias(f"{part} ms (%)"))
+    return [*cells, ms("OVERLAPPED").cast(pl.String).alias("OVERLAPPED ms")]
 
 
 def breakdown(
@@ -56,35 +64,28 @@ def breakdown(
     if plot is not None:
         from traceana.plots import breakdown_bars
 
-        breakdown_bars(ranks, plot, f"{rid}: time per rank, {which}")
+        breakdown_bars(ranks, plot, f"{rid}\ntime per rank, {which}")
     if json:
         suffix = "_ms" if by == "rank" else "_mean_ms"
         emit(bd.percent_of_total(frame, suffix), fmt="json")
     else:
-        emit(_rank_table(frame) if by == "rank" else _stage_table(frame), title=f"{rid}: breakdown per {by}, {which}")
+        table = _rank_table(frame, typical=step is None) if by == "rank" else _stage_table(frame)
+        emit(table, title=f"{rid}: breakdown per {by}, {which}")
     if plot is not None:
         typer.echo(f"wrote {plot}", err=True)
 
 
-def _rank_table(frame: pl.DataFrame) -> pl.DataFrame:
-    parts = [p for p in bd.PARTS if p not in bd.WAITS or frame[f"{p}_ms"].abs().sum() > 0]
-    step = "step" if "step" in frame.columns else "steps"
-    return frame.select(
-        "rank", *_present_coords(frame), step, pl.col("TOTAL_ms").round(3).alias("TOTAL ms"),
-        *[_with_share(p).alias(f"{p} ms (%)") for p in parts],
-        pl.col("OVERLAPPED_ms").round(3).alias("OVERLAPPED ms"),
-    )
+def _rank_table(frame: pl.DataFrame, typical: bool) -> pl.DataFrame:
+    return frame.select("rank", *_varying_coords(frame), *(["steps"] if typical else []),
+                        *_cells(frame, "_ms", share=True))
 
 
 def _stage_table(frame: pl.DataFrame) -> pl.DataFrame:
-    parts = [p for p in bd.PARTS if p not in bd.WAITS or frame[f"{p}_max_ms"].abs().sum() > 0]
-    return frame.select(
-        pl.col("pp").alias("stage"), "ranks", pl.col("TOTAL_mean_ms").round(3).alias("TOTAL ms mean"),
-        *[pl.format("{} max {}", _with_share(p, "_mean_ms"), pl.col(f"{p}_max_ms").round(3))
-          .alias(f"{p} ms: mean (%) max") for p in parts],
-        pl.format("{} max {}", pl.col("OVERLAPPED_mean_ms").round(3), pl.col("OVERLAPPED_max_ms").round(3))
-        .alias("OVERLAPPED ms: mean max"),
-    )
+    """Two rows per stage: the mean over its ranks (with % of the mean TOTAL) and the max."""
+    rows = [frame.select(pl.col("pp").alias("stage"), pl.lit(stat).alias("over ranks"), "ranks",
+                         *_cells(frame, f"_{stat}_ms", share=stat == "mean"))
+            for stat in ("mean", "max")]
+    return pl.concat(rows).sort("stage", "over ranks", descending=[False, True], nulls_last=False)
 
 
 def timeline(
