@@ -145,3 +145,7 @@ from traceana.report_cli import breakdown, stragglers, timeline  # noqa: E402
 app.command()(breakdown)
 app.command()(timeline)
 app.command()(stragglers)
+from traceana.estimator.cli import estimate, search  # noqa: E402
+
+app.command()(estimate)
+app.command()(search)

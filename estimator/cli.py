@@ -1,0 +1,83 @@
+"""`traceana estimate` and `traceana search`: thin commands over estimator.estimate and estimator.search."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from traceana.estimator import config, memory, record, timeline
+from traceana.estimator import search as searching
+from traceana.estimator.estimate import Estimate, model_flops
+from traceana.estimator.estimate import estimate as run_estimate
+from traceana.output import emit, emit_json
+
+ConfigArgument = Annotated[Path, typer.Argument(help="Job YAML (model, parallel, schedule, hardware, calibration).")]
+
+
+def _summary(est: Estimate) -> dict[str, object]:
+    cfg = est.config
+    worst = max(est.stages, key=lambda s: s.memory.peak)
+    return {
+        "step_ms": est.step_s * 1e3,
+        "mfu": model_flops(cfg) / (est.step_s * cfg.parallel.world_size * cfg.hardware.peak_tflops_bf16 * 1e12),
+        "tokens_per_s": cfg.parallel.global_batch * cfg.model.seq_len / est.step_s,
+        "world_size": cfg.parallel.world_size,
+        "layout": cfg.parallel.layout.spec,
+        "schedule": cfg.schedule.kind,
+        "micro_batches": cfg.micro_batches,
+        "stage_layers": [s.layers for s in est.stages],
+        "peak_memory_gib": worst.memory.peak / memory.GIB,
+        "peak_stage": worst.stage,
+        "fits": est.fits,
+    }
+
+
+def estimate(
+    cfg_path: ConfigArgument,
+    plot: Annotated[Path | None, typer.Option(help="Write a Gantt chart (PNG) of the simulated step.")] = None,
+    trace: Annotated[Path | None, typer.Option(help="Write the simulated step as Chrome-trace JSON (Perfetto).")]
+    = None,
+    json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    db: Annotated[Path | None, typer.Option("--db", help="Also store the estimate in this DuckDB file.")] = None,
+    estimate_id: Annotated[str | None, typer.Option(help="Id in the store (default: the config file's name).")]
+    = None,
+) -> None:
+    """Predict one training step: per-stage time by dimension (ms) and memory by component (GiB)."""
+    cfg = config.load(cfg_path)
+    est = run_estimate(cfg)
+    summary = _summary(est)
+    if plot is not None:
+        timeline.plot(est, plot)
+    if trace is not None:
+        timeline.chrome_trace(est, trace)
+    if db is not None:
+        record.write(db, estimate_id or re.sub(r"\.ya?ml$", "", cfg_path.name), cfg_path, est)
+    if json:
+        emit_json({**summary, "stages": est.time_frame.to_dicts(), "memory": est.memory_frame.to_dicts()})
+        return
+    emit(est.time_frame, title=f"{cfg_path.name}: time per stage (ms)")
+    emit(est.memory_frame, title=f"{cfg_path.name}: memory per stage (GiB)")
+    fits = "fits" if est.fits else f"does NOT fit {cfg.hardware.hbm_gb:g} GiB"
+    typer.echo(f"step {summary['step_ms']:,.1f} ms, MFU {summary['mfu']:.1%}, {summary['tokens_per_s']:,.0f} "
+               f"tokens/s; peak {summary['peak_memory_gib']:.1f} GiB on stage {summary['peak_stage']} ({fits})")
+
+
+def search(
+    cfg_path: ConfigArgument,
+    top: Annotated[int, typer.Option(help="How many of the fastest layouts to show.")] = 10,
+    json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Rank the layouts (tp, cp, pp, dp, ep, vpp, micro-batch, recompute, schedule, partition) of the config's
+    device count that fit in memory, by estimated step time."""
+    cfg = config.load(cfg_path)
+    result = searching.search(cfg, top)
+    table = result.frame()
+    if json:
+        emit_json({"candidates": result.candidates, "fitting": result.fitting, "simulated": result.simulated,
+                   "seconds": result.seconds, "top": table.to_dicts()})
+        return
+    emit(table, title=f"{cfg_path.name}: fastest of {result.fitting:,} fitting layouts "
+                      f"({result.candidates:,} candidates, {result.simulated:,} simulated, {result.seconds:.1f} s)")

@@ -1,0 +1,209 @@
+"""Communication per parallel dimension: payloads from tensor shapes, times from an alpha-beta model per network level.
+
+Payloads follow seed 002: a TP collective moves activations (tokens x hidden x dtype), never parameter bytes; EP
+moves the routed tokens (tokens x top-k x hidden); PP the boundary activation; DP the gradients of the parameters a
+GPU holds. Times use the NCCL-tests bus-bandwidth factors (all-reduce 2(n-1)/n, reduce-scatter / all-gather /
+all-to-all (n-1)/n) against the bus bandwidth of the slowest level a group spans, plus a latency per ring step
+(Thakur et al. 2005). Every function returns seconds: a byte count is never added to a time (seed 000, P4).
+
+Where a group sits comes from the layout (Megatron RankGenerator order, traceana.layout): consecutive ranks fill a
+node of ``devices_per_node`` first, so a dimension's stride in the order decides whether it crosses nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from traceana.estimator.compute import tokens
+from traceana.estimator.config import Config
+
+
+@dataclass(frozen=True)
+class Span:
+    """One group of a dimension: its size, how many nodes it spans, and how many of its ranks share a node."""
+
+    size: int
+    nodes: int
+
+    @property
+    def per_node(self) -> int:
+        return self.size // self.nodes
+
+
+def _group(cfg: Config, dims: tuple[str, ...], expert: bool, limit: dict[str, int]) -> list[int]:
+    p = cfg.parallel
+    if expert:
+        sizes = {"tp": p.expert_tp, "ep": p.ep, "dp": p.layout.edp, "pp": p.pp}
+        names = [n for n in p.order.split("-") if n != "cp"]
+    else:
+        sizes = {"tp": p.tp, "cp": p.cp, "dp": p.dp, "pp": p.pp}
+        names = [n for n in p.order.split("-") if n != "ep"]
+    strides, acc = {}, 1
+    for name in names:
+        strides[name] = acc
+        acc *= sizes[name]
+    offsets = [0]
+    for dim in dims:
+        step, count = limit.get(dim, (1, sizes[dim]))
+        offsets = [o + i * step * strides[dim] for o in offsets for i in range(count)]
+    return offsets
+
+
+def span(cfg: Config, dims: tuple[str, ...], expert: bool = False, **limit: tuple[int, int]) -> Span:
+    """Where the group over ``dims`` containing rank 0 sits (all groups of a dim are alike for power-of-two sizes).
+
+    Dense groups use the order without ep; expert groups (ep, etp, edp) the order without cp, as Megatron-Core's
+    second RankGenerator does (traceana.layout.Layout.groups builds the same sets). ``limit`` narrows a dim to
+    (step, count): every step-th of its ranks, count of them (ZeRO-3 shard and HSDP replica groups).
+    """
+    ranks = _group(cfg, dims, expert, limit)
+    return Span(len(ranks), len({r // cfg.hardware.devices_per_node for r in ranks}))
+
+
+def collective(op: str, nbytes: float, where: Span, cfg: Config) -> float:
+    """Seconds for one collective of ``nbytes`` (the full buffer; a rank's total send for all-to-all)."""
+    n = where.size
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    hw = cfg.hardware
+    level = "intra" if where.nodes == 1 else "inter"
+    bw = getattr(hw.bandwidth_gb_per_s, level) * 1e9
+    alpha = getattr(hw.latency_us, level) * 1e-6
+    if op == "all_reduce":
+        return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * alpha
+    if op in ("reduce_scatter", "all_gather"):
+        return (n - 1) / n * nbytes / bw + (n - 1) * alpha
+    if op == "all_to_all":
+        eff = cfg.calibration.a2a_efficiency
+        intra = nbytes * (where.per_node - 1) / n / (hw.bandwidth_gb_per_s.intra * 1e9 * eff.intra)
+        inter = nbytes * (n - where.per_node) / n / (hw.bandwidth_gb_per_s.inter * 1e9 * eff.inter)
+        return max(intra, inter) + (n - 1) * alpha
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def p2p(nbytes: float, inter_node: bool, cfg: Config) -> float:
+    level = "inter" if inter_node else "intra"
+    return nbytes / (getattr(cfg.hardware.bandwidth_gb_per_s, level) * 1e9) + getattr(cfg.hardware.latency_us,
+                                                                                     level) * 1e-6
+
+
+@dataclass(frozen=True)
+class Pass:
+    """Seconds of communication in one forward and one backward of a micro-batch through a piece of the model."""
+
+    forward: float = 0.0
+    backward: float = 0.0
+
+    def __add__(self, other: Pass) -> Pass:
+        return Pass(self.forward + other.forward, self.backward + other.backward)
+
+    def __mul__(self, k: float) -> Pass:
+        return Pass(self.forward * k, self.backward * k)
+
+
+def _activation_bytes(cfg: Config) -> float:
+    """One micro-batch's hidden states on one GPU: tokens x hidden x dtype (the TP and PP payload, seed 002)."""
+    return tokens(cfg) * cfg.model.hidden * cfg.precision.activation_bytes
+
+
+def tp_layer(cfg: Config, moe: bool) -> Pass:
+    """Megatron TP: a row-parallel all-reduce after attention and after the MLP forward, and the column-parallel
+    input-gradient all-reduces in the backward; with sequence parallelism each becomes reduce-scatter + all-gather,
+    the same bus volume. A MoE block reduces over the expert-TP group instead."""
+    payload = _activation_bytes(cfg)
+    attn = collective("all_reduce", payload, span(cfg, ("tp",)), cfg)
+    ffn = collective("all_reduce", payload, span(cfg, ("tp",), expert=moe), cfg) if moe else attn
+    return Pass(attn + ffn, attn + ffn)
+
+
+def tp_embedding_head(cfg: Config) -> tuple[Pass, Pass]:
+    """Vocabulary-parallel embedding (an all-reduce forward) and output layer (input-gradient all-reduce backward)."""
+    one = collective("all_reduce", _activation_bytes(cfg), span(cfg, ("tp",)), cfg)
+    return Pass(one, 0.0), Pass(0.0, one)
+
+
+def cp_layer(cfg: Config) -> Pass:
+    """Context parallelism in attention: ring passes K/V around (cp-1 steps forward, K/V and their gradients
+    backward), all-gather gathers K/V (reduce-scatters their gradients), Ulysses all-to-alls Q, K, V and the output
+    between sequence and head sharding both ways."""
+    p, m = cfg.parallel, cfg.model
+    if p.cp <= 1:
+        return Pass()
+    where = span(cfg, ("cp",))
+    width = 2 * max(1, m.kv // p.tp) * m.hd if not m.mla else m.heads * (2 * m.hd + m.qk_rope_head_dim) / p.tp
+    kv_bytes = tokens(cfg) * width * cfg.precision.activation_bytes  # this rank's K and V
+    if p.cp_algo == "ring":
+        step = p2p(kv_bytes, where.nodes > 1, cfg)
+        return Pass((p.cp - 1) * step, 2 * (p.cp - 1) * step)
+    if p.cp_algo == "allgather":
+        return Pass(collective("all_gather", kv_bytes * p.cp, where, cfg),
+                    collective("reduce_scatter", kv_bytes * p.cp, where, cfg))
+    q_width = 2 * m.heads * m.hd / p.tp
+    a2a = collective("all_to_all", tokens(cfg) * (q_width + width) * cfg.precision.activation_bytes, where, cfg)
+    return Pass(a2a, a2a)
+
+
+def ep_layer(cfg: Config) -> Pass:
+    """Dispatch and combine all-to-alls of one MoE layer, forward and again backward. A rank sends its tokens x top-k
+    copies x hidden (the capacity factor pads them); with sequence parallelism its tokens are 1/tp of the sequence."""
+    p, m = cfg.parallel, cfg.model
+    if p.ep <= 1:
+        return Pass()
+    local = tokens(cfg) / (p.tp if p.sequence_parallel else 1)
+    payload = local * m.moe_topk * m.capacity_factor * m.hidden * cfg.precision.activation_bytes
+    one = collective("all_to_all", payload, span(cfg, ("ep",), expert=True), cfg)
+    return Pass(2 * one, 2 * one)
+
+
+def pp_p2p(cfg: Config) -> float:
+    """Seconds to send one micro-batch's boundary activation (or its gradient) to the next stage."""
+    p = cfg.parallel
+    if p.pp <= 1:
+        return 0.0
+    payload = _activation_bytes(cfg) / (p.tp if p.sequence_parallel else 1)
+    return p2p(payload, span(cfg, ("pp",)).nodes > 1, cfg)
+
+
+@dataclass(frozen=True)
+class GradSync:
+    """Seconds of one stage's once-a-step data-parallel traffic: gradient reduction and (ZeRO) parameter gather."""
+
+    reduce: float
+    gather: float
+
+
+def dp_step(cfg: Config, dense_params: float, expert_params: float) -> GradSync:
+    """Gradients of the parameters one GPU holds (dense over dp x cp, experts over expert-dp), once a step.
+
+    ZeRO 0 all-reduces them; ZeRO 1/2 reduce-scatter them and all-gather the updated bf16 parameters; ZeRO-3 moves
+    parameters per layer (see :func:`zero3_layer`) and here only all-reduces across HSDP replicas.
+    """
+    p, prec = cfg.parallel, cfg.precision
+    dense, expert = span(cfg, ("dp", "cp")), span(cfg, ("dp",), expert=True)
+    if p.zero == 3:
+        replicas = p.dp // (p.zero_shard or p.dp)
+        if replicas <= 1:
+            return GradSync(0.0, 0.0)
+        shard = p.zero_shard or p.dp
+        replica_span = span(cfg, ("dp",), dp=(shard, replicas))
+        return GradSync(collective("all_reduce", dense_params / (shard * p.cp) * prec.grad_bytes, replica_span, cfg),
+                        0.0)
+    op = "all_reduce" if p.zero == 0 else "reduce_scatter"
+    reduce = (collective(op, dense_params * prec.grad_bytes, dense, cfg)
+              + collective(op, expert_params * prec.grad_bytes, expert, cfg))
+    if p.zero == 0:
+        return GradSync(reduce, 0.0)
+    gather = (collective("all_gather", dense_params * prec.param_bytes, dense, cfg)
+              + collective("all_gather", expert_params * prec.param_bytes, expert, cfg))
+    return GradSync(reduce, gather)
+
+
+def zero3_layer(cfg: Config, params: float) -> Pass:
+    """ZeRO-3 / FSDP for one layer of ``params`` (per GPU before sharding): gather it for the forward, gather it
+    again and reduce-scatter its gradient in the backward, over the shard group."""
+    p = cfg.parallel
+    if p.zero != 3:
+        return Pass()
+    where = span(cfg, ("dp", "cp"), dp=(1, p.zero_shard or p.dp))
+    gather = collective("all_gather", params * cfg.precision.param_bytes, where, cfg)
+    return Pass(gather, gather + collective("reduce_scatter", params * cfg.precision.grad_bytes, where, cfg))

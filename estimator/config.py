@@ -1,0 +1,422 @@
+"""A training job as the estimator sees it: the YAML of DESIGN §5 read into frozen, validated dataclasses.
+
+Every check names the field it rejects (``cfg.yaml: parallel.pp=16 exceeds model.layers=12``) so a user can fix
+the file without reading code. Sections and fields not listed here are errors, not silently ignored: a typo in a
+knob would otherwise leave a default in force.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from traceana.errors import TraceanaError
+from traceana.estimator import balance
+from traceana.estimator.pipeline import schedule_problem
+from traceana.layout import Layout
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe")
+RECOMPUTE_KINDS = ("none", "selective", "full")
+CP_ALGOS = ("ring", "allgather", "ulysses")
+
+
+@dataclass(frozen=True)
+class Model:
+    """Shapes. MoE when ``experts`` > 0 (after ``first_dense_layers`` dense ones); MLA when ``kv_lora_rank`` is set."""
+
+    layers: int
+    hidden: int
+    ffn_hidden: int
+    heads: int
+    vocab: int
+    seq_len: int
+    kv_heads: int | None = None          # GQA; default heads (MHA)
+    head_dim: int | None = None          # default hidden / heads; with MLA the no-rope query/key head width
+    experts: int = 0
+    moe_topk: int = 0
+    expert_ffn_hidden: int | None = None  # default ffn_hidden
+    shared_experts: int = 0
+    first_dense_layers: int = 0
+    capacity_factor: float = 1.0         # tokens an expert may take, relative to a balanced share (1 = balanced)
+    gated_mlp: bool = True               # SwiGLU (3 matrices) vs GELU (2)
+    flash_attention: bool = True         # False: the s x s scores are materialized (and stored: Korthikanti 5as/h)
+    tied_embeddings: bool = False
+    q_lora_rank: int | None = None       # MLA
+    kv_lora_rank: int | None = None      # MLA
+    qk_rope_head_dim: int = 0            # MLA
+    v_head_dim: int | None = None        # MLA; default head_dim
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.expert_ffn_hidden or self.ffn_hidden
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    def is_moe(self, layer: int) -> bool:
+        return self.experts > 0 and layer >= self.first_dense_layers
+
+
+@dataclass(frozen=True)
+class Parallel:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    cp: int = 1
+    etp: int | None = None               # expert tensor parallel; default tp
+    vpp: int = 1
+    sequence_parallel: bool = False
+    zero: int = 0                        # 0 none, 1 optimizer (distributed optimizer), 2 +gradients, 3 +parameters
+    zero_shard: int | None = None        # ZeRO-3 shard group size (HSDP: dp = zero_shard x replicas); default dp
+    expert_zero3_sharding: bool = True   # seed 000 P2: False = expert states sharded by EP only
+    micro_batch: int = 1
+    global_batch: int = 1
+    order: str = "tp-cp-ep-dp-pp"
+    cp_algo: str = "ring"
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(tp=self.tp, cp=self.cp, ep=self.ep, dp=self.dp, pp=self.pp, order=self.order, etp=self.etp)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def micro_batches(self) -> int:
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
+
+
+@dataclass(frozen=True)
+class Recompute:
+    kind: str = "none"
+    layers: tuple[int, ...] | None = None  # None: every layer
+
+    def kind_of(self, layer: int) -> str:
+        return self.kind if self.layers is None or layer in self.layers else "none"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    kind: str = "1f1b"
+    stage_layers: tuple[int, ...] | str | None = None  # layers per stage (pp, or pp*vpp in chunk order), or "ppb"
+    layer_offset: tuple[int, ...] | None = None       # per stage, added to the even split
+    recompute: Recompute = field(default_factory=Recompute)
+
+
+@dataclass(frozen=True)
+class Links:
+    intra: float
+    inter: float
+
+
+@dataclass(frozen=True)
+class Hardware:
+    peak_tflops_bf16: float
+    hbm_gb: float
+    device: str = "gpu"
+    devices: int | None = None               # the job's device count (search enumerates layouts for it)
+    devices_per_node: int = 8
+    bandwidth_gb_per_s: Links = field(default_factory=lambda: Links(intra=150.0, inter=25.0))  # bus bandwidth
+    latency_us: Links = field(default_factory=lambda: Links(intra=5.0, inter=10.0))
+    hbm_bandwidth_gb_per_s: float | None = None  # for memory-bound work (elementwise ops, optimizer step)
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Fraction of each dimension's communication hidden behind compute (seed 001's defaults)."""
+
+    dp: float = 0.9
+    tp: float = 0.0
+    ep: float = 0.0
+    cp: float = 0.5
+
+
+@dataclass(frozen=True)
+class Calibration:
+    matmul_efficiency: float = 0.75
+    overlap: Overlap = field(default_factory=Overlap)
+    ep_bubble_overlap_ratio: float = 0.0
+    safety_buffer_mb: float = 1024.0
+    tp_shardable_overhead_mb: float = 0.0
+    a2a_efficiency: Links = field(default_factory=lambda: Links(intra=1.0, inter=1.0))  # of bus bandwidth
+    memory_efficiency: float = 0.7           # of hbm_bandwidth_gb_per_s that elementwise kernels reach
+    step_overhead_ms: float = 0.0            # per step, host/launch time no kernel covers
+    host_us_per_layer: float = 0.0           # host time to issue one layer's forward (eager PyTorch launch cost)
+    host_us_per_collective: float = 0.0      # host time of each TP / EP collective call
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per element: Megatron mixed precision keeps bf16 weights, fp32 main grads and fp32 Adam (2+4+12)."""
+
+    param_bytes: int = 2
+    grad_bytes: int = 4
+    optimizer_bytes: int = 12
+    activation_bytes: int = 2
+
+
+@dataclass(frozen=True)
+class Config:
+    model: Model
+    parallel: Parallel
+    hardware: Hardware
+    schedule: Schedule = field(default_factory=Schedule)
+    calibration: Calibration = field(default_factory=Calibration)
+    precision: Precision = field(default_factory=Precision)
+    source: str = "config"                   # where it came from, for error messages
+
+    @property
+    def micro_batches(self) -> int:
+        return self.parallel.micro_batches
+
+    def with_parallel(self, **changes: Any) -> Config:
+        return replace(self, parallel=replace(self.parallel, **changes))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One entry of a config's ``runs:`` list: a name, the overrides applied, and the measured values it carries."""
+
+    name: str
+    config: Config
+    measured: dict[str, float]
+
+
+def load(path: str | Path) -> Config:
+    """Read and validate a job YAML (its ``runs:`` list, if any, is read by :func:`load_runs`)."""
+    raw = _read(path)
+    raw.pop("runs", None)
+    return from_dict(raw, str(path))
+
+
+def load_runs(path: str | Path) -> list[Run]:
+    """The config's ``runs:`` sweep: each entry is ``{name, measured: {...}, <section>: {overrides}}``."""
+    raw = _read(path)
+    runs = raw.pop("runs", None) or []
+    if not isinstance(runs, list):
+        raise TraceanaError(f"{path}: runs: must be a list of {{name, overrides}}")
+    result = []
+    for i, entry in enumerate(runs):
+        if not isinstance(entry, dict) or "name" not in entry:
+            raise TraceanaError(f"{path}: runs[{i}]: needs a name")
+        entry = dict(entry)
+        name, measured = str(entry.pop("name")), entry.pop("measured", None) or {}
+        result.append(Run(name, from_dict(_merge(raw, entry), f"{path} runs[{name}]"),
+                          {str(k): float(v) for k, v in measured.items()}))
+    return result
+
+
+def from_dict(raw: dict[str, Any], source: str = "config") -> Config:
+    """Build and validate a Config from parsed YAML."""
+    if not isinstance(raw, dict):
+        raise TraceanaError(f"{source}: expected a mapping of sections (model, parallel, hardware, ...)")
+    for required in ("model", "parallel", "hardware"):
+        if required not in raw:
+            raise TraceanaError(f"{source}: missing section {required!r}")
+    cfg = _build(Config, {**raw, "source": source}, source, "")
+    validate(cfg)
+    return cfg
+
+
+def _read(path: str | Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise TraceanaError(f"{path}: cannot read ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise TraceanaError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise TraceanaError(f"{path}: expected a mapping of sections (model, parallel, hardware, ...)")
+    return raw
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        merged[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
+
+
+def _build(cls: type, data: Any, source: str, where: str) -> Any:
+    """Instantiate dataclass ``cls`` from ``data``, converting by annotation; errors name ``where.field``."""
+    if not isinstance(data, dict):
+        raise TraceanaError(f"{source}: {where.rstrip('.') or 'top level'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise TraceanaError(f"{source}: {where}{unknown[0]}: unknown field (known: {', '.join(fields)})")
+    values = {}
+    for name, value in data.items():
+        values[name] = _convert(hints[name], value, source, f"{where}{name}")
+    missing = [n for n, f in fields.items() if n not in values
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise TraceanaError(f"{source}: {where}{missing[0]}: required field missing")
+    return cls(**values)
+
+
+def _convert(hint: Any, value: Any, source: str, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in (o for o in options if o is not type(None)):
+            try:
+                return _convert(option, value, source, where)
+            except TraceanaError as exc:
+                errors.append(exc)
+        raise errors[0]
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, source, f"{where}.")
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise TraceanaError(f"{source}: {where}: expected a list, got {value!r}")
+        return tuple(_convert(int, v, source, f"{where}[{i}]") for i, v in enumerate(value))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise TraceanaError(f"{source}: {where}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TraceanaError(f"{source}: {where}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TraceanaError(f"{source}: {where}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise TraceanaError(f"{source}: {where}: expected a string, got {value!r}")
+        return value.lower()
+    raise TypeError(f"unsupported annotation {hint!r}")  # a bug in this module, not user input
+
+
+def _fail(cfg: Config, message: str) -> typing.NoReturn:
+    raise TraceanaError(f"{cfg.source}: {message}")
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks; each failure names the field(s) at fault."""
+    m, p, h, c = cfg.model, cfg.parallel, cfg.hardware, cfg.calibration
+    for section, obj in (("model", m), ("parallel", p), ("hardware", h)):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0 \
+                    and f.name not in ("experts", "moe_topk", "shared_experts", "first_dense_layers",
+                                       "qk_rope_head_dim", "zero"):
+                _fail(cfg, f"{section}.{f.name}={value}: must be positive")
+    if m.hd * m.heads == 0 or (m.head_dim is None and m.hidden % m.heads):
+        _fail(cfg, f"model.hidden={m.hidden} is not divisible by model.heads={m.heads} (or give model.head_dim)")
+    if m.heads % m.kv:
+        _fail(cfg, f"model.kv_heads={m.kv} does not divide model.heads={m.heads}")
+    if m.experts:
+        if m.moe_topk < 1 or m.moe_topk > m.experts:
+            _fail(cfg, f"model.moe_topk={m.moe_topk}: must be between 1 and model.experts={m.experts}")
+        if m.first_dense_layers >= m.layers:
+            _fail(cfg, f"model.first_dense_layers={m.first_dense_layers} leaves no MoE layer of {m.layers}")
+        if m.capacity_factor < 1:
+            _fail(cfg, f"model.capacity_factor={m.capacity_factor}: must be >= 1 (1 = perfectly balanced routing)")
+    if p.pp > m.layers:
+        _fail(cfg, f"parallel.pp={p.pp} exceeds model.layers={m.layers}")
+    if p.zero not in (0, 1, 2, 3):
+        _fail(cfg, f"parallel.zero={p.zero}: must be 0, 1, 2 or 3")
+    if p.zero_shard is not None and (p.zero != 3 or p.dp % p.zero_shard):
+        _fail(cfg, f"parallel.zero_shard={p.zero_shard}: needs zero: 3 and must divide parallel.dp={p.dp}")
+    if p.global_batch % (p.dp * p.micro_batch):
+        _fail(cfg, f"parallel.global_batch={p.global_batch} is not divisible by parallel.dp x parallel.micro_batch "
+                   f"= {p.dp} x {p.micro_batch}")
+    if p.ep > 1 and not m.experts:
+        _fail(cfg, f"parallel.ep={p.ep} but model.experts is 0 (a dense model has no expert parallelism)")
+    if m.experts and m.experts % p.ep:
+        _fail(cfg, f"parallel.ep={p.ep} does not divide model.experts={m.experts}")
+    if m.heads % p.tp or (m.kv % p.tp and p.tp % m.kv):
+        _fail(cfg, f"parallel.tp={p.tp} does not divide model.heads={m.heads} / kv_heads={m.kv}")
+    if p.cp_algo not in CP_ALGOS:
+        _fail(cfg, f"parallel.cp_algo={p.cp_algo!r}: choose one of {', '.join(CP_ALGOS)}")
+    if m.seq_len % p.cp:
+        _fail(cfg, f"parallel.cp={p.cp} does not divide model.seq_len={m.seq_len}")
+    if p.cp_algo == "ulysses" and (m.heads // p.tp) % p.cp:
+        _fail(cfg, f"parallel.cp={p.cp} (ulysses) does not divide the {m.heads // p.tp} heads per TP rank")
+    try:
+        p.layout.validate()
+    except TraceanaError as exc:
+        _fail(cfg, f"parallel: {exc}")
+    if h.devices is not None and h.devices != p.world_size:
+        _fail(cfg, f"hardware.devices={h.devices} but parallel tp x cp x dp x pp = {p.tp} x {p.cp} x {p.dp} x "
+                   f"{p.pp} = {p.world_size}")
+    if p.world_size > h.devices_per_node and p.world_size % h.devices_per_node:
+        _fail(cfg, f"{p.world_size} devices do not fill whole nodes of hardware.devices_per_node="
+                   f"{h.devices_per_node}")
+    _validate_schedule(cfg)
+    for name in ("dp", "tp", "ep", "cp"):
+        if not 0 <= getattr(c.overlap, name) <= 1:
+            _fail(cfg, f"calibration.overlap.{name}={getattr(c.overlap, name)}: must be between 0 and 1")
+    for name in ("matmul_efficiency", "memory_efficiency"):
+        if not 0 < getattr(c, name) <= 1:
+            _fail(cfg, f"calibration.{name}={getattr(c, name)}: must be in (0, 1]")
+    if not 0 <= c.ep_bubble_overlap_ratio <= 1:
+        _fail(cfg, f"calibration.ep_bubble_overlap_ratio={c.ep_bubble_overlap_ratio}: must be between 0 and 1")
+    for name in ("safety_buffer_mb", "tp_shardable_overhead_mb", "step_overhead_ms", "host_us_per_layer",
+                 "host_us_per_collective"):
+        if getattr(c, name) < 0:
+            _fail(cfg, f"calibration.{name}={getattr(c, name)}: must be >= 0")
+
+
+def _validate_schedule(cfg: Config) -> None:
+    m, p, s = cfg.model, cfg.parallel, cfg.schedule
+    if s.kind not in SCHEDULES:
+        _fail(cfg, f"schedule.kind={s.kind!r}: choose one of {', '.join(SCHEDULES)}")
+    if s.kind == "zb-v" and p.vpp not in (1, 2):
+        _fail(cfg, f"parallel.vpp={p.vpp}: zb-v always runs 2 model chunks per stage (leave vpp at 1 or 2)")
+    problem = schedule_problem(s.kind, p.pp, p.micro_batches, 2 if s.kind == "zb-v" else p.vpp)
+    if problem:
+        _fail(cfg, problem)
+    if s.recompute.kind not in RECOMPUTE_KINDS:
+        _fail(cfg, f"schedule.recompute.kind={s.recompute.kind!r}: choose one of {', '.join(RECOMPUTE_KINDS)}")
+    if s.stage_layers is not None and s.layer_offset is not None:
+        _fail(cfg, "schedule.stage_layers and schedule.layer_offset both given; use one")
+    if isinstance(s.stage_layers, str) and s.stage_layers != "ppb":
+        _fail(cfg, f"schedule.stage_layers={s.stage_layers!r}: a list of layer counts, or 'ppb' to balance")
+    if s.stage_layers == "ppb" and (s.kind not in ("gpipe", "1f1b", "zb-h1")):
+        _fail(cfg, f"schedule.stage_layers=ppb balances one model chunk per stage (gpipe, 1f1b, zb-h1), not {s.kind}")
+    chunks = p.pp * (2 if s.kind == "zb-v" else p.vpp)
+    try:
+        balance.recompute_mask(s.recompute.layers, m.layers)
+        if isinstance(s.stage_layers, tuple):
+            counts = balance.from_stage_layers(s.stage_layers, m.layers, len(s.stage_layers))
+        elif s.layer_offset is not None:
+            counts = balance.from_layer_offset(s.layer_offset, m.layers, p.pp)
+        else:
+            counts = None
+            balance.check_stages(m.layers, chunks)
+    except TraceanaError as exc:
+        _fail(cfg, str(exc))
+    if counts is not None and len(counts) not in (p.pp, chunks):
+        _fail(cfg, f"schedule.stage_layers has {len(counts)} entries; give one per stage (pp={p.pp}) or one per "
+                   f"model chunk ({chunks})")
+    if counts is not None and len(counts) == p.pp and min(counts) < chunks // p.pp:
+        _fail(cfg, f"schedule: stages of {list(counts)} layers cannot fill {chunks // p.pp} chunks each")

@@ -1,0 +1,321 @@
+"""The estimate: per-chunk costs from compute and communication, a simulated pipeline, per-stage time by
+dimension and memory by component.
+
+The time columns mean what DESIGN §4 measures, per pipeline stage over one step:
+COMP (compute, incl. recompute and the optimizer step), MP_WAIT / CP_WAIT / EP_WAIT (the exposed part of TP, CP and
+EP communication, serial inside the forward and backward passes), DP_WAIT (exposed gradient / parameter traffic: the
+reduction the last micro-batch's backward cannot hide, and ZeRO-3 gathers that prefetch cannot), IDLE (host time
+no kernel covers: host-bound layers and calibration.step_overhead_ms) and PP_WAIT (bubble, exposed p2p, and waiting
+for other stages' data parallel tails). TOTAL is the step time, the same for every stage, and equals the sum of the
+other columns exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import polars as pl
+
+from traceana.estimator import balance, comm, compute, memory, pipeline, stages
+from traceana.estimator.comm import Pass
+from traceana.estimator.config import Config
+
+DIMENSIONS = ("comp", "mp_wait", "cp_wait", "ep_wait", "dp_wait", "pp_wait", "idle")
+
+
+@dataclass(frozen=True)
+class ChunkCost:
+    """One micro-batch through one model chunk on one GPU, seconds, by what it is (communication = exposed part;
+    a fully recomputed layer's forward communication runs again in its backward)."""
+
+    forward: float = 0.0
+    backward: float = 0.0
+    wgrad: float = 0.0
+    recompute: float = 0.0
+    tp: Pass = field(default_factory=Pass)
+    cp: Pass = field(default_factory=Pass)
+    ep: Pass = field(default_factory=Pass)
+    dp: Pass = field(default_factory=Pass)
+    idle: Pass = field(default_factory=Pass)  # the device waiting for the host to issue work (host-bound layers)
+
+    def __add__(self, o: ChunkCost) -> ChunkCost:
+        return ChunkCost(self.forward + o.forward, self.backward + o.backward, self.wgrad + o.wgrad,
+                         self.recompute + o.recompute, self.tp + o.tp, self.cp + o.cp, self.ep + o.ep, self.dp + o.dp,
+                         self.idle + o.idle)
+
+    def __mul__(self, k: float) -> ChunkCost:
+        return ChunkCost(self.forward * k, self.backward * k, self.wgrad * k, self.recompute * k, self.tp * k,
+                         self.cp * k, self.ep * k, self.dp * k, self.idle * k)
+
+    @property
+    def compute(self) -> float:
+        return self.forward + self.backward + self.wgrad + self.recompute
+
+    def stage_cost(self) -> pipeline.StageCost:
+        comm_f = self.tp.forward + self.cp.forward + self.ep.forward + self.dp.forward + self.idle.forward
+        comm_b = self.tp.backward + self.cp.backward + self.ep.backward + self.dp.backward + self.idle.backward
+        return pipeline.StageCost(self.forward + comm_f, self.backward + self.recompute + comm_b, self.wgrad,
+                                  self.ep.forward + self.ep.backward)
+
+
+def _exposed_ep(cfg: Config, shared_flops: float) -> Pass:
+    """A MoE layer's all-to-alls less what the shared experts hide: the dispatch runs beside the shared experts'
+    forward, and the backward's beside their gradient (seed 001 CH 7.7); the rest is exposed (gate → dispatch →
+    experts → combine is a dependency chain), then calibration.overlap.ep hides a further fraction."""
+    raw = comm.ep_layer(cfg)
+    shared_f = compute.seconds(shared_flops, cfg)
+    hidden_f = min(raw.forward / 2, shared_f)
+    hidden_b = min(raw.backward / 2, 2 * shared_f)
+    return Pass(raw.forward - hidden_f, raw.backward - hidden_b) * (1 - cfg.calibration.overlap.ep)
+
+
+def layer_cost(cfg: Config, index: int) -> ChunkCost:
+    """One layer's cost for one micro-batch."""
+    moe = cfg.model.is_moe(index)
+    work, traffic = compute.layer(cfg, index), compute.layer_traffic(cfg, index)
+    sec = [compute.seconds(w, cfg) + compute.traffic_seconds(b, cfg) for w, b in
+           zip((work.forward, work.backward, work.wgrad, work.recompute),
+               (traffic.forward, traffic.backward, traffic.wgrad, traffic.recompute), strict=True)]
+    overlap = cfg.calibration.overlap
+    tp = comm.tp_layer(cfg, moe) * (1 - overlap.tp)
+    cp = comm.cp_layer(cfg) * (1 - overlap.cp)
+    ep = _exposed_ep(cfg, compute.moe_parts(cfg)[1]) if moe else Pass()
+    if cfg.schedule.recompute.kind_of(index) == "full":
+        tp, cp, ep = (Pass(x.forward, x.backward + x.forward) for x in (tp, cp, ep))
+    params = memory.layer_params(cfg, index)
+    zero3 = comm.zero3_layer(cfg, params.dense + params.expert)  # prefetched behind the layer's own compute
+    dp = Pass(max(0.0, zero3.forward - sec[0]), max(0.0, zero3.backward - sec[1] - sec[2]))
+    device = Pass(sec[0] + tp.forward + cp.forward + ep.forward + dp.forward,
+                  sum(sec[1:]) + tp.backward + cp.backward + ep.backward + dp.backward)
+    return ChunkCost(*sec, tp=tp, cp=cp, ep=ep, dp=dp, idle=_host_wait(cfg, index, device))
+
+
+def _host_wait(cfg: Config, index: int, device: Pass) -> Pass:
+    """How long the device starves while the host issues a layer: PyTorch launches kernels asynchronously, so a
+    pass takes max(device time, host time). Host time is calibration.host_us_per_layer for a forward (twice for a
+    backward, once more for a recompute) plus host_us_per_collective for each TP / EP collective call."""
+    cal, p = cfg.calibration, cfg.parallel
+    calls = 2 * (p.tp > 1) + 2 * (p.ep > 1 and cfg.model.is_moe(index))
+    forward = (cal.host_us_per_layer + calls * cal.host_us_per_collective) * 1e-6
+    again = cfg.schedule.recompute.kind_of(index) == "full"
+    return Pass(max(0.0, forward - device.forward), max(0.0, (2 + again) * forward - device.backward))
+
+
+def chunk_costs(cfg: Config, chunks: list[range]) -> list[ChunkCost]:
+    """Per model chunk (model order): its layers, the embedding on the first, the output layer on the last."""
+    kinds: dict[int, ChunkCost] = {}
+    result = []
+    for layers in chunks:
+        total = ChunkCost()
+        for i, n in memory.layer_kinds(cfg, layers).items():
+            if i not in kinds:
+                kinds[i] = layer_cost(cfg, i)
+            total = total + kinds[i] * n
+        if cfg.parallel.zero == 3 and layers:  # the chunk's first gather has nothing to hide behind
+            first = memory.layer_params(cfg, layers[0])
+            total = total + ChunkCost(dp=Pass(comm.zero3_layer(cfg, first.dense + first.expert).forward, 0.0))
+        result.append(total)
+    head = compute.head(cfg)
+    embedding_tp, head_tp = comm.tp_embedding_head(cfg)
+    overlap_tp = 1 - cfg.calibration.overlap.tp
+    result[0] = result[0] + ChunkCost(tp=embedding_tp * overlap_tp)
+    result[-1] = result[-1] + ChunkCost(*(compute.seconds(x, cfg) for x in (head.forward, head.backward,
+                                                                              head.wgrad)), tp=head_tp * overlap_tp)
+    return result
+
+
+def _device_shares(cfg: Config, chunk: int) -> list[tuple[int, float]]:
+    """Which devices run a model chunk, and for what share of the micro-batches (DualPipe: both directions)."""
+    pp = cfg.parallel.pp
+    if cfg.schedule.kind == "dualpipe":
+        return [(chunk, 0.5), (pp - 1 - chunk, 0.5)]
+    return [(stages.device_of_chunk(cfg, chunk), 1.0)]
+
+
+def _optimizer_seconds(cfg: Config, states: memory.StageMemory) -> float:
+    """Adam reads the gradient and reads and writes the fp32 state, then writes the bf16 weight: memory-bound."""
+    hbm = cfg.hardware.hbm_bandwidth_gb_per_s
+    if hbm is None:
+        return 0.0
+    prec = cfg.precision
+    updated = states.optimizer / prec.optimizer_bytes
+    touched = updated * (2 * prec.optimizer_bytes + prec.grad_bytes + prec.param_bytes)
+    return touched / (hbm * 1e9 * cfg.calibration.memory_efficiency)
+
+
+def _exposed_tail(total: float, window: float, overlap: float) -> float:
+    """Once-a-step traffic beside the last micro-batch's pass: hidden up to ``overlap`` and no more than the pass."""
+    return max((1 - overlap) * total, total - window)
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    """One pipeline stage (device) over one step: seconds by dimension, memory by component."""
+
+    stage: int
+    layers: int
+    comp: float
+    mp_wait: float
+    cp_wait: float
+    ep_wait: float
+    dp_wait: float
+    pp_wait: float
+    idle: float
+    total: float
+    memory: memory.StageMemory
+    memory_limit: float
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.peak <= self.memory_limit
+
+
+@dataclass(frozen=True)
+class Estimate:
+    config: Config
+    chunks: list[range]
+    costs: list[ChunkCost]          # per model chunk, model order
+    stages: list[StageEstimate]
+    pipeline: pipeline.PipelineResult
+    p2p_s: float
+    tails: list[float]              # per stage: exposed once-a-step DP traffic after its last pass, seconds
+    optimizer: list[float]          # per stage: optimizer step, seconds
+
+    @property
+    def step_s(self) -> float:
+        return self.stages[0].total
+
+    @property
+    def fits(self) -> bool:
+        return all(s.fits for s in self.stages)
+
+    @property
+    def peak_memory(self) -> float:
+        return max(s.memory.peak for s in self.stages)
+
+    @cached_property
+    def time_frame(self) -> pl.DataFrame:
+        """Per stage, ms by dimension (DESIGN §4 column meanings)."""
+        return pl.DataFrame({
+            "stage": [s.stage for s in self.stages],
+            "layers": [s.layers for s in self.stages],
+            **{f"{d}_ms": [getattr(s, d) * 1e3 for s in self.stages] for d in DIMENSIONS},
+            "total_ms": [s.total * 1e3 for s in self.stages],
+        })
+
+    @cached_property
+    def memory_frame(self) -> pl.DataFrame:
+        """Per stage, GiB by component, the peak, and the headroom left (negative: by how much it does not fit)."""
+        parts = ("params", "grads", "optimizer", "activations", "comm_buffers", "overheads")
+        return pl.DataFrame({
+            "stage": [s.stage for s in self.stages],
+            **{f"{p}_gib": [getattr(s.memory, p) / memory.GIB for s in self.stages] for p in parts},
+            "peak_gib": [s.memory.peak / memory.GIB for s in self.stages],
+            "headroom_gib": [(s.memory_limit - s.memory.peak) / memory.GIB for s in self.stages],
+            "fits": [s.fits for s in self.stages],
+        })
+
+
+def _vpp(cfg: Config) -> int:
+    return 2 if cfg.schedule.kind == "zb-v" else cfg.parallel.vpp
+
+
+def model_flops(cfg: Config) -> float:
+    """FLOPs of one step over all GPUs without recompute: the numerator of MFU."""
+    p = cfg.parallel
+    per_gpu = compute.Work(0.0, 0.0, 0.0)
+    for i in range(cfg.model.layers):
+        per_gpu = per_gpu + compute.layer(cfg, i)
+    per_gpu = per_gpu + compute.head(cfg)
+    return (per_gpu.forward + per_gpu.backward + per_gpu.wgrad) * p.micro_batches * p.tp * p.cp * p.dp
+
+
+def ppb(cfg: Config) -> balance.Partition:
+    """Seed 003's PPB over this config: per-layer time (compute and exposed communication of one micro-batch) and
+    memory (model states, activations per in-flight micro-batch), plus what only the first and last stage carry
+    (a stage holding no layers: embedding, output layer, buffers and overheads), under hardware.hbm_gb."""
+    p, layers = cfg.parallel, range(cfg.model.layers)
+    kinds = {(cfg.model.is_moe(i), cfg.schedule.recompute.kind_of(i)): i for i in layers}
+    cost = {key: layer_cost(cfg, i) for key, i in kinds.items()}
+    static = {key: sum(memory.states(cfg, memory.layer_params(cfg, i))) for key, i in kinds.items()}
+    activation = {key: memory.layer_activation_bytes(cfg, i) for key, i in kinds.items()}
+    key = [(cfg.model.is_moe(i), cfg.schedule.recompute.kind_of(i)) for i in layers]
+    depth = pipeline.in_flight(cfg.schedule.kind, p.pp, p.micro_batches)
+    empty = [range(0)] * p.pp
+    edges = [c.stage_cost() for c in chunk_costs(cfg, empty)]
+    terms = balance.StageTerms(
+        layer_activation=[activation[k] for k in key], in_flight=depth,
+        stage_cost=[c.forward_s + c.backward_s + c.wgrad_s for c in edges],
+        stage_memory=[s.peak for s in memory.stage_memory(cfg, empty, depth)])
+    seconds = [cost[k].stage_cost() for k in key]
+    return balance.balance([c.forward_s + c.backward_s + c.wgrad_s for c in seconds], [static[k] for k in key],
+                           p.pp, cfg.hardware.hbm_gb * memory.GIB, terms)
+
+
+def peak_memory(cfg: Config, per_device: list[int] | None = None) -> float:
+    """The largest stage's peak bytes, without simulating the step (the search's first filter)."""
+    depth = pipeline.in_flight(cfg.schedule.kind, cfg.parallel.pp, cfg.micro_batches, _vpp(cfg))
+    return max(s.peak for s in memory.stage_memory(cfg, stages.chunk_layers(cfg, per_device), depth))
+
+
+def lower_bound(cfg: Config, per_device: list[int] | None = None) -> float:
+    """No step is shorter than its busiest stage's own passes (no bubble, p2p or DP tail; DualPipe may hide all EP
+    under other chunks' compute): lets the search skip a simulation that cannot make its top list."""
+    chunks = stages.chunk_layers(cfg, per_device)
+    busy = [0.0] * cfg.parallel.pp
+    for k, cost in enumerate(chunk_costs(cfg, chunks)):
+        one = cost.stage_cost()
+        hideable = one.ep_exposed_s if cfg.schedule.kind == "dualpipe" else 0.0
+        for device, share in _device_shares(cfg, k):
+            busy[device] += share * (one.forward_s + one.backward_s + one.wgrad_s - hideable)
+    return cfg.micro_batches * max(busy)
+
+
+def estimate(cfg: Config, per_device: list[int] | None = None) -> Estimate:
+    """Estimate one step of ``cfg``; ``per_device`` overrides the layers per pipeline device (balancing)."""
+    p, cal, kind = cfg.parallel, cfg.calibration, cfg.schedule.kind
+    m = p.micro_batches
+    if per_device is None and cfg.schedule.stage_layers == "ppb":
+        per_device = list(ppb(cfg).stage_partition)
+    chunks = stages.chunk_layers(cfg, per_device)
+    costs = chunk_costs(cfg, chunks)
+    order = pipeline.segment_cost_index(kind, p.pp, _vpp(cfg))
+    stage_costs: list[pipeline.StageCost] = [pipeline.StageCost(0, 0, 0)] * len(order)
+    for k, i in enumerate(order):
+        stage_costs[i] = costs[k].stage_cost()
+    p2p_s = comm.pp_p2p(cfg)
+    result = pipeline.simulate(kind, stage_costs, m, p2p_s, _vpp(cfg), cal.ep_bubble_overlap_ratio)
+    mem = memory.stage_memory(cfg, chunks, result.in_flight)
+
+    per_device = [ChunkCost()] * p.pp
+    layer_count = [0] * p.pp
+    for k, cost in enumerate(costs):
+        for device, share in _device_shares(cfg, k):
+            per_device[device] = per_device[device] + cost * share
+            layer_count[device] += len(chunks[k])
+    held = memory.device_params(cfg, chunks)
+    tails, optimizer = [], []
+    for device in range(p.pp):
+        sync = comm.dp_step(cfg, held[device].dense, held[device].expert)
+        one = per_device[device]
+        window_b = one.backward + one.wgrad + one.recompute
+        tails.append(_exposed_tail(sync.reduce, window_b, cal.overlap.dp)
+                     + _exposed_tail(sync.gather, one.forward, cal.overlap.dp))
+        optimizer.append(_optimizer_seconds(cfg, mem[device]))
+    idle = cal.step_overhead_ms * 1e-3
+    total = result.makespan_s + max(t + o for t, o in zip(tails, optimizer, strict=True)) + idle
+    limit = cfg.hardware.hbm_gb * memory.GIB
+    rows = []
+    for device in range(p.pp):
+        one = per_device[device]
+        comp = m * one.compute + optimizer[device]
+        mp = m * (one.tp.forward + one.tp.backward)
+        idle_i = m * (one.idle.forward + one.idle.backward) + idle
+        cp = m * (one.cp.forward + one.cp.backward)
+        ep = m * (one.ep.forward + one.ep.backward) - result.ep_overlapped_s[device]
+        dp = m * (one.dp.forward + one.dp.backward) + tails[device]
+        pp = total - comp - mp - cp - ep - dp - idle_i
+        rows.append(StageEstimate(device, layer_count[device], comp, mp, cp, ep, dp, pp, idle_i, total, mem[device],
+                                  limit))
+    return Estimate(cfg, chunks, costs, rows, result, p2p_s, tails, optimizer)

@@ -1,0 +1,191 @@
+"""Peak device memory of each pipeline stage, by component, and whether it fits.
+
+Model states: parameters, gradients and optimizer state per parameter a GPU holds (Precision: bf16 weights, fp32
+main grads, fp32 Adam = 2 + 4 + 12 bytes), sharded by the ZeRO level over the dp x cp group (Megatron's
+distributed optimizer group). Routed experts are split by ep x etp; with ``expert_zero3_sharding`` they are
+further sharded like the dense states over the expert-data-parallel group, which cancels EP (seed 000 P2), and
+without it EP alone shrinks them, linearly.
+
+Activations per layer and micro-batch follow Korthikanti et al. 2022 (34·s·b·h + 5·a·s²·b bytes for GPT, with
+tensor / sequence parallelism and selective / full recompute), generalized to GQA, gated MLPs, FlashAttention
+(no s x s scores kept) and MoE (each routed token copy keeps its expert input and FFN intermediates). A stage
+keeps as many micro-batches in flight as its simulated schedule does (1F1B stage i: min(pp - i, m)). The runtime
+overheads seed 000 P1 found (output-layer activations, communication double buffers, graph memory) are
+``safety_buffer_mb / tp`` and ``tp_shardable_overhead_mb / tp``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, fields
+
+from traceana.estimator import stages
+from traceana.estimator.compute import tokens
+from traceana.estimator.config import Config
+
+MIB = 1024**2
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Params:
+    """Parameters one GPU holds for a piece of the model, before ZeRO sharding: dense (incl. shared experts) and
+    routed-expert counts."""
+
+    dense: float = 0.0
+    expert: float = 0.0
+
+    def __add__(self, other: Params) -> Params:
+        return Params(self.dense + other.dense, self.expert + other.expert)
+
+    def __mul__(self, k: float) -> Params:
+        return Params(self.dense * k, self.expert * k)
+
+
+def _mlp_params(cfg: Config, ffn: float) -> float:
+    return (3 if cfg.model.gated_mlp else 2) * cfg.model.hidden * ffn
+
+
+def attention_params(cfg: Config) -> float:
+    """One layer's attention weights (whole, before TP)."""
+    m = cfg.model
+    if m.mla:
+        qk, v = m.hd + m.qk_rope_head_dim, m.v_head_dim or m.hd
+        q = m.hidden * m.q_lora_rank + m.q_lora_rank * m.heads * qk if m.q_lora_rank else m.hidden * m.heads * qk
+        return q + m.hidden * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * m.heads * (m.hd + v) \
+            + m.heads * v * m.hidden
+    return m.hidden * (2 * m.heads * m.hd + 2 * m.kv * m.hd)
+
+
+def layer_params(cfg: Config, index: int) -> Params:
+    """One layer's parameters on one GPU: attention and dense/shared MLP split by tp, routed experts by ep x etp."""
+    m, p = cfg.model, cfg.parallel
+    dense = (attention_params(cfg) + 4 * m.hidden) / p.tp
+    if not m.is_moe(index):
+        return Params(dense + _mlp_params(cfg, m.ffn_hidden) / p.tp)
+    shared = _mlp_params(cfg, m.expert_ffn * m.shared_experts) / p.tp + m.hidden * m.experts
+    return Params(dense + shared, m.experts * _mlp_params(cfg, m.expert_ffn) / (p.ep * p.expert_tp))
+
+
+def embedding_params(cfg: Config) -> float:
+    return cfg.model.vocab * cfg.model.hidden / cfg.parallel.tp
+
+
+def layer_kinds(cfg: Config, layers: range) -> Counter[int]:
+    """The layers of ``layers`` grouped by what decides their cost (dense or MoE, recompute kind): a representative
+    index -> how many layers share it. Costs are computed once per kind, not once per layer."""
+    first: dict[tuple[bool, str], int] = {}
+    counts: Counter[int] = Counter()
+    for i in layers:
+        counts[first.setdefault((cfg.model.is_moe(i), cfg.schedule.recompute.kind_of(i)), i)] += 1
+    return counts
+
+
+def device_params(cfg: Config, chunk_layers: list[range]) -> list[Params]:
+    """Parameters per pipeline device (all its chunks), with the embedding on the first chunk's device and the
+    output layer on the last chunk's (a tied output layer on a single device counts once)."""
+    pp = cfg.parallel.pp
+    result = [Params()] * pp
+    for k, layers in enumerate(chunk_layers):
+        device = stages.device_of_chunk(cfg, k)
+        for i, n in layer_kinds(cfg, layers).items():
+            result[device] = result[device] + layer_params(cfg, i) * n
+    first, last = stages.device_of_chunk(cfg, 0), stages.device_of_chunk(cfg, len(chunk_layers) - 1)
+    result[first] = result[first] + Params(embedding_params(cfg))
+    if not (cfg.model.tied_embeddings and first == last):
+        result[last] = result[last] + Params(embedding_params(cfg))
+    if cfg.schedule.kind == "dualpipe":  # each device also holds the mirror stage: two copies of the parameters
+        result = [result[i] + result[pp - 1 - i] for i in range(pp)]
+    return result
+
+
+def layer_activation_bytes(cfg: Config, index: int) -> float:
+    """Bytes one layer keeps from its forward until its backward, for one micro-batch on one GPU."""
+    m, p = cfg.model, cfg.parallel
+    t, h, a = tokens(cfg), m.hidden, cfg.precision.activation_bytes
+    replicated_div = p.tp if p.sequence_parallel else 1
+    kind = cfg.schedule.recompute.kind_of(index)
+    if kind == "full":
+        return a * t * h / replicated_div
+    q = m.heads * (m.hd + m.qk_rope_head_dim) / p.tp
+    kv = (m.heads * (2 * m.hd + m.qk_rope_head_dim) / p.tp if m.mla
+          else 2 * max(1, m.kv // p.tp) * m.hd if m.kv < p.tp else 2 * m.kv * m.hd / p.tp)
+    # layer norms' inputs (2), attention input, MLP input: a bytes each; dropout masks after attention and MLP: 1
+    replicated = t * h * (4 * a + 2) / replicated_div
+    attention = a * t * (2 * q + kv)  # Q, K, V, and the output projection's input
+    if not m.flash_attention and kind != "selective":
+        attention += (2 * a + 1) * (m.heads / p.tp) * t * m.seq_len  # softmax out, dropout mask, dropout out
+    intermediates = 3 if m.gated_mlp else 2  # gate and up outputs and their product / fc1 output and GeLU output
+    if m.is_moe(index):
+        copies = t * m.moe_topk * m.capacity_factor / p.tp
+        routed = copies * (2 * a * h * p.expert_tp + intermediates * a * m.expert_ffn)
+        mlp = routed + intermediates * a * t * m.expert_ffn * m.shared_experts / p.tp
+    else:
+        mlp = intermediates * a * t * m.ffn_hidden / p.tp
+    return replicated + attention + mlp
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Peak bytes of one pipeline device by component."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    comm_buffers: float
+    overheads: float
+
+    @property
+    def peak(self) -> float:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+
+def states(cfg: Config, held: Params) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes of the parameters ``held``, after ZeRO sharding."""
+    p, prec = cfg.parallel, cfg.precision
+    group = (p.zero_shard or p.dp) * p.cp
+    expert_group = p.layout.edp if p.expert_zero3_sharding else 1
+    out = []
+    for level, size in ((3, prec.param_bytes), (2, prec.grad_bytes), (1, prec.optimizer_bytes)):
+        shard = p.zero >= level
+        out.append(held.dense * size / (group if shard else 1) + held.expert * size / (expert_group if shard else 1))
+    return out[0], out[1], out[2]
+
+
+def comm_buffer_bytes(cfg: Config) -> float:
+    """Buffers the collectives allocate beside the tensors: all-to-all send + receive, the sequence-parallel
+    all-gather output, and the pipeline's send + receive."""
+    p, m, a = cfg.parallel, cfg.model, cfg.precision.activation_bytes
+    t = tokens(cfg)
+    ep = 2 * t / (p.tp if p.sequence_parallel else 1) * m.moe_topk * m.capacity_factor * m.hidden * a \
+        if p.ep > 1 else 0.0
+    sp = t * m.hidden * a if p.sequence_parallel and p.tp > 1 else 0.0
+    pp = 2 * t * m.hidden * a / (p.tp if p.sequence_parallel else 1) if p.pp > 1 else 0.0
+    return ep + sp + pp
+
+
+def stage_memory(cfg: Config, chunk_layers: list[range], depth: list[float]) -> list[StageMemory]:
+    """Peak memory of every pipeline device, in device order. ``depth`` is each device's peak in-flight
+    micro-batches in units of its share of layers, as the schedule keeps them (pipeline.in_flight)."""
+    p, m = cfg.parallel, cfg.model
+    held = device_params(cfg, chunk_layers)
+    activation = [0.0] * p.pp
+    for k, layers in enumerate(chunk_layers):
+        activation[stages.device_of_chunk(cfg, k)] += sum(layer_activation_bytes(cfg, i) * n
+                                                          for i, n in layer_kinds(cfg, layers).items())
+    if cfg.schedule.kind == "dualpipe":  # a device's micro-batches run through its own and its mirror stage
+        activation = [(activation[i] + activation[p.pp - 1 - i]) / 2 for i in range(p.pp)]
+    t, div = tokens(cfg), p.tp if p.sequence_parallel else 1
+    first, last = stages.device_of_chunk(cfg, 0), stages.device_of_chunk(cfg, len(chunk_layers) - 1)
+    embedding = t * m.hidden / div + 8 * t          # dropout mask of the embedding output, token ids
+    output = 4 * t * (m.hidden + m.vocab) / p.tp    # final norm output and fp32 logits (Korthikanti §4.3)
+    overheads = (cfg.calibration.safety_buffer_mb + cfg.calibration.tp_shardable_overhead_mb) * MIB / p.tp
+    buffers = comm_buffer_bytes(cfg)
+    result = []
+    for device in range(p.pp):
+        edges = (embedding * depth[device] if device == first else 0.0) + (output if device == last else 0.0)
+        params, grads, optimizer = states(cfg, held[device])
+        result.append(StageMemory(params, grads, optimizer, activation[device] * depth[device] + edges, buffers,
+                                  overheads))
+    return result
