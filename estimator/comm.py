@@ -43,7 +43,7 @@ def _group(cfg: Config, dims: tuple[str, ...], expert: bool, limit: dict[str, in
         strides[name] = acc
         acc *= sizes[name]
     offsets = [0]
-    for dim in dims:
+    for dim in (d for d in dims if d in strides):  # a dim the order leaves out has size 1
         step, count = limit.get(dim, (1, sizes[dim]))
         offsets = [o + i * step * strides[dim] for o in offsets for i in range(count)]
     return offsets
