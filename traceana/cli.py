@@ -149,3 +149,6 @@ from traceana.estimator.cli import estimate, search  # noqa: E402
 
 app.command()(estimate)
 app.command()(search)
+from traceana.compare_cli import compare  # noqa: E402
+
+app.command()(compare)

@@ -1,0 +1,228 @@
+"""Fit the calibration block to measured rows by least squares, and say how well it does on rows it never saw.
+
+The rows are split before anything is fitted: every other row (1st, 3rd, ...) is fitted, the others are held out;
+with a single row there is nothing to hold out and only in-sample residuals are reported, never as accuracy.
+
+The model is the estimator itself, so the fit is Levenberg–Marquardt with a finite-difference Jacobian, bounded to
+each knob's valid range. A residual is the estimate's error on one measured quantity of one row, relative to the
+row's measured TOTAL for the breakdown dims (a dim measured as 0 still counts, in proportion to the step) and to
+the measured value itself for TOTAL and peak memory. Knobs no measured quantity depends on, and knobs that move the
+residuals exactly as an earlier knob does (safety_buffer_mb and tp_shardable_overhead_mb both scale as 1/tp), are
+left as they were and reported as such.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+import yaml
+
+from traceana.compare import PEAK, estimated_quantities
+from traceana.estimator.config import Config
+from traceana.estimator.estimate import estimate
+from traceana.sweep import Row, get_path, replace_path, rows_frame, statistics
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A fitted config field, its valid range, the smallest step scale (so a knob at 0 can still move), and for a
+    rate, how far a fit may move it (see MAX_FACTOR)."""
+
+    path: tuple[str, ...]
+    lo: float
+    hi: float
+    floor: float
+    rate: bool = False
+
+    @property
+    def name(self) -> str:
+        return ".".join(self.path)
+
+
+KNOBS = (
+    Knob(("calibration", "matmul_efficiency"), 1e-3, 1.0, 0.05),
+    Knob(("hardware", "bandwidth_gb_per_s", "intra"), 1e-3, 1e5, 1.0, rate=True),
+    Knob(("hardware", "bandwidth_gb_per_s", "inter"), 1e-3, 1e5, 1.0, rate=True),
+    Knob(("hardware", "latency_us", "intra"), 0.0, 1e6, 1.0),
+    Knob(("hardware", "latency_us", "inter"), 0.0, 1e6, 1.0),
+    *(Knob(("calibration", "overlap", dim), 0.0, 1.0, 0.1) for dim in ("tp", "cp", "ep", "dp")),
+    Knob(("calibration", "step_overhead_ms"), 0.0, 1e6, 1.0),
+    Knob(("calibration", "host_us_per_layer"), 0.0, 1e6, 10.0),
+    Knob(("calibration", "safety_buffer_mb"), 0.0, 1e7, 256.0),
+    Knob(("calibration", "tp_shardable_overhead_mb"), 0.0, 1e7, 256.0),
+)
+FD_STEP = 1e-3       # finite-difference step, in units of a knob's scale
+MAX_ITERATIONS = 25
+TOLERANCE = 1e-4     # stop when an iteration lowers the squared residuals by less than this fraction
+# A fit moves a rate (bandwidth) at most this factor away from its configured value: beyond that the model is
+# compensating for something it lacks (a 10^5 GB/s link), which is not a calibration.
+MAX_FACTOR = 10.0
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What was fitted on which rows, and how it scores in-sample (fit rows) and held out (the other rows)."""
+
+    fit_rows: list[str]
+    held_out_rows: list[str]
+    knobs: pl.DataFrame           # knob, before, fitted, status
+    values: dict[tuple[str, ...], float]  # the fitted knobs
+    in_sample: pl.DataFrame       # quantity, rows, mape_pct_before, mape_pct_after (residuals, not accuracy)
+    held_out: pl.DataFrame | None  # quantity, rows, MAPE and Pearson r before and after (None: no held-out rows)
+    cost_before: float
+    cost_after: float
+    iterations: int
+
+
+def split(rows: list[Row]) -> tuple[list[Row], list[Row]]:
+    """(fit, held out): the 1st, 3rd, 5th ... rows and the 2nd, 4th ...; a single row is fitted and nothing held."""
+    return (rows, []) if len(rows) < 2 else (rows[0::2], rows[1::2])
+
+
+def residuals(rows: list[Row], configs: list[Config]) -> np.ndarray:
+    """Every (row, quantity) error, relative as the module docstring says."""
+    out = []
+    for row, cfg in zip(rows, configs, strict=True):
+        est = estimated_quantities(estimate(cfg))
+        total = row.measured.get("TOTAL_ms")
+        for key, measured in sorted(row.measured.items()):
+            scale = measured if key in (PEAK, "TOTAL_ms") or not total else total
+            if key in est and scale:
+                out.append((est[key] - measured) / scale)
+    return np.asarray(out)
+
+
+def fit(rows: list[Row]) -> Fit:
+    """Fit the knobs on the fit half of ``rows`` and evaluate them on the held-out half."""
+    train, held = split(rows)
+    start = np.array([float(get_path(train[0].config, k.path)) for k in KNOBS])
+    scale = np.maximum(np.abs(start), [k.floor for k in KNOBS])
+    rate = np.array([k.rate for k in KNOBS])
+    lo = (np.where(rate, np.maximum([k.lo for k in KNOBS], start / MAX_FACTOR), [k.lo for k in KNOBS]) - start) / scale
+    hi = (np.where(rate, np.minimum([k.hi for k in KNOBS], start * MAX_FACTOR), [k.hi for k in KNOBS]) - start) / scale
+
+    def configs(z: np.ndarray, active: list[int]) -> list[Config]:
+        x = start + scale * z
+        result = []
+        for row in train:
+            cfg = row.config
+            for i in active:
+                cfg = replace_path(cfg, KNOBS[i].path, float(x[i]))
+            result.append(cfg)
+        return result
+
+    def jacobian(z: np.ndarray, r: np.ndarray, active: list[int]) -> np.ndarray:
+        columns = []
+        for i in active:
+            dz = FD_STEP if z[i] + FD_STEP <= hi[i] else -FD_STEP
+            moved = z.copy()
+            moved[i] += dz
+            columns.append((residuals(train, configs(moved, active)) - r) / dz)
+        return np.column_stack(columns)
+
+    everything = list(range(len(KNOBS)))
+    z = np.zeros(len(KNOBS))
+    r0 = residuals(train, configs(z, everything))
+    active, status = _identifiable(jacobian(z, r0, everything))
+    z, r, iterations = _levenberg_marquardt(z, r0, active, lo, hi, lambda q: residuals(train, configs(q, active)),
+                                            lambda q, rq: jacobian(q, rq, active))
+    fitted = start + scale * z
+    values = {KNOBS[i].path: float(fitted[i]) for i in active}
+    bound = np.isclose(z, lo, rtol=0, atol=1e-9) | np.isclose(z, hi, rtol=0, atol=1e-9)
+    status = [f"{s} (at the bound of its range)" if i in active and bound[i] else s for i, s in enumerate(status)]
+    knobs = pl.DataFrame({"knob": [k.name for k in KNOBS], "before": start.tolist(),
+                          "fitted": [float(fitted[i]) if i in active else None for i in everything],
+                          "status": status})
+    return Fit([r.label for r in train], [r.label for r in held], knobs, values,
+               _before_after(train, values, ("mape_pct",)),
+               _before_after(held, values, ("mape_pct", "pearson_r")) if held else None,
+               float(r0 @ r0), float(r @ r), iterations)
+
+
+def apply(values: dict[tuple[str, ...], float], cfg: Config) -> Config:
+    """``cfg`` with the fitted knob values."""
+    for path, value in values.items():
+        cfg = replace_path(cfg, path, value)
+    return cfg
+
+
+def _identifiable(jac: np.ndarray) -> tuple[list[int], list[str]]:
+    """Knobs worth fitting: a column that is zero (nothing measured depends on it) or lies in the span of the
+    columns kept before it (indistinguishable on these rows) is left out."""
+    active: list[int] = []
+    status = []
+    basis: list[np.ndarray] = []
+    for i in range(jac.shape[1]):
+        column = jac[:, i]
+        norm = float(np.linalg.norm(column))
+        if norm < 1e-9:
+            status.append("kept: no measured quantity depends on it")
+            continue
+        rest = column.copy()
+        for b in basis:
+            rest -= (rest @ b) * b
+        if np.linalg.norm(rest) < 1e-6 * norm:
+            twin = max(active, key=lambda j: abs(jac[:, j] @ column) / np.linalg.norm(jac[:, j]))
+            status.append(f"kept: moves the estimate exactly as {KNOBS[twin].name} does on these rows")
+            continue
+        basis.append(rest / np.linalg.norm(rest))
+        active.append(i)
+        status.append("fitted")
+    return active, status
+
+
+def _levenberg_marquardt(z: np.ndarray, r: np.ndarray, active: list[int], lo: np.ndarray, hi: np.ndarray,
+                         evaluate: Any, jacobian: Any) -> tuple[np.ndarray, np.ndarray, int]:
+    """Minimize |r|² over z[active] within [lo, hi] (steps clipped to the box), Marquardt-scaled damping."""
+    if not active:
+        return z, r, 0
+    damping, iterations = 1e-3, 0
+    for iterations in range(1, MAX_ITERATIONS + 1):  # noqa: B007  (the count is reported)
+        jac = jacobian(z, r)
+        gradient, normal = jac.T @ r, jac.T @ jac
+        improved = False
+        while damping < 1e10:
+            step = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12), -gradient)
+            trial = z.copy()
+            trial[active] = np.clip(z[active] + step, lo[active], hi[active])
+            r_trial = evaluate(trial)
+            if r_trial @ r_trial < r @ r:
+                improved = (r @ r - r_trial @ r_trial) > TOLERANCE * (r @ r)
+                z, r, damping = trial, r_trial, damping / 3
+                break
+            damping *= 4
+        if not improved:
+            break
+    return z, r, iterations
+
+
+def _before_after(rows: list[Row], values: dict[tuple[str, ...], float], stats: tuple[str, ...]) -> pl.DataFrame:
+    """Per quantity: ``stats`` of ``rows`` with their own configs (``<stat>_before``) and fitted (``<stat>_after``)."""
+    def scored(configs: list[Config] | None, suffix: str) -> pl.DataFrame:
+        frame = statistics(rows_frame(rows, configs)).filter(pl.col("estimator") == "traceana")
+        return frame.select("quantity", "rows", *[pl.col(s).name.suffix(suffix) for s in stats])
+
+    before = scored(None, "_before")
+    after = scored([apply(values, r.config) for r in rows], "_after").drop("rows")
+    return before.join(after, on="quantity", how="left")
+
+
+def calibration_yaml(result: Fit, base: Config, header: str) -> str:
+    """The fitted knobs as config sections (a partly fitted link or overlap block is written whole, its other
+    fields from ``base``), under a comment ``header``."""
+    sections: dict[str, Any] = {}
+    for path in result.values:
+        parent = path[:-1]
+        block = get_path(apply(result.values, base), parent)
+        target = sections
+        for name in parent[:-1]:
+            target = target.setdefault(name, {})
+        if len(parent) == 1:
+            target.setdefault(parent[0], {})[path[-1]] = result.values[path]
+        else:
+            target[parent[-1]] = {k: float(v) for k, v in vars(block).items()}
+    comment = "".join(f"# {line}\n" for line in header.splitlines())
+    return comment + yaml.safe_dump(sections, sort_keys=False)

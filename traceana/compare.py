@@ -1,0 +1,213 @@
+"""One run, estimate versus measured: per dimension, per pipeline stage, the straggler stage and peak memory.
+
+Measured numbers are the breakdown views' typical step (rank_breakdown: mean over steps after the first), averaged
+over ranks (``measured_ms``) with the worst rank beside it (``measured_max_ms``); per stage the same over the stage's
+ranks (stage_breakdown). The estimate has one row per pipeline stage, which stands for every rank of that stage, so
+its run-level value is the mean over stages (every stage has the same number of ranks) and its max the worst stage.
+The config must describe the run: a different world size, layout or pipeline size is an error, never a silent join.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+import polars as pl
+
+from traceana import breakdown as bd
+from traceana.errors import TraceanaError
+from traceana.estimator.config import Config
+from traceana.estimator.estimate import Estimate
+from traceana.estimator.memory import MIB
+from traceana.layout import Layout
+
+# Breakdown column -> the estimate's attribute (StageEstimate). OTHER_WAIT (communication of unknown dim) has none.
+ESTIMATED = {"COMP": "comp", "MP_WAIT": "mp_wait", "CP_WAIT": "cp_wait", "EP_WAIT": "ep_wait", "DP_WAIT": "dp_wait",
+             "PP_WAIT": "pp_wait", "IDLE": "idle", "TOTAL": "total"}
+DIMS = ("COMP", "MP_WAIT", "CP_WAIT", "EP_WAIT", "DP_WAIT", "PP_WAIT", "OTHER_WAIT", "IDLE", "TOTAL")
+ALWAYS_SHOWN = ("COMP", "TOTAL")
+NOISE_MS = 1e-6  # below the store's 1 ns resolution: the estimator's float remainders (PP_WAIT = TOTAL - rest)
+PEAK = "peak_memory_MiB"
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    """Frames of one run's comparison (ms, MiB); ``by_stage`` / ``memory`` are None when the run cannot say."""
+
+    run_id: str
+    by_dimension: pl.DataFrame   # dim, measured_ms, measured_max_ms, estimated_ms, estimated_max_ms, ratio, errors
+    by_stage: pl.DataFrame | None  # stage, dim, the same columns but estimated_max_ms (one estimate per stage)
+    straggler: pl.DataFrame | None  # stage, COMP measured / estimated, % of each side's straggler, flags
+    memory: pl.DataFrame | None  # stage, measured / estimated peak MiB, ratio, error
+    notes: list[str]
+
+    @property
+    def straggler_stages(self) -> tuple[int, int] | None:
+        """(measured, predicted) straggler stage."""
+        if self.straggler is None:
+            return None
+        pick = self.straggler.filter
+        return (pick(pl.col("measured_straggler"))["stage"][0], pick(pl.col("predicted_straggler"))["stage"][0])
+
+
+def check_matches(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config) -> None:
+    """One-line error when ``cfg`` cannot describe run ``run_id``: world size, layout (sizes and rank order) or
+    pipeline size differ."""
+    p = cfg.parallel
+    world, layout = con.execute("SELECT world_size, layout FROM runs WHERE run_id = ?", [run_id]).fetchall()[0]
+    if world != p.world_size:
+        raise TraceanaError(f"{cfg.source}: parallel tp x cp x dp x pp = {p.world_size} but run {run_id!r} has "
+                            f"{world} ranks")
+    if layout is not None:
+        measured, estimated = Layout.parse(layout), p.layout
+        for dim in ("pp", "tp", "cp", "ep", "dp", "expert_tp"):
+            if getattr(measured, dim) != getattr(estimated, dim):
+                raise TraceanaError(f"{cfg.source}: parallel.{dim.replace('expert_tp', 'etp')}="
+                                    f"{getattr(estimated, dim)} but run {run_id!r} was ingested with layout {layout}")
+        for rank in range(world):
+            if measured.coords(rank) != estimated.coords(rank):
+                raise TraceanaError(f"{cfg.source}: parallel.order={p.order} puts rank {rank} at "
+                                    f"{estimated.coords(rank)} but run {run_id!r} (layout {layout}) at "
+                                    f"{measured.coords(rank)}")
+    stages = con.execute("SELECT count(DISTINCT pp) FROM ranks WHERE run_id = ? AND pp IS NOT NULL",
+                         [run_id]).fetchall()[0][0]
+    if stages and stages != p.pp:
+        raise TraceanaError(f"{cfg.source}: parallel.pp={p.pp} but run {run_id!r} has {stages} pipeline stages")
+
+
+def estimated_stages(est: Estimate) -> pl.DataFrame:
+    """Per stage: ``<DIM>_ms`` for every estimated dim and the peak memory (MiB)."""
+    return pl.DataFrame({
+        "stage": [s.stage for s in est.stages],
+        **{f"{dim}_ms": [getattr(s, attr) * 1e3 for s in est.stages] for dim, attr in ESTIMATED.items()},
+        PEAK: [s.memory.peak / MIB for s in est.stages],
+    })
+
+
+def estimated_quantities(est: Estimate) -> dict[str, float]:
+    """The step as a sweep compares it: each dim's mean over stages (ms) and the largest stage's peak (MiB)."""
+    stages = est.stages  # plain Python: calibrate evaluates this thousands of times per fit
+    return {**{f"{dim}_ms": sum(getattr(s, attr) for s in stages) * 1e3 / len(stages)
+               for dim, attr in ESTIMATED.items()},
+            PEAK: max(s.memory.peak for s in stages) / MIB}
+
+
+def measured_quantities(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, float]:
+    """A run's typical step as a sweep compares it: each dim's mean over ranks (ms), the largest rank peak (MiB)."""
+    ranks = _by_rank(con, run_id)
+    result = {f"{dim}_ms": ranks[f"{dim}_ms"].mean() for dim in DIMS}
+    peaks = _rank_peaks(con, run_id)
+    if not peaks.is_empty():
+        result[PEAK] = peaks[PEAK].max()
+    return result
+
+
+def compare_run(con: duckdb.DuckDBPyConnection, run_id: str, est: Estimate) -> RunComparison:
+    """Join estimate ``est`` with run ``run_id``'s measured breakdown (after :func:`check_matches`)."""
+    check_matches(con, run_id, est.config)
+    notes: list[str] = []
+    ranks = _by_rank(con, run_id)
+    estimated = estimated_stages(est)
+    measured_run = ranks.select(
+        [pl.col(f"{d}_ms").mean().alias(f"{d}|mean") for d in DIMS]
+        + [pl.col(f"{d}_ms").max().alias(f"{d}|max") for d in DIMS])
+    estimated_run = estimated.select(
+        [pl.col(f"{d}_ms").mean().alias(f"{d}|mean") for d in ESTIMATED]
+        + [pl.col(f"{d}_ms").max().alias(f"{d}|max") for d in ESTIMATED])
+    by_dimension = _join(_long(measured_run.with_columns(stage=None), "measured"),
+                         _long(estimated_run.with_columns(stage=None), "estimated")).drop("stage")
+
+    stages = bd.by_stage(con, run_id).rename({"pp": "stage"})
+    if stages["stage"].null_count():
+        if est.config.parallel.pp > 1:
+            notes.append(f"run {run_id!r} has no layout, so its ranks have no pipeline stage: per-stage comparison "
+                         f"needs `traceana ingest --layout {est.config.parallel.layout.spec}`")
+            stages = None
+        else:
+            stages = stages.with_columns(stage=pl.lit(0, pl.Int32))
+    by_stage = straggler = None
+    if stages is not None:
+        measured_stage = stages.select(
+            "stage", *[pl.col(f"{d}_mean_ms").alias(f"{d}|mean") for d in DIMS],
+            *[pl.col(f"{d}_max_ms").alias(f"{d}|max") for d in DIMS])
+        estimated_stage = estimated.select("stage", *[pl.col(f"{d}_ms").alias(f"{d}|mean") for d in ESTIMATED])
+        by_stage = _join(_long(measured_stage, "measured"), _long(estimated_stage, "estimated")).drop(
+            "estimated_max_ms")  # one estimate per stage
+        straggler = _straggler(stages, estimated)
+    return RunComparison(run_id, by_dimension, by_stage, straggler, _memory(con, run_id, estimated), notes)
+
+
+def _by_rank(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
+    ranks = bd.by_rank(con, run_id)
+    if ranks.is_empty():
+        raise TraceanaError(f"run {run_id!r} has no device events, so nothing measured to compare")
+    return ranks
+
+
+def _long(frame: pl.DataFrame, side: str) -> pl.DataFrame:
+    """``stage`` plus ``DIM|mean`` / ``DIM|max`` columns -> rows (stage, dim, <side>_ms, <side>_max_ms)."""
+    values = [c for c in frame.columns if "|" in c]
+    long = frame.unpivot(values, index="stage", variable_name="key").with_columns(
+        pl.col("key").str.split("|").list.to_struct(fields=["dim", "stat"])).unnest("key")
+    wide = long.pivot("stat", index=["stage", "dim"], values="value")
+    if "max" not in wide.columns:
+        wide = wide.with_columns(max=pl.lit(None, pl.Float64))
+    return wide.select("stage", "dim", pl.col("mean").alias(f"{side}_ms"), pl.col("max").alias(f"{side}_max_ms"))
+
+
+def _join(measured: pl.DataFrame, estimated: pl.DataFrame) -> pl.DataFrame:
+    """Measured and estimated rows side by side, in DIMS order, with ratio and errors; dims that are zero on both
+    sides (below NOISE_MS) are left out (COMP and TOTAL always stay)."""
+    order = pl.col("dim").replace_strict({d: i for i, d in enumerate(DIMS)}, return_dtype=pl.Int32)
+    joined = measured.join(estimated, on=["stage", "dim"], how="left", nulls_equal=True)
+    return (
+        joined.filter(pl.col("dim").is_in(ALWAYS_SHOWN) | (pl.col("measured_ms") != 0)
+                      | (pl.col("estimated_ms").fill_null(0).abs() > NOISE_MS))
+        .with_columns(**ratio_columns("measured_ms", "estimated_ms"), error_ms=pl.col("estimated_ms")
+                      - pl.col("measured_ms"))
+        .sort(pl.col("stage"), order, nulls_last=False)
+        .select("stage", "dim", "measured_ms", "measured_max_ms", "estimated_ms", "estimated_max_ms",
+                "est_over_measured", "error_ms", "error_pct")
+    )
+
+
+def ratio_columns(measured: str, estimated: str) -> dict[str, pl.Expr]:
+    """est_over_measured and error_pct = 100 (estimated - measured) / measured; null where measured is 0."""
+    base = pl.when(pl.col(measured) != 0).then(pl.col(measured))
+    return {"est_over_measured": pl.col(estimated) / base,
+            "error_pct": 100 * (pl.col(estimated) - pl.col(measured)) / base}
+
+
+def _straggler(stages: pl.DataFrame, estimated: pl.DataFrame) -> pl.DataFrame:
+    """Per stage, COMP measured and estimated and as % of that side's straggler (largest COMP; ties: lower stage)."""
+    frame = stages.select("stage", measured_COMP_ms="COMP_mean_ms").join(
+        estimated.select("stage", estimated_COMP_ms="COMP_ms"), on="stage", how="left").sort("stage")
+    result = frame.with_columns(
+        measured_pct_of_straggler=100 * pl.col("measured_COMP_ms") / pl.col("measured_COMP_ms").max(),
+        estimated_pct_of_straggler=100 * pl.col("estimated_COMP_ms") / pl.col("estimated_COMP_ms").max(),
+        measured_straggler=pl.int_range(pl.len()) == pl.col("measured_COMP_ms").arg_max(),
+        predicted_straggler=pl.int_range(pl.len()) == pl.col("estimated_COMP_ms").arg_max(),
+    )
+    return result.select("stage", "measured_COMP_ms", "measured_pct_of_straggler", "estimated_COMP_ms",
+                         "estimated_pct_of_straggler", "measured_straggler", "predicted_straggler")
+
+
+def _rank_peaks(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
+    """Per rank that has memory samples: its pipeline stage and its largest allocated bytes, in MiB."""
+    return con.sql(
+        f"SELECT m.rank, k.pp AS stage, max(m.allocated_bytes) / {MIB} AS {PEAK} FROM memory m "
+        "LEFT JOIN ranks k ON k.run_id = m.run_id AND k.rank = m.rank WHERE m.run_id = ? "
+        "AND m.allocated_bytes IS NOT NULL GROUP BY ALL", params=[run_id]).pl()
+
+
+def _memory(con: duckdb.DuckDBPyConnection, run_id: str, estimated: pl.DataFrame) -> pl.DataFrame | None:
+    """Peak allocated memory per stage (mean and max over its ranks' peaks) against the estimated peak."""
+    peaks = _rank_peaks(con, run_id)
+    if peaks.is_empty():
+        return None
+    per_stage = peaks.with_columns(pl.col("stage").fill_null(0)).group_by("stage").agg(
+        measured_peak_MiB=pl.col(PEAK).mean(), measured_peak_max_MiB=pl.col(PEAK).max())
+    return (per_stage.join(estimated.select("stage", estimated_peak_MiB=PEAK), on="stage", how="left")
+            .with_columns(**ratio_columns("measured_peak_MiB", "estimated_peak_MiB"),
+                          error_MiB=pl.col("estimated_peak_MiB") - pl.col("measured_peak_MiB"))
+            .sort("stage"))

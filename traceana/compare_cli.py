@@ -1,0 +1,183 @@
+"""`traceana compare`: estimate versus measured for one run, or a sweep of runs / measured CSV rows, and --fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import polars as pl
+import typer
+
+from traceana import calibrate, store, sweep
+from traceana.cli import DbOption, JsonOption
+from traceana.compare import RunComparison, compare_run
+from traceana.errors import TraceanaError
+from traceana.estimator import config
+from traceana.estimator.estimate import estimate as run_estimate
+from traceana.output import emit, emit_json
+
+BIG_SWEEP = 30  # rows: beyond this the text output lists only the worst rows (--json has them all)
+
+
+def compare(
+    estimate: Annotated[Path, typer.Option("--estimate", help="Job YAML to estimate; its `runs:` list, if any, "
+                                           "makes a sweep (a run id each, with the overrides that run used).")],
+    runs: Annotated[list[str] | None, typer.Argument(help="Run ids (default: the config's runs:, else the latest "
+                                                     "run). Several make a sweep.", show_default=False)] = None,
+    measured: Annotated[Path | None, typer.Option("--measured", help="CSV of configuration and measured columns "
+                                                  "(e.g. ../shared/validation/*.csv): a sweep over its rows.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write estimated vs measured (PNG).")] = None,
+    fit: Annotated[bool, typer.Option("--fit", help="Fit the calibration block on every other row, report the "
+                                      "error on the rows held out.")] = False,
+    write_calibration: Annotated[Path | None, typer.Option("--write-calibration", help="Write the fitted values as "
+                                                           "YAML config sections (implies --fit).")] = None,
+    json: JsonOption = False,
+    db: DbOption = Path(store.DEFAULT_DB),
+) -> None:
+    """Estimate versus measured: per dimension and pipeline stage for one run; Pearson r, Spearman ρ and MAPE per
+    quantity over a sweep; --fit calibrates on half the rows and scores the other half."""
+    fit = fit or write_calibration is not None
+    if measured is not None and runs:
+        raise TraceanaError("give run ids or --measured CSV, not both")
+    if measured is not None:
+        base = config.load(estimate)
+        rows, notes = sweep.read_csv(measured, base)
+        title = f"{measured.name} vs {estimate.name}"
+    elif sweep.has_runs(estimate):
+        entries = sweep.load_runs(estimate)
+        if runs:
+            known = {e.name for e in entries}
+            unknown = [r for r in runs if r not in known]
+            if unknown:
+                raise TraceanaError(f"{estimate}: runs: has no entry {unknown[0]!r} (entries: {', '.join(known)})")
+            entries = [e for e in entries if e.name in runs]
+        rows, notes, base = _traced(entries, db), [], entries[0].config
+        title = f"{estimate.name} runs:"
+    else:
+        base = config.load(estimate)
+        if not runs or len(runs) == 1:
+            _one_run(base, estimate, runs[0] if runs else None, db, plot, fit, write_calibration, json)
+            return
+        rows, notes = _traced([config.Run(r, base, {}) for r in runs], db), []
+        title = f"runs {', '.join(runs)} vs {estimate.name}"
+    _sweep(rows, notes, base, title, plot, fit, write_calibration, json)
+
+
+def _traced(entries: list[config.Run], db: Path) -> list[sweep.Row]:
+    """Sweep rows of ``entries``, opening the store only when some entry is measured there."""
+    if all(e.measured for e in entries):
+        return sweep.traced_rows(None, entries)
+    with store.connect(db, read_only=not db.exists()) as con:
+        return sweep.traced_rows(con, entries)
+
+
+def _one_run(cfg: config.Config, cfg_path: Path, run: str | None, db: Path, plot: Path | None, fit: bool,
+             write_calibration: Path | None, json: bool) -> None:
+    est = run_estimate(cfg)
+    with store.connect(db, read_only=not db.exists()) as con:
+        run_id = store.resolve_run(con, run)
+        result = compare_run(con, run_id, est)
+        rows = sweep.traced_rows(con, [config.Run(run_id, cfg, {})]) if fit else []
+    fitted = calibrate.fit(rows) if fit else None
+    if plot is not None:
+        from traceana.compare_plot import run_scatter
+
+        run_scatter(result, plot, f"{run_id}: estimate ({cfg_path.name}) vs measured, per stage")
+    if json:
+        emit_json({"run_id": run_id, "config": str(cfg_path), **_frames(result), "notes": result.notes,
+                   **({"fit": _fit_json(fitted)} if fitted else {})})
+    else:
+        _print_run(result, cfg_path)
+        if fitted:
+            _print_fit(fitted)
+    _finish(fitted, write_calibration, cfg, f"run {run_id}", plot)
+
+
+def _frames(result: RunComparison) -> dict[str, Any]:
+    stages = result.straggler_stages
+    return {
+        "by_dimension": result.by_dimension.to_dicts(),
+        "by_stage": None if result.by_stage is None else result.by_stage.to_dicts(),
+        "straggler": None if stages is None else {"measured_stage": stages[0], "predicted_stage": stages[1],
+                                                  "agree": stages[0] == stages[1],
+                                                  "stages": result.straggler.to_dicts()},  # type: ignore[union-attr]
+        "memory": None if result.memory is None else result.memory.to_dicts(),
+    }
+
+
+def _print_run(result: RunComparison, cfg_path: Path) -> None:
+    what = "typical step: mean over steps after the first; measured mean over ranks, max the worst rank"
+    emit(result.by_dimension, title=f"{result.run_id} vs {cfg_path.name}: per dimension ({what})")
+    if result.by_stage is not None:
+        emit(result.by_stage, title="per pipeline stage (measured: mean and max over the stage's ranks)")
+    if result.straggler is not None:
+        measured, predicted = result.straggler_stages  # type: ignore[misc]
+        verdict = "agree" if measured == predicted else "DISAGREE"
+        emit(result.straggler, title=f"straggler stage (largest COMP): measured {measured}, predicted {predicted} "
+                                     f"- {verdict}")
+    if result.memory is not None:
+        emit(result.memory, title="peak memory per stage (measured: largest allocated bytes of each rank)")
+    for note in result.notes:
+        typer.echo(f"note: {note}", err=True)
+
+
+def _sweep(rows: list[sweep.Row], notes: list[str], base: config.Config, title: str, plot: Path | None, fit: bool,
+           write_calibration: Path | None, json: bool) -> None:
+    frame = sweep.rows_frame(rows)
+    stats = sweep.statistics(frame)
+    fitted = calibrate.fit(rows) if fit else None
+    if plot is not None:
+        from traceana.compare_plot import sweep_scatter
+
+        sweep_scatter(frame, plot, f"{title}: {len(rows)} rows")
+    if json:
+        emit_json({"title": title, "rows": frame.to_dicts(), "statistics": stats.to_dicts(), "notes": notes,
+                   **({"fit": _fit_json(fitted)} if fitted else {})})
+    else:
+        shown = frame if len(rows) <= BIG_SWEEP else frame.sort(pl.col("error_pct").abs(), descending=True,
+                                                                nulls_last=True).head(15)
+        which = "" if shown is frame else f" (the 15 worst of {frame.height}; --json lists all)"
+        emit(shown, title=f"{title}: estimated vs measured per row{which}")
+        emit(stats, title="per quantity: Pearson r, Spearman ρ, mean absolute % error, worst row")
+        if fitted:
+            _print_fit(fitted)
+        for note in notes:
+            typer.echo(f"note: {note}", err=True)
+    _finish(fitted, write_calibration, base, title, plot)
+
+
+def _print_fit(fitted: calibrate.Fit) -> None:
+    emit(fitted.knobs, title=f"--fit: knobs by least squares ({fitted.iterations} iterations, squared residuals "
+                             f"{fitted.cost_before:.4g} -> {fitted.cost_after:.4g})")
+    emit(fitted.in_sample, title=f"in-sample residuals on the {len(fitted.fit_rows)} fit rows (not accuracy): "
+                                 f"{_listing(fitted.fit_rows)}")
+    if fitted.held_out is None:
+        typer.echo("no held-out rows (a single row was fitted), so no accuracy can be claimed")
+    else:
+        emit(fitted.held_out, title=f"held-out accuracy on the {len(fitted.held_out_rows)} rows not fitted: "
+                                    f"{_listing(fitted.held_out_rows)}")
+
+
+def _listing(labels: list[str]) -> str:
+    return ", ".join(labels) if len(labels) <= 12 else f"{', '.join(labels[:6])}, ... {labels[-1]} (every other row)"
+
+
+def _fit_json(fitted: calibrate.Fit) -> dict[str, Any]:
+    return {"fit_rows": fitted.fit_rows, "held_out_rows": fitted.held_out_rows, "iterations": fitted.iterations,
+            "squared_residuals_before": fitted.cost_before, "squared_residuals_after": fitted.cost_after,
+            "knobs": fitted.knobs.to_dicts(), "in_sample": fitted.in_sample.to_dicts(),
+            "held_out": None if fitted.held_out is None else fitted.held_out.to_dicts()}
+
+
+def _finish(fitted: calibrate.Fit | None, write_calibration: Path | None, base: config.Config, source: str,
+            plot: Path | None) -> None:
+    if fitted is not None and write_calibration is not None:
+        header = (f"calibration fitted by `traceana compare --fit` on {source}\nfit rows: "
+                  f"{_listing(fitted.fit_rows)}\nheld out: {_listing(fitted.held_out_rows) or 'none'}")
+        try:
+            write_calibration.write_text(calibrate.calibration_yaml(fitted, base, header))
+        except OSError as exc:
+            raise TraceanaError(f"--write-calibration {write_calibration}: cannot write ({exc.strerror})") from None
+        typer.echo(f"wrote {write_calibration}", err=True)
+    if plot is not None:
+        typer.echo(f"wrote {plot}", err=True)
