@@ -75,7 +75,7 @@ def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, t
     origin = windows["start_ns"].min()
     dims = [d for d in DIM_LANES if d in set(intervals["lane"].to_list())]
     rows = {rank: i for i, rank in enumerate(windows["rank"].to_list())}
-    fig, ax = plt.subplots(figsize=(12, max(3.0, 0.45 * len(rows) + 1.5)))
+    fig, ax = plt.subplots(figsize=(12, min(max(3.0, 0.45 * len(rows) + 1.5), 30.0)))
     band = 0.45 / max(len(dims), 1)  # the lower half of a lane is shared by the dims that communicate in this step
     spans = {"COMP": (0.05, 0.4)} | {d: (0.5 + i * band, band) for i, d in enumerate(dims)}  # y grows downwards
     for (lane,), group in intervals.with_columns(
@@ -91,10 +91,10 @@ def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, t
         w = windows.filter(pl.col("rank") == rank)
         ax.add_patch(plt.Rectangle(((w["start_ns"][0] - origin) / 1e6, y + 0.02), (w["end_ns"][0] - w["start_ns"][0])
                                    / 1e6, 0.96, fill=False, edgecolor="0.75", linewidth=0.5))
-    stages = windows["pp"].to_list()
-    ax.set_yticks([y + 0.5 for y in rows.values()],
-                  [f"rank {r}" + (f" (stage {s})" if s is not None else "") for r, s in zip(rows, stages, strict=True)],
-                  fontsize=7)
+    labels = [f"rank {r}" + (f" (stage {s})" if s is not None else "")
+              for r, s in zip(rows, windows["pp"].to_list(), strict=True)]
+    every = max(1, len(rows) // 64)  # at most 64 labels
+    ax.set_yticks([y + 0.5 for y in list(rows.values())[::every]], labels[::every], fontsize=7)
     ax.set_ylim(0, len(rows))
     ax.invert_yaxis()
     ax.set_xlim(0, (windows["end_ns"].max() - origin) / 1e6)

@@ -120,8 +120,8 @@ def stragglers(
         late = bd.late_ranks(con, rid)
     if per_rank.is_empty():
         raise TraceanaError(f"run {rid!r} has no device events, so no stragglers")
-    stage = per_rank.filter(pl.col("straggler_stage"))["pp"][0]
     stage_ranks = per_rank.filter(pl.col("straggler_stage"))
+    stage = stage_ranks["pp"][0]
     slow = per_rank.filter(pl.col("COMP_excess_pct") > threshold).drop("straggler_stage")
     if json:
         emit_json({"run_id": rid, "threshold_pct": threshold, "straggler_stage": stage,
@@ -131,4 +131,4 @@ def stragglers(
     where = f"stage {stage}" if stage is not None else "all ranks (no pipeline stages: the run has no layout)"
     typer.echo(f"{rid}: straggler stage: {where}, mean COMP {stage_ranks['COMP_ms'].mean():,.3f} ms per step")
     emit(slow, title=f"ranks whose COMP exceeds their stage's median by more than {threshold:g}%")
-    emit(late, title="ranks most often last to arrive at a collective (the others waited for them)")
+    emit(late, title="ranks the others waited for: last to arrive at collectives, by dim")
