@@ -1,11 +1,13 @@
 """CPU-only PyTorch profiler runs (gloo): the process is the device.
 
-Compute is the main thread's innermost CPU ops (leaves: no op starts inside them). Outer ops are not used because
-they can hold a blocking wait: a custom autograd Function whose forward all-reduces spans the whole collective, and
-counting it would hide that wait as compute. Leaves never overlap, so nothing is counted twice; the gaps between
-them inside a parent (dispatcher and Python overhead) are host time, IDLE. The host side of communication calls
-(``c10d::*``) is not compute. Communication is the ``gloo:*`` ranges that gloo's worker threads
-record. Those ranges carry op and shape but no process group, so the group is inferred:
+Compute is the main thread's outermost *operator* calls: dispatcher ops named ``namespace::op`` (aten::mm,
+a custom library's op), nested ones folded into their parent so nothing counts twice. Python-level ranges are
+not compute because they can hold a blocking wait: a custom autograd Function whose forward all-reduces, or an
+``autograd::engine::evaluate_function: ...`` node, spans the whole collective, and counting it would hide that wait
+as compute. Leaf ops alone would lose work too (aten::mm has a sub-microsecond aten::resolve_conj child). The
+host side of communication (``c10d::*``) and autograd bookkeeping are not compute; time between operators
+(Python and dispatcher overhead) is host time, IDLE. Communication is the ``gloo:*`` ranges that gloo's worker
+threads record. Those ranges carry op and shape but no process group, so the group is inferred:
 
 - collectives (evidence ``timing-match``): every gloo worker thread serves one group, and a collective cannot end
   on one member before it has started on every other member. For each worker thread and each candidate group of its
@@ -26,7 +28,7 @@ from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_o
 from traceana.ingest.dispatch import IngestOptions
 
 _STEP = r"^ProfilerStep#(\d+)$"
-_HOST_COMM = r"^(c10d::|record_param_comms|nccl:|gloo:)"
+_NOT_COMPUTE = r"^(c10d::|autograd::|torch::autograd::|profiler::)"  # operator-named, but waits or bookkeeping
 
 
 def cpu_frames(con: duckdb.DuckDBPyConnection, file_rank: pl.DataFrame, groups: pl.DataFrame,
@@ -43,11 +45,14 @@ def cpu_frames(con: duckdb.DuckDBPyConnection, file_rank: pl.DataFrame, groups: 
     compute = con.sql(f"""
         WITH ops AS (
             SELECT e.f, CAST(e.tid AS BIGINT) AS stream, e.start_ns, e.end_ns, e.name,
-                   lead(e.start_ns) OVER (PARTITION BY e.f ORDER BY e.start_ns, e.end_ns DESC) AS next_start
-            FROM ev e JOIN main_thread m USING (f, tid) WHERE e.cat = 'cpu_op'
+                   max(e.end_ns) OVER (PARTITION BY e.f ORDER BY e.start_ns, e.end_ns DESC
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered_until
+            FROM ev e JOIN main_thread m USING (f, tid)
+            WHERE e.cat = 'cpu_op' AND regexp_matches(e.name, '^[A-Za-z_][A-Za-z0-9_]*::')
+              AND NOT regexp_matches(e.name, '{_NOT_COMPUTE}')
         )
         SELECT f, stream, start_ns, end_ns, name, 'compute' AS category FROM ops
-        WHERE (next_start IS NULL OR next_start >= end_ns) AND NOT regexp_matches(name, '{_HOST_COMM}')
+        WHERE covered_until IS NULL OR start_ns >= covered_until
     """).pl()
     # The logical op is what the program called (the c10d op issued on the main thread just before the gloo range
     # starts); the range's own name is what gloo ran: reduce_scatter runs as gloo:all_reduce.
