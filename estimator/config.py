@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -189,9 +189,6 @@ class Config:
     @property
     def micro_batches(self) -> int:
         return self.parallel.micro_batches
-
-    def with_parallel(self, **changes: Any) -> Config:
-        return replace(self, parallel=replace(self.parallel, **changes))
 
 
 @dataclass(frozen=True)
