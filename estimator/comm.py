@@ -13,9 +13,10 @@ node of ``devices_per_node`` first, so a dimension's stride in the order decides
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from traceana.estimator.compute import tokens
-from traceana.estimator.config import Config
+from traceana.estimator.config import Config, Parallel
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,9 @@ class Span:
         return self.size // self.nodes
 
 
-def _group(cfg: Config, dims: tuple[str, ...], expert: bool, limit: dict[str, int]) -> list[int]:
-    p = cfg.parallel
+@lru_cache(maxsize=4096)
+def _span(p: Parallel, per_node: int, dims: tuple[str, ...], expert: bool,
+          limit: tuple[tuple[str, tuple[int, int]], ...]) -> Span:
     if expert:
         sizes = {"tp": p.expert_tp, "ep": p.ep, "dp": p.layout.edp, "pp": p.pp}
         names = [n for n in p.order.split("-") if n != "cp"]
@@ -42,11 +44,12 @@ def _group(cfg: Config, dims: tuple[str, ...], expert: bool, limit: dict[str, in
     for name in names:
         strides[name] = acc
         acc *= sizes[name]
-    offsets = [0]
+    narrowed = dict(limit)
+    ranks = [0]
     for dim in (d for d in dims if d in strides):  # a dim the order leaves out has size 1
-        step, count = limit.get(dim, (1, sizes[dim]))
-        offsets = [o + i * step * strides[dim] for o in offsets for i in range(count)]
-    return offsets
+        step, count = narrowed.get(dim, (1, sizes[dim]))
+        ranks = [r + i * step * strides[dim] for r in ranks for i in range(count)]
+    return Span(len(ranks), len({r // per_node for r in ranks}))
 
 
 def span(cfg: Config, dims: tuple[str, ...], expert: bool = False, **limit: tuple[int, int]) -> Span:
@@ -56,8 +59,7 @@ def span(cfg: Config, dims: tuple[str, ...], expert: bool = False, **limit: tupl
     second RankGenerator does (traceana.layout.Layout.groups builds the same sets). ``limit`` narrows a dim to
     (step, count): every step-th of its ranks, count of them (ZeRO-3 shard and HSDP replica groups).
     """
-    ranks = _group(cfg, dims, expert, limit)
-    return Span(len(ranks), len({r // cfg.hardware.devices_per_node for r in ranks}))
+    return _span(cfg.parallel, cfg.hardware.devices_per_node, dims, expert, tuple(sorted(limit.items())))
 
 
 def collective(op: str, nbytes: float, where: Span, cfg: Config) -> float:
