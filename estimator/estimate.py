@@ -196,12 +196,12 @@ class Estimate:
 
     @cached_property
     def time_frame(self) -> pl.DataFrame:
-        """Per stage, ms by dimension (DESIGN §4 column meanings), to the ns."""
+        """Per stage, ms by dimension (DESIGN §4 column meanings)."""
         return pl.DataFrame({
             "stage": [s.stage for s in self.stages],
             "layers": [s.layers for s in self.stages],
-            **{f"{d}_ms": [round(getattr(s, d) * 1e3, 6) for s in self.stages] for d in DIMENSIONS},
-            "total_ms": [round(s.total * 1e3, 6) for s in self.stages],
+            **{f"{d}_ms": [getattr(s, d) * 1e3 for s in self.stages] for d in DIMENSIONS},
+            "total_ms": [s.total * 1e3 for s in self.stages],
         })
 
     @cached_property
