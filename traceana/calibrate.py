@@ -55,8 +55,10 @@ KNOBS = (
     Knob(("calibration", "tp_shardable_overhead_mb"), 0.0, 1e7, 256.0),
 )
 FD_STEP = 1e-3       # finite-difference step, in units of a knob's scale
-MAX_ITERATIONS = 25
-TOLERANCE = 1e-4     # stop when an iteration lowers the squared residuals by less than this fraction
+MAX_TRIALS = 60      # trial steps (one estimate per row each)
+TOLERANCE = 1e-2     # stop when an accepted step lowers the squared residuals by less than 1%: further
+                     # crawling along the model's kinks costs many estimates for little (vTrain: held-out MAPE
+                     # 20.5% here, 20.3% at 0.1%, for twice the estimates)
 # A fit moves a rate (bandwidth) at most this factor away from its configured value: beyond that the model is
 # compensating for something it lacks (a 10^5 GB/s link), which is not a calibration.
 MAX_FACTOR = 10.0
@@ -74,7 +76,7 @@ class Fit:
     held_out: pl.DataFrame | None  # quantity, rows, MAPE and Pearson r before and after (None: no held-out rows)
     cost_before: float
     cost_after: float
-    iterations: int
+    trials: int                   # Levenberg–Marquardt trial steps
 
 
 def split(rows: list[Row]) -> tuple[list[Row], list[Row]]:
@@ -126,8 +128,10 @@ def fit(rows: list[Row]) -> Fit:
     everything = list(range(len(KNOBS)))
     z = np.zeros(len(KNOBS))
     r0 = residuals(train, configs(z, everything))
-    active, status = _identifiable(jacobian(z, r0, everything))
-    z, r, iterations = _levenberg_marquardt(z, r0, active, lo, hi, lambda q: residuals(train, configs(q, active)),
+    full = jacobian(z, r0, everything)
+    active, status = _identifiable(full)
+    z, r, trials = _levenberg_marquardt(z, r0, full[:, active], active, lo, hi,
+                                            lambda q: residuals(train, configs(q, active)),
                                             lambda q, rq: jacobian(q, rq, active))
     fitted = start + scale * z
     values = {KNOBS[i].path: float(fitted[i]) for i in active}
@@ -139,7 +143,7 @@ def fit(rows: list[Row]) -> Fit:
     return Fit([r.label for r in train], [r.label for r in held], knobs, values,
                _before_after(train, values, ("mape_pct",)),
                _before_after(held, values, ("mape_pct", "pearson_r")) if held else None,
-               float(r0 @ r0), float(r @ r), iterations)
+               float(r0 @ r0), float(r @ r), trials)
 
 
 def apply(values: dict[tuple[str, ...], float], cfg: Config) -> Config:
@@ -174,29 +178,36 @@ def _identifiable(jac: np.ndarray) -> tuple[list[int], list[str]]:
     return active, status
 
 
-def _levenberg_marquardt(z: np.ndarray, r: np.ndarray, active: list[int], lo: np.ndarray, hi: np.ndarray,
-                         evaluate: Any, jacobian: Any) -> tuple[np.ndarray, np.ndarray, int]:
-    """Minimize |r|² over z[active] within [lo, hi] (steps clipped to the box), Marquardt-scaled damping."""
-    if not active:
-        return z, r, 0
-    damping, iterations = 1e-3, 0
-    for iterations in range(1, MAX_ITERATIONS + 1):  # noqa: B007  (the count is reported)
-        jac = jacobian(z, r)
-        gradient, normal = jac.T @ r, jac.T @ jac
-        improved = False
-        while damping < 1e10:
-            step = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12), -gradient)
-            trial = z.copy()
-            trial[active] = np.clip(z[active] + step, lo[active], hi[active])
-            r_trial = evaluate(trial)
-            if r_trial @ r_trial < r @ r:
-                improved = (r @ r - r_trial @ r_trial) > TOLERANCE * (r @ r)
-                z, r, damping = trial, r_trial, damping / 3
+def _levenberg_marquardt(z: np.ndarray, r: np.ndarray, jac: np.ndarray, active: list[int], lo: np.ndarray,
+                         hi: np.ndarray, evaluate: Any, jacobian: Any) -> tuple[np.ndarray, np.ndarray, int]:
+    """Minimize |r|² over z[active] within [lo, hi] (steps clipped to the box), with Marquardt-scaled damping.
+
+    Every trial step costs one estimate per row, a finite-difference Jacobian one per row and knob; so after an
+    accepted step the Jacobian is updated by Broyden's rank-one rule, and recomputed only when a step fails on an
+    updated one (Madsen, Nielsen & Tingleff 2004, "Methods for non-linear least squares problems", §3.4).
+    """
+    damping, fresh, trials = 1e-3, True, 0
+    while active and trials < MAX_TRIALS:
+        trials += 1
+        normal = jac.T @ jac
+        step = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12), -(jac.T @ r))
+        trial = z.copy()
+        trial[active] = np.clip(z[active] + step, lo[active], hi[active])
+        r_trial = evaluate(trial)
+        if r_trial @ r_trial < r @ r:
+            moved = trial[active] - z[active]
+            jac = jac + np.outer(r_trial - r - jac @ moved, moved) / (moved @ moved)
+            converged = r @ r - r_trial @ r_trial <= TOLERANCE * (r @ r)
+            z, r, damping, fresh = trial, r_trial, damping / 3, False
+            if converged:
                 break
+        elif not fresh:
+            jac, fresh = jacobian(z, r), True
+        elif damping < 1e10:
             damping *= 4
-        if not improved:
+        else:
             break
-    return z, r, iterations
+    return z, r, trials
 
 
 def _before_after(rows: list[Row], values: dict[tuple[str, ...], float], stats: tuple[str, ...]) -> pl.DataFrame:

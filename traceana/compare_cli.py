@@ -147,7 +147,7 @@ def _sweep(rows: list[sweep.Row], notes: list[str], base: config.Config, title: 
 
 
 def _print_fit(fitted: calibrate.Fit) -> None:
-    emit(fitted.knobs, title=f"--fit: knobs by least squares ({fitted.iterations} iterations, squared residuals "
+    emit(fitted.knobs, title=f"--fit: knobs by least squares ({fitted.trials} trial steps, squared residuals "
                              f"{fitted.cost_before:.4g} -> {fitted.cost_after:.4g})")
     emit(fitted.in_sample, title=f"in-sample residuals on the {len(fitted.fit_rows)} fit rows (not accuracy): "
                                  f"{_listing(fitted.fit_rows)}")
@@ -163,7 +163,7 @@ def _listing(labels: list[str]) -> str:
 
 
 def _fit_json(fitted: calibrate.Fit) -> dict[str, Any]:
-    return {"fit_rows": fitted.fit_rows, "held_out_rows": fitted.held_out_rows, "iterations": fitted.iterations,
+    return {"fit_rows": fitted.fit_rows, "held_out_rows": fitted.held_out_rows, "trial_steps": fitted.trials,
             "squared_residuals_before": fitted.cost_before, "squared_residuals_after": fitted.cost_after,
             "knobs": fitted.knobs.to_dicts(), "in_sample": fitted.in_sample.to_dicts(),
             "held_out": None if fitted.held_out is None else fitted.held_out.to_dicts()}

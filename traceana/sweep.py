@@ -187,14 +187,14 @@ def read_csv(path: Path, base: Config) -> tuple[list[Row], list[str]]:
     notes = [f"{path.name}: ignored columns: {', '.join(ignored)}"] if ignored else []
     rows = []
     for i, record in enumerate(frame.iter_rows(named=True), start=1):
-        where = f"{path}: row {i}"
-        label = f"{i}" + (f" {record[labels[0]]}" if labels else "")
+        named = f" {record[labels[0]]}" if labels else ""
+        where, label = f"{path}: row {i}", f"{i}{named}"
         overrides = {}
         for column, target in configs.items():
             if record[column] is None:
                 raise TraceanaError(f"{where}: column {column!r} is empty")
             overrides[target] = record[column]
-        cfg = with_overrides(base, overrides, f"{where} ({label})")
+        cfg = with_overrides(base, overrides, f"{where} ({named.strip()})" if named else where)
         measured = {values[c][0]: record[c] * values[c][1] for c in measured_columns if record[c] is not None}
         reference = {q[0]: record[c] * q[1] for c, q in values.items() if q[2] and record[c] is not None}
         rows.append(Row(label, cfg, measured, reference))

@@ -1,0 +1,81 @@
+"""`compare --fit`: least squares on half the rows, accuracy only on the other half — checked by re-estimating
+the held-out rows with the fitted values; the written calibration YAML round-trips into a config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.conftest import run_cli
+from tests.test_compare import CONFIGS, db  # noqa: F401  (the sample-runs store fixture)
+from tests.test_compare_sweep import SEED000, VTRAIN
+from traceana import calibrate
+from traceana.compare import PEAK, estimated_quantities
+from traceana.estimator import config
+from traceana.estimator.estimate import estimate
+from traceana.sweep import get_path, read_csv
+
+
+def test_vtrain_fit_on_half_is_scored_on_the_other_half() -> None:
+    rows, _ = read_csv(VTRAIN[1], config.load(VTRAIN[0]))
+    fitted = calibrate.fit(rows)
+    labels = [r.label for r in rows]
+    assert fitted.fit_rows == labels[0::2] and fitted.held_out_rows == labels[1::2]
+    assert len(fitted.fit_rows) == len(fitted.held_out_rows) == 720
+    # held-out MAPE, before and after, recomputed by estimating the held-out rows ourselves
+    held = rows[1::2]
+
+    def mape(configs: list[config.Config]) -> float:
+        errors = [estimated_quantities(estimate(c))["TOTAL_ms"] / r.measured["TOTAL_ms"] - 1
+                  for r, c in zip(held, configs, strict=True)]
+        return 100 * float(np.mean(np.abs(errors)))
+
+    before = mape([r.config for r in held])
+    after = mape([calibrate.apply(fitted.values, r.config) for r in held])
+    (stat,) = fitted.held_out.to_dicts()
+    assert (stat["quantity"], stat["rows"]) == ("TOTAL_ms", 720)
+    assert stat["mape_pct_before"] == pytest.approx(before, rel=1e-9)
+    assert stat["mape_pct_after"] == pytest.approx(after, rel=1e-9)
+    assert after < before  # the fitted calibration generalizes to configurations it never saw
+    status = dict(fitted.knobs.select("knob", "status").iter_rows())
+    assert status["hardware.bandwidth_gb_per_s.inter"].startswith("kept")  # one node: nothing crosses nodes
+    assert status["calibration.matmul_efficiency"].startswith("fitted")
+
+
+def test_memory_fit_writes_a_calibration_that_round_trips(tmp_path: Path) -> None:
+    out_yaml = tmp_path / "cal.yaml"
+    result = run_cli("compare", "--estimate", SEED000[0], "--measured", SEED000[1], "--write-calibration", out_yaml,
+                     "--json")
+    fit = json.loads(result.stdout)["fit"]
+    assert fit["fit_rows"] == ["1 A", "3 C", "5 E"] and fit["held_out_rows"] == ["2 B", "4 D", "6 F"]
+    knobs = {k["knob"]: k for k in fit["knobs"]}
+    # safety buffer and TP-shardable overhead both scale as 1/tp: only the first can be fitted
+    assert knobs["calibration.safety_buffer_mb"]["status"] == "fitted"
+    assert "exactly as calibration.safety_buffer_mb" in knobs["calibration.tp_shardable_overhead_mb"]["status"]
+    written = yaml.safe_load(out_yaml.read_text())
+    assert written == {"calibration": {"safety_buffer_mb": pytest.approx(knobs["calibration.safety_buffer_mb"]
+                                                                         ["fitted"])}}
+    assert out_yaml.read_text().startswith("# calibration fitted by `traceana compare --fit`")
+    # merged into the base config, it gives the held-out peaks the command scored
+    base = yaml.safe_load(SEED000[0].read_text())
+    base["calibration"].update(written["calibration"])
+    merged = config.from_dict(base)
+    rows, _ = read_csv(SEED000[1], merged)
+    held = [r for r in rows if r.label in fit["held_out_rows"]]
+    mape = 100 * np.mean([abs(estimated_quantities(estimate(r.config))[PEAK] / r.measured[PEAK] - 1) for r in held])
+    (stat,) = fit["held_out"]
+    assert stat["mape_pct_after"] == pytest.approx(mape, rel=1e-9)
+    assert get_path(merged, ("calibration", "safety_buffer_mb")) == pytest.approx(knobs["calibration.safety_buffer_mb"]
+                                                                                  ["fitted"])
+
+
+def test_a_single_run_fit_claims_no_accuracy(db: Path) -> None:  # noqa: F811
+    result = run_cli("compare", "--estimate", CONFIGS / "pp2_mb8.yaml", "pp2_mb8", "--db", db, "--fit")
+    assert "in-sample residuals" in result.stdout and "no held-out rows" in result.stdout
+    out = json.loads(run_cli("compare", "--estimate", CONFIGS / "pp2_mb8.yaml", "pp2_mb8", "--db", db, "--fit",
+                             "--json").stdout)
+    assert out["fit"]["held_out"] is None and out["fit"]["fit_rows"] == ["pp2_mb8"]
