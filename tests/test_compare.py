@@ -122,6 +122,17 @@ def average_ranks(values: np.ndarray) -> np.ndarray:
     return ranks
 
 
+def test_several_run_ids_make_a_sweep_with_one_config(db: Path) -> None:
+    # the same EP2 x DP4 model, balanced and skewed routing, both estimated as the balanced config
+    out = compare_json("--estimate", CONFIGS / "moe_balanced.yaml", "moe_balanced", "moe_skewed", "--db", db)
+    totals = {r["row"]: r["measured"] for r in out["rows"] if r["quantity"] == "TOTAL_ms"}
+    expected = dict(sql_rows(db, "SELECT run_id, avg(TOTAL_ns) / 1e6 FROM rank_breakdown WHERE step IS NULL AND "
+                                 "run_id IN ('moe_balanced', 'moe_skewed') GROUP BY run_id"))
+    assert totals == pytest.approx(expected, rel=1e-12)
+    estimated = {r["estimated"] for r in out["rows"] if r["quantity"] == "TOTAL_ms"}
+    assert len(estimated) == 1  # one config, one estimate
+
+
 def test_text_output_and_plots(db: Path, tmp_path: Path) -> None:
     single = run_cli("compare", "--estimate", CONFIGS / "pp2_mb8.yaml", "pp2_mb8", "--db", db,
                      "--plot", tmp_path / "run.png")

@@ -70,7 +70,7 @@ class Fit:
 
     fit_rows: list[str]
     held_out_rows: list[str]
-    knobs: pl.DataFrame           # knob, before, fitted, status
+    knobs: pl.DataFrame           # knob, before (the first fit row's value), fitted, status
     values: dict[tuple[str, ...], float]  # the fitted knobs
     in_sample: pl.DataFrame       # quantity, rows, mape_pct_before, mape_pct_after (residuals, not accuracy)
     held_out: pl.DataFrame | None  # quantity, rows, MAPE and Pearson r before and after (None: no held-out rows)

@@ -30,12 +30,12 @@ def run_scatter(result: RunComparison, path: Path, title: str) -> None:
 
 def sweep_scatter(frame: pl.DataFrame, path: Path, title: str) -> None:
     """One point per (row, quantity): traceana's estimate filled, a reference estimate (CSV estimated_*) hollow."""
-    both = pl.concat([
-        frame.select("quantity", "measured", "estimated", reference=pl.lit(False)),
-        frame.filter(pl.col("reference").is_not_null()).select("quantity", "measured", estimated="reference",
-                                                               reference=pl.lit(True)),
-    ]).select(pl.col("quantity").str.replace(r"_(ms|MiB)$", "").alias("dim"), "measured", "estimated", "reference",
-              memory=pl.col("quantity") == PEAK)
+    parts = [frame.select("quantity", "measured", "estimated", reference=pl.lit(False))]
+    if "reference" in frame.columns:
+        parts.append(frame.filter(pl.col("reference").is_not_null()).select(
+            "quantity", "measured", estimated="reference", reference=pl.lit(True)))
+    both = pl.concat(parts).select(pl.col("quantity").str.replace(r"_(ms|MiB)$", "").alias("dim"), "measured",
+                                   "estimated", "reference", memory=pl.col("quantity") == PEAK)
     memory = both.filter("memory").drop("memory")
     _draw(both.filter(~pl.col("memory")).drop("memory"), memory, path, title)
 
@@ -57,10 +57,11 @@ def _panel(ax: Axes, points: pl.DataFrame, unit: str) -> None:
     """Log-log scatter with y = x; points at or below 0 cannot be drawn on log axes and are counted in the title."""
     shown = points.filter((pl.col("measured") > 0) & (pl.col("estimated") > 0))
     groups = shown.group_by("dim", "reference").agg("measured", "estimated")
+    size, alpha = (28, 0.8) if shown.height <= 200 else (8, 0.5)  # big sweeps: small, see-through points
     for dim, reference, measured, estimated in sorted(groups.iter_rows(), key=lambda g: (ORDER.get(g[0], 99), g[1])):
         color = COLORS.get(dim, "tab:gray")
-        ax.scatter(measured, estimated, s=28, facecolors="none" if reference else color, edgecolors=color,
-                   linewidths=1.0, alpha=0.8, label=f"{dim} (reference estimate)" if reference else dim)
+        ax.scatter(measured, estimated, s=size, facecolors="none" if reference else color, edgecolors=color,
+                   linewidths=1.0, alpha=alpha, label=f"{dim} (reference estimate)" if reference else dim)
     if shown.height:
         low = min(shown["measured"].min(), shown["estimated"].min()) / 1.5
         high = max(shown["measured"].max(), shown["estimated"].max()) * 1.5

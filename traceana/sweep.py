@@ -20,6 +20,7 @@ Lines before the header that start with ``#`` and hold no comma are comments (a 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import re
 import typing
@@ -250,10 +251,14 @@ def get_path(obj: Any, path: tuple[str, ...]) -> Any:
     return obj
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)  # slow (evaluates string annotations): once per config class
+
+
 def _typed(cfg: Config, path: tuple[str, ...], value: Any, source: str) -> Any:
     """``value`` as the type the config field at ``path`` declares."""
-    owner = get_path(cfg, path[:-1])
-    hint = typing.get_type_hints(type(owner))[path[-1]]
+    hint = _hints(type(get_path(cfg, path[:-1])))[path[-1]]
     kinds = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
     kind, where = kinds[0], f"{source}: {'.'.join(path)}"
     if kind is bool:
@@ -276,7 +281,7 @@ def _typed(cfg: Config, path: tuple[str, ...], value: Any, source: str) -> Any:
 
 def rows_frame(rows: list[Row], configs: list[Config] | None = None) -> pl.DataFrame:
     """One line per (row, quantity) it measured: measured, traceana's estimate (of ``configs`` when given, else of
-    each row's config), ratio and error; the reference estimate and its error where the row has one. A quantity
+    each row's config), ratio and error; the reference estimate and its error when some row has one. A quantity
     measured as 0 and estimated as 0 (or not at all) is left out."""
     records = []
     for i, row in enumerate(rows):
@@ -288,9 +293,12 @@ def rows_frame(rows: list[Row], configs: list[Config] | None = None) -> pl.DataF
                             "reference": row.reference.get(key)})
     frame = pl.DataFrame(records, schema={"row": pl.String, "quantity": pl.String, "measured": pl.Float64,
                                           "estimated": pl.Float64, "reference": pl.Float64}, orient="row")
-    return frame.with_columns(**ratio_columns("measured", "estimated"),
-                              reference_over_measured=ratio_columns("measured", "reference")["est_over_measured"],
-                              reference_error_pct=ratio_columns("measured", "reference")["error_pct"])
+    frame = frame.with_columns(**ratio_columns("measured", "estimated"))
+    if frame["reference"].is_null().all():
+        return frame.drop("reference")
+    reference = ratio_columns("measured", "reference")
+    return frame.with_columns(reference_over_measured=reference["est_over_measured"],
+                              reference_error_pct=reference["error_pct"])
 
 
 def statistics(frame: pl.DataFrame) -> pl.DataFrame:
@@ -299,9 +307,9 @@ def statistics(frame: pl.DataFrame) -> pl.DataFrame:
     parts = []
     for estimator, column, error in (("traceana", "estimated", "error_pct"),
                                      ("reference", "reference", "reference_error_pct")):
-        scored = frame.filter(pl.col(column).is_not_null() & pl.col(error).is_not_null())
-        if scored.is_empty():
+        if column not in frame.columns:
             continue
+        scored = frame.filter(pl.col(column).is_not_null() & pl.col(error).is_not_null())
         parts.append(scored.group_by("quantity", maintain_order=True).agg(
             estimator=pl.lit(estimator),
             rows=pl.len(),
@@ -311,8 +319,6 @@ def statistics(frame: pl.DataFrame) -> pl.DataFrame:
             worst_row=pl.col("row").sort_by(pl.col(error).abs()).last(),
             worst_error_pct=pl.col(error).sort_by(pl.col(error).abs()).last(),
         ))
-    if not parts:
-        return pl.DataFrame()
     order = {q: i for i, q in enumerate([*(f"{d}_ms" for d in DIMS), PEAK])}
     return pl.concat(parts).with_columns(pl.col("pearson_r", "spearman_rho").fill_nan(None)).sort(
         pl.col("quantity").replace_strict(order, default=len(order)), "estimator", descending=[False, True])
