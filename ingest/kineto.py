@@ -100,6 +100,16 @@ def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0][:200]
 
 
+# torch.profiler.tensorboard_trace_handler names files {worker_name}.{ms}.pt.trace.json with worker_name
+# "{hostname}_{pid}" by default: the only place a Kineto trace says which host (so which clock) it came from.
+_WORKER_FILE = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.\d+\.pt\.trace\.json(\.gz)?$")
+
+
+def _host_of(file: Path) -> str | None:
+    match = _WORKER_FILE.match(file.name)
+    return match["host"] if match else None
+
+
 def _rank_of(info: dict, file: Path, position: int) -> tuple[int, str]:
     if isinstance(info.get("rank"), int):
         return info["rank"], "distributedInfo"
@@ -232,6 +242,8 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     require_unique_ranks(ranks, [str(f) for f in files])
     world = max([i.get("world_size") or 0 for i in infos] + [len(files)])
     file_rank = pl.DataFrame({"f": list(range(len(files))), "rank": ranks}, schema={"f": pl.Int32, "rank": pl.Int32})
+    hosts = [_host_of(f) for f in files]
+    offsets = _align_hosts(con, hosts)
 
     groups = _process_groups(infos, con)
     device_count = con.execute("SELECT count(*) FROM ev WHERE cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')")
@@ -257,7 +269,8 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         rank_source=",".join(sorted(set(rank_sources))),
         notes=[] if mode == "gpu" else ["no device activity: CPU-only run, compute from the main thread's CPU ops"],
         frames={
-            "ranks": pl.DataFrame({"rank": ranks, "source": [str(f) for f in files], "rank_source": rank_sources}),
+            "ranks": pl.DataFrame({"rank": ranks, "host": hosts, "clock_offset_ns": offsets,
+                                   "source": [str(f) for f in files], "rank_source": rank_sources}),
             "process_groups": groups.drop("name_key"),
             "device_events": events.join(file_rank, on="f"),
             "collectives": comm,
@@ -268,6 +281,42 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
             ).pl().join(file_rank, on="f"),
         },
     )
+
+
+def _align_hosts(con: duckdb.DuckDBPyConnection, hosts: list[str | None]) -> list[int]:
+    """Coarse clock alignment across hosts, before anything is matched by time; returns each file's offset.
+
+    One collective ends at nearly the same instant on all its ranks, so between two hosts the differences of end
+    times of same-named, same-size communication events pile up at the clock offset, while unrelated pairs spread
+    out. Per host, the densest 100 us bin of those differences against the first host (one rank each, its first
+    2,000 events) gives the offset, the median inside it the value. finish() refines it by matched collectives.
+    """
+    if len({h for h in hosts if h is not None}) < 2:
+        return [0] * len(hosts)
+    con.register("file_host", pl.DataFrame({"f": range(len(hosts)), "host": hosts}).to_arrow())
+    shifts = dict(con.execute(f"""
+        WITH comm AS (
+            SELECT h.host, e.name, e.end_ns, coalesce(e.in_nelems, {_FIRST_INPUT_NELEMS}) AS n,
+                   row_number() OVER (PARTITION BY e.f ORDER BY e.start_ns) AS k
+            FROM ev e JOIN file_host h USING (f)
+            WHERE e.f IN (SELECT min(f) FROM file_host GROUP BY host)
+              AND ((e.cat = 'kernel' AND regexp_matches(e.name, '^nccl')) OR starts_with(e.name, 'gloo:'))
+        ), ref AS (SELECT * FROM comm WHERE k <= 2000 AND host = (SELECT host FROM file_host ORDER BY f LIMIT 1)),
+        diff AS (
+            SELECT c.host, r.end_ns - c.end_ns AS d FROM comm c JOIN ref r ON c.name = r.name AND c.n = r.n
+            WHERE c.host <> r.host AND c.k <= 2000
+        ), best AS (
+            SELECT host, arg_max(bin, n) AS bin FROM (
+                SELECT host, round(d / 1e5) AS bin, count(*) AS n FROM diff GROUP BY ALL) GROUP BY host
+        )
+        SELECT d.host, CAST(round(median(d.d)) AS BIGINT) FROM diff d JOIN best b USING (host)
+        WHERE abs(d.d / 1e5 - b.bin) <= 1 GROUP BY d.host""").fetchall())
+    offsets = [int(shifts.get(h) or 0) for h in hosts]
+    for index, offset in enumerate(offsets):
+        if offset:
+            con.execute("UPDATE ev SET start_ns = start_ns + $o, end_ns = end_ns + $o WHERE f = $f",
+                        {"o": offset, "f": index})
+    return offsets
 
 
 def _device_steps(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:

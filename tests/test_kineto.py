@@ -133,3 +133,28 @@ def test_gloo_groups_inferred_match_the_recorded_worker_threads(tmp_path: Path, 
     assert all(truth[str(rank)][str(stream)] == pg for rank, stream, pg, *_ in collectives)
     p2p = [r for r in rows if r[3] in ("Send", "Recv")]
     assert all(peer is not None and peer_stage == 1 - stage for *_, peer, stage, peer_stage in p2p)
+
+
+def test_hosts_from_worker_file_names_are_aligned_by_collective_ends(tmp_path: Path) -> None:
+    """Two ranks renamed as torch's tensorboard handler names files on two hosts, the second host's clock moved
+    5 s ahead (baseTimeNanoseconds): ingest must find the hosts and take the 5 s back out, by collective ends."""
+    shift_ns = 5_000_000_000
+    for rank in range(4):
+        trace = json.loads(gzip.decompress((SAMPLES / "tp2dp2_mlp" / f"rank{rank}.json.gz").read_bytes()))
+        host = "nodeA" if rank < 2 else "nodeB"
+        if host == "nodeB":
+            trace["baseTimeNanoseconds"] += shift_ns
+        (tmp_path / f"{host}_{100 + rank}.1700000000000.pt.trace.json").write_text(json.dumps(trace))
+    db = tmp_path / "t.duckdb"
+    run_cli("ingest", tmp_path, "--layout", "tp=2,dp=2", "--db", db)
+    offsets = dict(query(db, "SELECT rank, clock_offset_ns FROM ranks"))
+    hosts = dict(query(db, "SELECT rank, host FROM ranks"))
+    assert hosts == {0: "nodeA", 1: "nodeA", 2: "nodeB", 3: "nodeB"}
+    assert offsets[0] == offsets[1] == 0 and offsets[2] == offsets[3]
+    assert abs(offsets[2] + shift_ns) < 1_000_000  # within 1 ms of the applied shift (end spread on 2 busy cores)
+    # Second route: the original run, ingested as one clock, has the same DP collective end spread.
+    original = tmp_path / "o.duckdb"
+    run_cli("ingest", SAMPLES / "tp2dp2_mlp", "--layout", "tp=2,dp=2", "--db", original)
+    sql = ("SELECT c.instance, max(d.end_ns) - min(d.end_ns) FROM collectives c JOIN device_events d "
+           "USING (run_id, rank, event_id) WHERE c.dim = 'DP' GROUP BY c.instance")
+    assert max(s for _, s in query(db, sql)) < max(s for _, s in query(original, sql)) + 2_000_000
