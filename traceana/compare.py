@@ -9,6 +9,7 @@ The config must describe the run: a different world size, layout or pipeline siz
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import duckdb
@@ -108,14 +109,10 @@ def compare_run(con: duckdb.DuckDBPyConnection, run_id: str, est: Estimate) -> R
     notes: list[str] = []
     ranks = _by_rank(con, run_id)
     estimated = estimated_stages(est)
-    measured_run = ranks.select(
-        [pl.col(f"{d}_ms").mean().alias(f"{d}|mean") for d in DIMS]
-        + [pl.col(f"{d}_ms").max().alias(f"{d}|max") for d in DIMS])
-    estimated_run = estimated.select(
-        [pl.col(f"{d}_ms").mean().alias(f"{d}|mean") for d in ESTIMATED]
-        + [pl.col(f"{d}_ms").max().alias(f"{d}|max") for d in ESTIMATED])
-    by_dimension = _join(_long(measured_run.with_columns(stage=None), "measured"),
-                         _long(estimated_run.with_columns(stage=None), "estimated")).drop("stage")
+    over_ranks = ranks.select(stage=pl.lit(None, pl.Int32), **_mean_and_max(DIMS))
+    over_stages = estimated.select(stage=pl.lit(None, pl.Int32), **_mean_and_max(ESTIMATED))
+    by_dimension = _join(_long(over_ranks, "measured", DIMS, "{}_mean_ms", "{}_max_ms"),
+                         _long(over_stages, "estimated", ESTIMATED, "{}_mean_ms", "{}_max_ms")).drop("stage")
 
     stages = bd.by_stage(con, run_id).rename({"pp": "stage"})
     if stages["stage"].null_count():
@@ -127,12 +124,8 @@ def compare_run(con: duckdb.DuckDBPyConnection, run_id: str, est: Estimate) -> R
             stages = stages.with_columns(stage=pl.lit(0, pl.Int32))
     by_stage = straggler = None
     if stages is not None:
-        measured_stage = stages.select(
-            "stage", *[pl.col(f"{d}_mean_ms").alias(f"{d}|mean") for d in DIMS],
-            *[pl.col(f"{d}_max_ms").alias(f"{d}|max") for d in DIMS])
-        estimated_stage = estimated.select("stage", *[pl.col(f"{d}_ms").alias(f"{d}|mean") for d in ESTIMATED])
-        by_stage = _join(_long(measured_stage, "measured"), _long(estimated_stage, "estimated")).drop(
-            "estimated_max_ms")  # one estimate per stage
+        by_stage = _join(_long(stages, "measured", DIMS, "{}_mean_ms", "{}_max_ms"),
+                         _long(estimated, "estimated", ESTIMATED, "{}_ms")).drop("estimated_max_ms")  # one per stage
         straggler = _straggler(stages, estimated)
     return RunComparison(run_id, by_dimension, by_stage, straggler, _memory(con, run_id, estimated), notes)
 
@@ -144,15 +137,19 @@ def _by_rank(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
     return ranks
 
 
-def _long(frame: pl.DataFrame, side: str) -> pl.DataFrame:
-    """``stage`` plus ``DIM|mean`` / ``DIM|max`` columns -> rows (stage, dim, <side>_ms, <side>_max_ms)."""
-    values = [c for c in frame.columns if "|" in c]
-    long = frame.unpivot(values, index="stage", variable_name="key").with_columns(
-        pl.col("key").str.split("|").list.to_struct(fields=["dim", "stat"])).unnest("key")
-    wide = long.pivot("stat", index=["stage", "dim"], values="value")
-    if "max" not in wide.columns:
-        wide = wide.with_columns(max=pl.lit(None, pl.Float64))
-    return wide.select("stage", "dim", pl.col("mean").alias(f"{side}_ms"), pl.col("max").alias(f"{side}_max_ms"))
+def _mean_and_max(dims: Iterable[str]) -> dict[str, pl.Expr]:
+    """``<DIM>_mean_ms`` and ``<DIM>_max_ms`` over the rows of a frame with ``<DIM>_ms`` columns."""
+    return {key: expr for d in dims for key, expr in ((f"{d}_mean_ms", pl.col(f"{d}_ms").mean()),
+                                                      (f"{d}_max_ms", pl.col(f"{d}_ms").max()))}
+
+
+def _long(frame: pl.DataFrame, side: str, dims: Iterable[str], mean: str, worst: str | None = None) -> pl.DataFrame:
+    """Rows (stage, dim, <side>_ms, <side>_max_ms) from per-dim columns named by the ``mean`` / ``worst``
+    templates ('{}_mean_ms' -> COMP_mean_ms)."""
+    return pl.concat([frame.select(
+        "stage", dim=pl.lit(d), **{f"{side}_ms": pl.col(mean.format(d)),
+                                   f"{side}_max_ms": pl.col(worst.format(d)) if worst else pl.lit(None, pl.Float64)})
+        for d in dims])
 
 
 def _join(measured: pl.DataFrame, estimated: pl.DataFrame) -> pl.DataFrame:
