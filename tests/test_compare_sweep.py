@@ -89,6 +89,7 @@ def test_bad_csvs_are_one_line_errors(tmp_path: Path) -> None:
         "tp,pp,dp,gpus,TOTAL_ms\n8,1,1,16,5\n": "hardware.devices=16",
         "tp,pp,dp,sequence_parallel,TOTAL_ms\n8,1,1,maybe,5\n": "parallel.sequence_parallel='maybe'",
         "tp,pp,dp,TOTAL_ms\n": "no data rows",
+        "tp,pp,dp,TOTAL_ms\n8,1,1,fast\n": "column 'TOTAL_ms' must hold numbers",
     }
     for i, (text, message) in enumerate(cases.items()):
         path = tmp_path / f"bad{i}.csv"
@@ -108,3 +109,5 @@ def test_inline_measured_runs(tmp_path: Path) -> None:
     assert [(r["row"], r["measured"]) for r in out["rows"]] == [("a", pytest.approx(1420.0)), ("b", 1500.0)]
     sweep.write_text(base + "runs:\n  - {name: a, measured: {iteration_hours: 1}}\n")
     assert "measured.iteration_hours: not a measured quantity" in one_line_error("--estimate", sweep)
+    sweep.write_text(base + "runs:\n  - {name: a, measured: {TOTAL_ms: slow}}\n")
+    assert "measured.TOTAL_ms='slow': expected a number" in one_line_error("--estimate", sweep)

@@ -114,12 +114,16 @@ def quantity(name: str) -> tuple[str, float, bool] | None:
 
 def measured_values(values: dict[str, Any], source: str) -> dict[str, float]:
     """A ``measured:`` mapping (keys as CSV column names) in the sweep's units."""
+    if not isinstance(values, dict):
+        raise TraceanaError(f"{source}: measured: must map quantities to numbers, e.g. {{TOTAL_ms: 123.4}}")
     result = {}
     for name, value in values.items():
-        found = quantity(name)
+        found = quantity(str(name))
         if found is None or found[2]:
             raise TraceanaError(f"{source}: measured.{name}: not a measured quantity (e.g. TOTAL_ms, COMP_ms, "
                                 f"iteration_time_s, peak_memory_mib)")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TraceanaError(f"{source}: measured.{name}={value!r}: expected a number")
         result[found[0]] = float(value) * found[1]
     return result
 
@@ -181,6 +185,9 @@ def read_csv(path: Path, base: Config) -> tuple[list[Row], list[str]]:
     configs = {c: CONFIG_COLUMNS[normalize(c)] for c in frame.columns if normalize(c) in CONFIG_COLUMNS}
     values = {c: quantity(c) for c in frame.columns if quantity(c) is not None}
     measured_columns = [c for c, q in values.items() if not q[2]]
+    for column in values:
+        if not frame[column].dtype.is_numeric() and frame[column].null_count() < frame.height:
+            raise TraceanaError(f"{path}: column {column!r} must hold numbers (it holds {frame[column].dtype})")
     if not measured_columns:
         raise TraceanaError(f"{path}: no measured column (name one like TOTAL_ms, iteration_time_ms, "
                             f"measured_iteration_s, COMP_ms or measured_peak_mib); columns: {', '.join(frame.columns)}")
