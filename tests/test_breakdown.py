@@ -199,9 +199,12 @@ def test_stage_view_means_and_max_over_steps_after_the_first(con: duckdb.DuckDBP
     assert len(rows) == 8
 
 
-def test_many_collectives_of_one_dim_at_once(con: duckdb.DuckDBPyConnection) -> None:
-    # 200 TP and 200 DP collectives all running over [0, 101): the per-dim counts (packed 8 bits a dim in the
-    # sweep) reach 200 without spilling into the next dim; 101 ns split 51 TP / 50 DP.
-    events = [(0, 0, 101, "comm", d) for d in ["TP"] * 200 + ["DP"] * 200]
-    got = breakdown(con, run_data(events, steps=[(0, 0, 0, 101)]))
+def test_many_events_at_once(con: duckdb.DuckDBPyConnection) -> None:
+    # The sweep packs the open events per class into one sum (7 bits a dim, compute from bit 42). Rank 0: 120 TP and
+    # 120 DP collectives all running over [0, 101) stay in their own bits: 101 ns split 51 TP / 50 DP. Rank 1: 2000
+    # compute events at once over [0, 50) under 100 PP collectives over [0, 80): COMP 50, PP_WAIT 30, overlap 50.
+    events = [(0, 0, 101, "comm", d) for d in ["TP"] * 120 + ["DP"] * 120]
+    events += [(1, 0, 50, "compute", None)] * 2000 + [(1, 0, 80, "comm", "PP")] * 100
+    got = breakdown(con, run_data(events, steps=[(0, 0, 0, 101), (1, 0, 0, 101)]))
     assert got[(0, 0)] == expect(TOTAL=101, MP_WAIT=51, DP_WAIT=50)
+    assert got[(1, 0)] == expect(TOTAL=101, COMP=50, PP_WAIT=30, IDLE=21, OVERLAPPED=50)

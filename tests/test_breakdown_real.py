@@ -118,9 +118,10 @@ def test_skewed_moe_comp_names_the_hot_ranks(con: duckdb.DuckDBPyConnection) -> 
 
 
 def test_pipeline_wait_with_1_and_8_micro_batches(con: duckdb.DuckDBPyConnection) -> None:
-    # GPipe with p=2 stages: the bubble fraction (p-1)/(m+p-1) falls from 1/2 (m=1) to 1/9 (m=8), so compute-bound
-    # stages would wait about 8x less per step. These CPU stages are not compute-bound: COMP is 2-4% of the step,
-    # and each of the 8 blocking gloo send/recv pairs costs a thread hand-off on 2 oversubscribed cores. Measured
-    # (mean over ranks, step 3): PP_WAIT 6.0 ms of 19.9 ms with m=1, 22.1 ms of 58.0 ms with m=8 — more, not less.
+    # GPipe with p=2 stages: the bubble fraction (p-1)/(m+p-1) falls from 1/2 (m=1) to 1/9 (m=8), so stages bound by
+    # their compute would wait about 8x less per step. These are not: the same 64 tokens cost 3x more COMP as 8
+    # small micro-batches (per-op overhead), and each blocking gloo send/recv is a thread hand-off on 2 oversubscribed
+    # cores. Measured (mean over ranks, step 3): m=1 PP_WAIT 6.0 ms, COMP 4.4 ms of 19.9 ms; m=8 PP_WAIT 22.1 ms
+    # (1.4 ms per message, 16 per rank), COMP 14.4 ms of 58.0 ms: more waiting, not less.
     mb1, mb8 = (_typical(con, name, "PP_WAIT_ns") for name in ("pp2_mb1", "pp2_mb8"))
     assert sum(mb8.values()) > 2 * sum(mb1.values())
