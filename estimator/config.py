@@ -202,14 +202,17 @@ class Run:
 
 def load(path: str | Path) -> Config:
     """Read and validate a job YAML (its ``runs:`` list, if any, is read by :func:`load_runs`)."""
-    raw = _read(path)
+    raw = read_yaml(path)
     raw.pop("runs", None)
     return from_dict(raw, str(path))
 
 
 def load_runs(path: str | Path) -> list[Run]:
-    """The config's ``runs:`` sweep: each entry is ``{name, measured: {...}, <section>: {overrides}}``."""
-    raw = _read(path)
+    """The config's ``runs:`` sweep: each entry is ``{name, measured: {...}, <section>: {overrides}}``.
+
+    An entry may name ``config: FILE`` (relative to this file) as its base instead of this file's own sections, so
+    a sweep over different models reuses their configs rather than copying them."""
+    raw = read_yaml(path)
     runs = raw.pop("runs", None) or []
     if not isinstance(runs, list):
         raise TraceanaError(f"{path}: runs: must be a list of {{name, overrides}}")
@@ -219,7 +222,17 @@ def load_runs(path: str | Path) -> list[Run]:
             raise TraceanaError(f"{path}: runs[{i}]: needs a name")
         entry = dict(entry)
         name, measured = str(entry.pop("name")), entry.pop("measured", None) or {}
-        result.append(Run(name, from_dict(_merge(raw, entry), f"{path} runs[{name}]"),
+        source = f"{path} runs[{name}]"
+        base = raw
+        if "config" in entry:
+            base = read_yaml(Path(path).parent / str(entry.pop("config")))
+            base.pop("runs", None)
+        if not isinstance(measured, dict):
+            raise TraceanaError(f"{source}: measured: must map quantities to numbers, e.g. {{TOTAL_ms: 123.4}}")
+        for key, value in measured.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TraceanaError(f"{source}: measured.{key}={value!r}: expected a number")
+        result.append(Run(name, from_dict(_merge(base, entry), source),
                           {str(k): float(v) for k, v in measured.items()}))
     return result
 
@@ -236,7 +249,8 @@ def from_dict(raw: dict[str, Any], source: str = "config") -> Config:
     return cfg
 
 
-def _read(path: str | Path) -> dict[str, Any]:
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file's top-level mapping, or a one-line error naming the file."""
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except OSError as exc:

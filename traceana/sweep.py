@@ -112,19 +112,15 @@ def quantity(name: str) -> tuple[str, float, bool] | None:
     return f"{dim.upper()}_ms", TIME_UNITS[match["tunit"]], reference
 
 
-def measured_values(values: dict[str, Any], source: str) -> dict[str, float]:
-    """A ``measured:`` mapping (keys as CSV column names) in the sweep's units."""
-    if not isinstance(values, dict):
-        raise TraceanaError(f"{source}: measured: must map quantities to numbers, e.g. {{TOTAL_ms: 123.4}}")
+def measured_values(values: dict[str, float], source: str) -> dict[str, float]:
+    """A ``measured:`` mapping (keys as CSV column names, numbers checked by config.load_runs) in sweep units."""
     result = {}
     for name, value in values.items():
         found = quantity(str(name))
         if found is None or found[2]:
             raise TraceanaError(f"{source}: measured.{name}: not a measured quantity (e.g. TOTAL_ms, COMP_ms, "
                                 f"iteration_time_s, peak_memory_mib)")
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise TraceanaError(f"{source}: measured.{name}={value!r}: expected a number")
-        result[found[0]] = float(value) * found[1]
+        result[found[0]] = value * found[1]
     return result
 
 
@@ -133,31 +129,13 @@ def measured_values(values: dict[str, Any], source: str) -> dict[str, float]:
 
 
 def load_runs(path: Path) -> list[cfgmod.Run]:
-    """A config's ``runs:`` list (config.load_runs), where an entry may also name ``config: FILE`` (relative to
-    this file) as its base instead of this file's own sections — so a sweep over different models reuses their
-    configs rather than copying them."""
-    raw = cfgmod._read(path)
-    entries = raw.pop("runs", None) or []
-    if not isinstance(entries, list):
-        raise TraceanaError(f"{path}: runs: must be a list of {{name, overrides}}")
-    runs = []
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or "name" not in entry:
-            raise TraceanaError(f"{path}: runs[{i}]: needs a name")
-        entry = dict(entry)
-        name, measured = str(entry.pop("name")), entry.pop("measured", None) or {}
-        base = raw
-        if "config" in entry:
-            base = cfgmod._read(path.parent / str(entry.pop("config")))
-            base.pop("runs", None)
-        source = f"{path} runs[{name}]"
-        runs.append(cfgmod.Run(name, cfgmod.from_dict(cfgmod._merge(base, entry), source),
-                               measured_values(measured, source)))
-    return runs
+    """A config's ``runs:`` list (:func:`config.load_runs`) with its measured values in the sweep's units."""
+    return [cfgmod.Run(run.name, run.config, measured_values(run.measured, f"{path} runs[{run.name}]"))
+            for run in cfgmod.load_runs(path)]
 
 
 def has_runs(path: Path) -> bool:
-    return bool(cfgmod._read(path).get("runs"))
+    return bool(cfgmod.read_yaml(path).get("runs"))
 
 
 def traced_rows(con: duckdb.DuckDBPyConnection | None, runs: list[cfgmod.Run]) -> list[Row]:
