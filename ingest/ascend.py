@@ -154,5 +154,6 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
             "collectives": comm,
             "annotations": pl.concat([with_rank(t.annotations, t) for t in traces]),
             "steps": pl.concat([with_rank(t.steps, t) for t in traces]),
+            "memory": pl.concat([with_rank(t.memory, t) for t in traces if t.memory is not None]),
         },
     )

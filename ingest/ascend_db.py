@@ -15,6 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from traceana.errors import TraceanaError
+from traceana.ingest.ascend_memory import memory_from_database
 from traceana.ingest.ascend_tasks import (
     RUNTIME_TASKS,
     RankTrace,
@@ -188,6 +189,10 @@ def read_database(path: Path, rules: list[Rule], step_marker: str | None) -> Ran
     trace = RankTrace(source=path, events=_events(db, rules), annotations=annotations, steps=steps,
                       pid=db.rows("SELECT min(globalPid) FROM TASK")[0][0], metadata=_metadata(db),
                       tool_version=f"database schema {version}")
+    if db.has("MEMORY_RECORD", ("component", "timestamp", "totalAllocated", "totalReserved")):
+        trace.memory = memory_from_database(db.rows(
+            "SELECT m.timestamp, m.totalAllocated, m.totalReserved FROM MEMORY_RECORD m "
+            "JOIN STRING_IDS s ON s.id = m.component WHERE s.value = 'PTA' ORDER BY m.timestamp"))
     if db.has("RANK_DEVICE_MAP", ("rankId", "deviceId")):
         found = db.rows("SELECT rankId, deviceId FROM RANK_DEVICE_MAP")
         if len(found) > 1:

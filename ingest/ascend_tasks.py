@@ -109,4 +109,5 @@ class RankTrace:
     rank_source: str | None = None
     boot_ns: int | None = None  # wall-clock minus monotonic clock at collection: the host's boot time
     metadata: dict = field(default_factory=dict)  # profiler_metadata.json / META_DATA (parallel_group_info ...)
+    memory: pl.DataFrame | None = None  # allocator samples (ts_ns, allocated_bytes, reserved_bytes)
     tool_version: str | None = None

@@ -16,6 +16,7 @@ import duckdb
 import polars as pl
 
 from traceana.errors import TraceanaError
+from traceana.ingest.ascend_memory import memory_from_csv
 from traceana.ingest.ascend_tasks import RankTrace, hccl_task_annotations, hcom_columns, rank_events, task_category
 from traceana.ingest.rules import Rule
 
@@ -134,6 +135,7 @@ def read_timeline(files: list[Path], rules: list[Rule], step_marker: str | None)
         steps=marked_steps(annotations.filter(pl.col("kind") == "cpu_op"), step_marker or DEFAULT_STEP_MARKER),
         device=int(device.group(1)) if device else None,
         pid=int(python) if python and python.isdigit() else None,
+        memory=memory_from_csv(files[0].parent / "memory_record.csv"),
     )
 
 

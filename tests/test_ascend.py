@@ -368,3 +368,28 @@ def _database_version(folder: Path, version: str | None) -> None:
         else:
             con.execute("ALTER TABLE COMPUTE_TASK_INFO DROP COLUMN name")
         con.commit()
+
+
+@pytest.mark.parametrize("run", ["torch_npu_2rank_level0", "torch_npu_2rank_level1"])
+def test_memory_samples_equal_memory_record_csv(runs: dict[str, RunData], run: str) -> None:
+    """The allocator (PTA) rows of memory_record.csv, read by the csv module: same count, times, peak."""
+    memory = runs[run].table("memory")
+    for rank in (0, 1):
+        path = rank_folder(run, rank) / "ASCEND_PROFILER_OUTPUT" / "memory_record.csv"
+        with open(path, newline="") as handle:
+            rows = [r for r in csv.DictReader(handle) if r["Component"] == "PTA"]
+        mine = memory.filter(pl.col("rank") == rank).sort("ts_ns")
+        assert mine["ts_ns"].to_list() == sorted(exact_ns(r["Timestamp(us)"].strip()) for r in rows)
+        assert mine["allocated_bytes"].max() == round(max(float(r["Total Allocated(MB)"]) for r in rows) * 2**20)
+        assert mine["reserved_bytes"].max() == round(max(float(r["Total Reserved(MB)"]) for r in rows) * 2**20)
+
+
+def test_memory_samples_equal_the_database(runs: dict[str, RunData]) -> None:
+    for rank in (0, 1):
+        output = rank_folder("torch_npu_2rank_level1_db", rank) / "ASCEND_PROFILER_OUTPUT"
+        db = output / f"ascend_pytorch_profiler_{rank}.db"
+        with closing(read_only(db)) as con:
+            expected = con.execute("SELECT count(*), max(totalAllocated), max(totalReserved) FROM MEMORY_RECORD m "
+                                   "JOIN STRING_IDS s ON s.id = m.component WHERE s.value = 'PTA'").fetchone()
+        mine = runs["torch_npu_2rank_level1_db"].table("memory").filter(pl.col("rank") == rank)
+        assert (mine.height, mine["allocated_bytes"].max(), mine["reserved_bytes"].max()) == expected

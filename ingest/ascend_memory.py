@@ -1,0 +1,34 @@
+"""Ascend memory samples -> the store's ``memory`` table: what the PyTorch allocator (component PTA) held.
+
+The profiler records every allocator change per component; PTA is torch_npu's caching allocator, the counterpart of
+torch.cuda's allocated / reserved. Its "MB" are MiB (totalAllocated bytes / 2**20 in the database export)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+SCHEMA = {"ts_ns": pl.Int64(), "allocated_bytes": pl.Int64(), "reserved_bytes": pl.Int64()}
+EMPTY = pl.DataFrame(schema=SCHEMA)
+
+
+def memory_from_csv(path: Path) -> pl.DataFrame:
+    """PTA rows of memory_record.csv (Timestamp(us) as text with three decimals, read exactly)."""
+    if not path.is_file():
+        return EMPTY
+    source = str(path).replace("'", "''")
+    return duckdb.sql(f"""
+        SELECT CAST(CAST(trim("Timestamp(us)") AS DECIMAL(24, 3)) * 1000 AS BIGINT) AS ts_ns,
+               CAST(round("Total Allocated(MB)" * 1048576) AS BIGINT) AS allocated_bytes,
+               CAST(round("Total Reserved(MB)" * 1048576) AS BIGINT) AS reserved_bytes
+        FROM read_csv('{source}', header = true, all_varchar = false,
+                      types = {{'Timestamp(us)': 'VARCHAR', 'Total Allocated(MB)': 'DOUBLE',
+                               'Total Reserved(MB)': 'DOUBLE'}})
+        WHERE Component = 'PTA' ORDER BY ts_ns""").pl().cast(SCHEMA)  # type: ignore[arg-type]
+
+
+def memory_from_database(rows: list[tuple]) -> pl.DataFrame:
+    """PTA rows of MEMORY_RECORD, given as (timestamp ns, totalAllocated, totalReserved)."""
+    return pl.DataFrame(rows, schema=SCHEMA, orient="row") if rows else EMPTY
