@@ -296,8 +296,9 @@ def _clock_offsets(reports: list[Report], notes: list[str]) -> list[int]:
     return [s - first for s in starts if s is not None]
 
 
-def _steps(annotations: pl.DataFrame, device: pl.DataFrame, marker: str) -> pl.DataFrame:
-    """Steps per rank from marker ranges (number from the name, else order); a rank without markers is one step."""
+def _steps(annotations: pl.DataFrame, marker: str) -> pl.DataFrame:
+    """Steps per rank from marker ranges (number from the name, else order). A rank without markers has no rows:
+    the step_windows view makes its whole device activity one step."""
     try:
         marked = annotations.filter(pl.col("name").str.contains(marker))
     except pl.exceptions.ComputeError as exc:
@@ -306,12 +307,7 @@ def _steps(annotations: pl.DataFrame, device: pl.DataFrame, marker: str) -> pl.D
     marked = marked.sort("rank", "start_ns").with_columns(
         pl.coalesce("_number", pl.int_range(pl.len()).over("rank")).alias("step")
     )
-    steps = marked.group_by("rank", "step").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
-    spans = pl.concat([annotations.select("rank", "start_ns", "end_ns"), device.select("rank", "start_ns", "end_ns")])
-    whole = spans.filter(~pl.col("rank").is_in(steps["rank"].unique().implode())).group_by("rank").agg(
-        pl.lit(0, _I64).alias("step"), pl.col("start_ns").min(), pl.col("end_ns").max()
-    )
-    return pl.concat([steps, whole.select(steps.columns)]).sort("rank", "step")
+    return marked.group_by("rank", "step").agg(pl.col("start_ns").min(), pl.col("end_ns").max()).sort("rank", "step")
 
 
 def read(paths: list[Path], options: IngestOptions) -> RunData:
@@ -364,6 +360,6 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
             "device_events": device,
             "collectives": device.filter(pl.col("op").is_not_null()),
             "annotations": annotations,
-            "steps": _steps(annotations, device, options.step_marker or DEFAULT_STEP_MARKER),
+            "steps": _steps(annotations, options.step_marker or DEFAULT_STEP_MARKER),
         },
     )

@@ -88,18 +88,7 @@ def finish(data: RunData, layout: Layout | None) -> RunData:
     data.frames["process_groups"] = groups
     data.frames["collectives"] = number_instances(_collective_dims(data.table("collectives"), groups))
     align_hosts(data)
-    data.frames["steps"] = _whole_trace_steps(data)
     return data
-
-
-def _whole_trace_steps(data: RunData) -> pl.DataFrame:
-    """Ranks without step markers get one step 0 spanning their device activity (DESIGN §4)."""
-    steps = data.table("steps")
-    unmarked = (
-        data.table("device_events").join(steps.select("rank").unique(), on="rank", how="anti")
-        .group_by("rank").agg(pl.col("start_ns").min(), pl.col("end_ns").max()).with_columns(step=pl.lit(0))
-    )
-    return pl.concat([steps, conform("steps", unmarked)]) if not unmarked.is_empty() else steps
 
 
 def align_hosts(data: RunData) -> None:
