@@ -11,12 +11,10 @@ import json
 import sqlite3
 import sys
 import tempfile
-import time
 from decimal import Decimal
 from pathlib import Path
 
-from traceana import store
-from traceana.ingest.dispatch import IngestOptions, read_run
+from ingest_timing import time_ingest
 
 ASCEND = Path(__file__).resolve().parents[2] / "shared" / "traces" / "ascend"
 
@@ -56,16 +54,7 @@ def _scaled(copies: int, folder: Path) -> Path:
 
 def _measure(path: Path, repeats: int) -> tuple[float, float, int]:
     """Best seconds of read_run and of read_run + store write, and the device events ingested."""
-    best_parse = best_total = float("inf")
-    for _ in range(repeats):
-        with tempfile.TemporaryDirectory() as tmp:
-            start = time.perf_counter()
-            data = read_run([path], "ascend", IngestOptions())
-            parsed = time.perf_counter()
-            with store.connect(Path(tmp) / "bench.duckdb") as con:
-                store.write_run(con, "bench", data)
-            done = time.perf_counter()
-        best_parse, best_total = min(best_parse, parsed - start), min(best_total, done - start)
+    best_parse, best_total, data = time_ingest([path], "ascend", repeats)
     return best_parse, best_total, data.table("device_events").height
 
 

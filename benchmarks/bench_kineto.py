@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import gzip
 import json
-import tempfile
-import time
 from pathlib import Path
 
-from traceana import store
-from traceana.ingest.dispatch import IngestOptions, read_run
+from ingest_timing import time_ingest
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "kineto"
 
@@ -21,16 +18,7 @@ def main(repeats: int = 3) -> None:
     trace = max(SHARED.glob("*.json.gz"), key=lambda p: p.stat().st_size)
     raw = gzip.decompress(trace.read_bytes())
     events = len(json.loads(raw)["traceEvents"])
-    best_parse = best_total = float("inf")
-    for _ in range(repeats):
-        with tempfile.TemporaryDirectory() as tmp:
-            start = time.perf_counter()
-            data = read_run([trace], "kineto", IngestOptions())
-            parsed = time.perf_counter()
-            with store.connect(Path(tmp) / "bench.duckdb") as con:
-                store.write_run(con, "bench", data)
-            done = time.perf_counter()
-        best_parse, best_total = min(best_parse, parsed - start), min(best_total, done - start)
+    best_parse, best_total, data = time_ingest([trace], "kineto", repeats)
     mb_gz, mb_raw = trace.stat().st_size / 1e6, len(raw) / 1e6
     print(f"trace: {trace.name}  ({mb_gz:.2f} MB gzipped, {mb_raw:.1f} MB JSON, {events:,} events, "
           f"{data.table('device_events').height:,} device events)")

@@ -7,12 +7,9 @@ Run: .venv/bin/python benchmarks/bench_nsys.py
 from __future__ import annotations
 
 import sqlite3
-import tempfile
-import time
 from pathlib import Path
 
-from traceana import store
-from traceana.ingest.dispatch import IngestOptions, read_run
+from ingest_timing import time_ingest
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "nsys"
 
@@ -22,16 +19,7 @@ def main(repeats: int = 5) -> None:
     con = sqlite3.connect(f"file:{export}?mode=ro", uri=True)
     (kernels,) = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
     con.close()
-    best_read = best_total = float("inf")
-    for _ in range(repeats):
-        with tempfile.TemporaryDirectory() as tmp:
-            start = time.perf_counter()
-            data = read_run([export], "nsys", IngestOptions())
-            parsed = time.perf_counter()
-            with store.connect(Path(tmp) / "bench.duckdb") as db:
-                store.write_run(db, "bench", data)
-            done = time.perf_counter()
-        best_read, best_total = min(best_read, parsed - start), min(best_total, done - start)
+    best_read, best_total, data = time_ingest([export], "nsys", repeats)
     mb = export.stat().st_size / 1e6
     rows = data.table("device_events").height + data.table("annotations").height
     print(f"export: {export.name}  ({mb:.2f} MB, {kernels:,} kernels, {data.table('device_events').height:,} device "
