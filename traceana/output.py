@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-console = Console()
+# Piped output is not cut to 80 columns: a number a user quotes must never be elided.
+console = Console() if sys.stdout.isatty() else Console(width=250)
 
 
 def emit(frame: pl.DataFrame, *, title: str | None = None, fmt: str = "table") -> None:
@@ -28,7 +29,7 @@ def emit(frame: pl.DataFrame, *, title: str | None = None, fmt: str = "table") -
     else:
         table = Table(title=title, show_lines=False)
         for name, dtype in frame.schema.items():
-            table.add_column(name, justify="right" if dtype.is_numeric() else "left")
+            table.add_column(name, justify="right" if dtype.is_numeric() else "left", overflow="fold")
         for row in frame.iter_rows():
             table.add_row(*(_cell(v) for v in row))
         console.print(table)
