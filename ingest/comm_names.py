@@ -8,11 +8,6 @@ from __future__ import annotations
 
 import re
 
-import polars as pl
-
-OPS = ("AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "Reduce", "Send", "Recv", "SendRecv",
-       "Barrier", "Gather", "Scatter")
-
 # Spellings seen in kernel names, CPU ops, NVTX ranges, Kineto args and HCCL op names -> canonical op.
 # Matched on the lower-cased name with separators removed, so all_reduce / allReduce / AllReduce agree.
 _OP_WORDS: tuple[tuple[str, str], ...] = (
@@ -83,9 +78,3 @@ def parse_nccl_kernel(name: str) -> tuple[str | None, str | None]:
     kernel_op = "Generic" if word == "Generic" else canonical_op(word) or word
     dtype = next((_DTYPES[t] for t in rest.split("_") if t in _DTYPES), None)
     return kernel_op, dtype
-
-
-def nccl_kernel_columns(names: pl.Expr) -> list[pl.Expr]:
-    """Vectorized :func:`parse_nccl_kernel`: expressions for ``kernel_op`` and ``dtype``."""
-    parsed = names.map_elements(lambda n: list(parse_nccl_kernel(n)), return_dtype=pl.List(pl.String()))
-    return [parsed.list.get(0).alias("kernel_op"), parsed.list.get(1).alias("dtype")]

@@ -150,7 +150,7 @@ def _process_groups(infos: list[dict], con: duckdb.DuckDBPyConnection) -> pl.Dat
 _COMM_CPU_OPS = r"^(record_param_comms|nccl:|c10d::|gloo:)"
 
 # Elements of an op's first input tensor (Input Dims [[65536, 384], ...]): the payload when args lack msg nelems.
-_FIRST_INPUT_NELEMS = "list_reduce(TRY_CAST(input_dims->0 AS BIGINT[]), lambda x, y: x * y, 1)"
+FIRST_INPUT_NELEMS = "list_reduce(TRY_CAST(input_dims->0 AS BIGINT[]), lambda x, y: x * y, 1)"
 
 _LAUNCHERS_SQL = f"""
 -- For each communication kernel: the innermost comm CPU op around the runtime call that launched it.
@@ -159,7 +159,7 @@ WITH runtime AS (
     WHERE cat IN ('cuda_runtime', 'cuda_driver') AND corr IS NOT NULL
 ), host AS (
     SELECT f, pid, tid, start_ns, end_ns, name, coll_name, pg_name, seq,
-           coalesce(in_nelems, {_FIRST_INPUT_NELEMS}) AS in_nelems, coalesce(dtype, input_type->>0) AS dtype FROM ev
+           coalesce(in_nelems, {FIRST_INPUT_NELEMS}) AS in_nelems, coalesce(dtype, input_type->>0) AS dtype FROM ev
     WHERE cat IN ('cpu_op', 'user_annotation') AND regexp_matches(name, '{_COMM_CPU_OPS}')
 ), linked AS (
     SELECT k.f, k.start_ns AS k_start, k.corr, h.*, row_number() OVER (
@@ -296,7 +296,7 @@ def _align_hosts(con: duckdb.DuckDBPyConnection, hosts: list[str | None]) -> lis
     con.register("file_host", pl.DataFrame({"f": range(len(hosts)), "host": hosts}).to_arrow())
     shifts = dict(con.execute(f"""
         WITH comm AS (
-            SELECT h.host, e.name, e.end_ns, coalesce(e.in_nelems, {_FIRST_INPUT_NELEMS}) AS n,
+            SELECT h.host, e.name, e.end_ns, coalesce(e.in_nelems, {FIRST_INPUT_NELEMS}) AS n,
                    row_number() OVER (PARTITION BY e.f ORDER BY e.start_ns) AS k
             FROM ev e JOIN file_host h USING (f)
             WHERE e.f IN (SELECT min(f) FROM file_host GROUP BY host)

@@ -26,6 +26,7 @@ import polars as pl
 
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op
 from traceana.ingest.dispatch import IngestOptions
+from traceana.ingest.kineto import FIRST_INPUT_NELEMS
 
 _STEP = r"^ProfilerStep#(\d+)$"
 _NOT_COMPUTE = r"^(c10d::|autograd::|torch::autograd::|profiler::)"  # operator-named, but waits or bookkeeping
@@ -56,13 +57,13 @@ def cpu_frames(con: duckdb.DuckDBPyConnection, file_rank: pl.DataFrame, groups: 
     """).pl()
     # The logical op is what the program called (the c10d op issued on the main thread just before the gloo range
     # starts); the range's own name is what gloo ran: reduce_scatter runs as gloo:all_reduce.
-    comm = con.sql("""
+    comm = con.sql(f"""
         WITH calls AS (
             SELECT e.f, e.start_ns, e.name FROM ev e JOIN main_thread USING (f, tid)
             WHERE starts_with(e.name, 'c10d::') AND NOT regexp_matches(e.name, 'send|recv')
         )
         SELECT e.f, CAST(e.tid AS BIGINT) AS stream, e.start_ns, e.end_ns, e.name, 'comm' AS category,
-               list_reduce(TRY_CAST(e.input_dims->0 AS BIGINT[]), lambda x, y: x * y, 1) AS nelems,
+               {FIRST_INPUT_NELEMS} AS nelems,
                e.input_type->>0 AS dtype_name, e.peer, c.name AS call
         FROM ev e ASOF LEFT JOIN calls c ON c.f = e.f AND e.start_ns >= c.start_ns
         WHERE e.cat IN ('user_annotation', 'cpu_op') AND starts_with(e.name, 'gloo:')
