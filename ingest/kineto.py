@@ -33,7 +33,8 @@ _EVENT = (
     'args STRUCT("External id" JSON, correlation JSON, stream JSON, "Collective name" VARCHAR, '
     '"In msg nelems" JSON, "Out msg nelems" JSON, dtype VARCHAR, "Process Group Name" VARCHAR, '
     '"Process Group Ranks" JSON, "Process Group Description" VARCHAR, "Seq" JSON, "Input Dims" JSON, '
-    '"Input type" JSON, "Concrete Inputs" JSON, "dst rank" JSON, "src rank" JSON))[]'
+    '"Input type" JSON, "Concrete Inputs" JSON, "dst rank" JSON, "src rank" JSON, "Total Allocated" JSON, '
+    '"Total Reserved" JSON, "Device Type" JSON))[]'
 )
 
 
@@ -90,8 +91,11 @@ def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
             TRY_CAST(e.args."Seq"->>'$' AS BIGINT) AS seq,
             e.args."Input Dims" AS input_dims, e.args."Input type" AS input_type,
             e.args."Concrete Inputs" AS concrete,
-            TRY_CAST(coalesce(e.args."dst rank", e.args."src rank")->>'$' AS INTEGER) AS peer
-        FROM (SELECT unnest(traceEvents) AS e FROM {reader}) WHERE e.ph = 'X'"""
+            TRY_CAST(coalesce(e.args."dst rank", e.args."src rank")->>'$' AS INTEGER) AS peer,
+            TRY_CAST(e.args."Total Allocated"->>'$' AS BIGINT) AS mem_allocated,
+            TRY_CAST(e.args."Total Reserved"->>'$' AS BIGINT) AS mem_reserved,
+            TRY_CAST(e.args."Device Type"->>'$' AS INTEGER) AS mem_device_type
+        FROM (SELECT unnest(traceEvents) AS e FROM {reader}) WHERE e.ph = 'X' OR e.name = '[memory]'"""
     )
     return info
 
@@ -229,7 +233,8 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         "CREATE TABLE ev (f INTEGER, ph VARCHAR, cat VARCHAR, name VARCHAR, pid VARCHAR, tid VARCHAR, "
         "start_ns BIGINT, end_ns BIGINT, ext_id BIGINT, corr BIGINT, stream BIGINT, coll_name VARCHAR, "
         "in_nelems BIGINT, dtype VARCHAR, pg_name VARCHAR, pg_ranks VARCHAR, pg_desc VARCHAR, seq BIGINT, "
-        "input_dims JSON, input_type JSON, concrete JSON, peer INTEGER)"
+        "input_dims JSON, input_type JSON, concrete JSON, peer INTEGER, mem_allocated BIGINT, mem_reserved BIGINT, "
+        "mem_device_type INTEGER)"
     )
     infos, ranks, rank_sources = [], [], []
     for index, file in enumerate(files):
@@ -275,6 +280,11 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
             "device_events": events.join(file_rank, on="f"),
             "collectives": comm,
             "steps": steps.join(file_rank, on="f") if not steps.is_empty() else steps,
+            # profile_memory=True samples: the allocator of the device the rank computes on (CUDA=1, CPU=0).
+            "memory": con.sql(
+                "SELECT f, start_ns AS ts_ns, mem_allocated AS allocated_bytes, mem_reserved AS reserved_bytes FROM ev "
+                f"WHERE name = '[memory]' AND mem_device_type = {1 if mode == 'gpu' else 0} ORDER BY f, start_ns"
+            ).pl().join(file_rank, on="f"),
             "annotations": con.sql(
                 "SELECT f, start_ns, end_ns, name, 'cpu' AS domain, cat AS kind FROM ev "
                 "WHERE cat IN ('user_annotation', 'gpu_user_annotation')"

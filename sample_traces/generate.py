@@ -37,7 +37,7 @@ EXPERIMENTS = {
         Experiment("moe_skewed", "ep=2,dp=4", ("EP", "DP-EP"), moe.build_skewed,
                    "top-1 MoE over EP2, 7:1 skewed splits [56, 8]"),
         Experiment("toy8_tp2pp2dp2_1f1b", "tp=2,pp=2,dp=2,order=tp-cp-ep-dp-pp", ("TP", "DP", "PP"),
-                   toy_transformer.build, "8-rank TP2 PP2 DP2 toy GPT, 1F1B, 4 micro-batches"),
+                   toy_transformer.build, "8-rank TP2 PP2 DP2 toy GPT, 1F1B, 4 micro-batches", profile_memory=True),
     )
 }
 

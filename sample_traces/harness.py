@@ -55,6 +55,7 @@ class Experiment:
     groups: tuple[str, ...]  # group kinds to create, e.g. ("TP", "DP")
     build: Callable[[Context], StepFn]  # builds the rank's model and returns one training step
     summary: str
+    profile_memory: bool = False  # record allocator samples ([memory] events): the measured side of peak memory
 
 
 def free_port() -> int:
@@ -99,6 +100,7 @@ def _worker(rank: int, exp: Experiment, port: int, out_dir: Path) -> None:
             activities=[ProfilerActivity.CPU],
             schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE),
             record_shapes=True,
+            profile_memory=exp.profile_memory,
             on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),
         ) as prof:
             for _ in range(WAIT + WARMUP + ACTIVE):

@@ -158,3 +158,16 @@ def test_hosts_from_worker_file_names_are_aligned_by_collective_ends(tmp_path: P
     sql = ("SELECT c.instance, max(d.end_ns) - min(d.end_ns) FROM collectives c JOIN device_events d "
            "USING (run_id, rank, event_id) WHERE c.dim = 'DP' GROUP BY c.instance")
     assert max(s for _, s in query(db, sql)) < max(s for _, s in query(original, sql)) + 2_000_000
+
+
+def test_memory_samples_from_profile_memory(tmp_path: Path) -> None:
+    """toy8 was recorded with profile_memory=True: every CPU [memory] event becomes a memory row (raw JSON route)."""
+    db = tmp_path / "t.duckdb"
+    run_cli("ingest", SAMPLES / "toy8_tp2pp2dp2_1f1b", "--layout", SAMPLE_LAYOUTS["toy8_tp2pp2dp2_1f1b"], "--db", db)
+    rows = {r: (n, peak) for r, n, peak in query(db, "SELECT rank, count(*), max(allocated_bytes) FROM memory "
+                                                     "GROUP BY rank")}
+    for rank in range(8):
+        trace = json.loads(gzip.decompress((SAMPLES / "toy8_tp2pp2dp2_1f1b" / f"rank{rank}.json.gz").read_bytes()))
+        samples = [e["args"] for e in trace["traceEvents"]
+                   if e.get("name") == "[memory]" and e["args"]["Device Type"] == 0]
+        assert rows[rank] == (len(samples), max(s["Total Allocated"] for s in samples))
