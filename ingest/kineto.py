@@ -265,6 +265,17 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
 
         events, comm, steps = cpu_frames(con, file_rank, groups, options)
         mode = "cpu"
+    # profile_memory=True samples: the allocator of the device the rank computes on (CUDA=1, CPU=0).
+    memory = con.sql(
+        "SELECT f, start_ns AS ts_ns, mem_allocated AS allocated_bytes, mem_reserved AS reserved_bytes FROM ev "
+        f"WHERE name = '[memory]' AND mem_device_type = {1 if mode == 'gpu' else 0} ORDER BY f, start_ns"
+    ).pl().join(file_rank, on="f")
+    notes = []
+    if mode == "cpu":
+        notes.append("no device activity: CPU-only run, compute from the main thread's CPU ops")
+        if not memory.is_empty():
+            notes.append("CPU memory samples count only what was allocated while the profiler ran: tensors that "
+                         "existed before it started (parameters, optimizer state) are not in them")
 
     return RunData(
         source_format="kineto",
@@ -272,7 +283,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         world_size=world,
         tool_version=f"kineto schema {infos[0].get('backend', '?')}" if mode == "gpu" else "kineto (cpu-only)",
         rank_source=",".join(sorted(set(rank_sources))),
-        notes=[] if mode == "gpu" else ["no device activity: CPU-only run, compute from the main thread's CPU ops"],
+        notes=notes,
         frames={
             "ranks": pl.DataFrame({"rank": ranks, "host": hosts, "clock_offset_ns": offsets,
                                    "source": [str(f) for f in files], "rank_source": rank_sources}),
@@ -280,11 +291,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
             "device_events": events.join(file_rank, on="f"),
             "collectives": comm,
             "steps": steps.join(file_rank, on="f") if not steps.is_empty() else steps,
-            # profile_memory=True samples: the allocator of the device the rank computes on (CUDA=1, CPU=0).
-            "memory": con.sql(
-                "SELECT f, start_ns AS ts_ns, mem_allocated AS allocated_bytes, mem_reserved AS reserved_bytes FROM ev "
-                f"WHERE name = '[memory]' AND mem_device_type = {1 if mode == 'gpu' else 0} ORDER BY f, start_ns"
-            ).pl().join(file_rank, on="f"),
+            "memory": memory,
             "annotations": con.sql(
                 "SELECT f, start_ns, end_ns, name, 'cpu' AS domain, cat AS kind FROM ev "
                 "WHERE cat IN ('user_annotation', 'gpu_user_annotation')"

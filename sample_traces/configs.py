@@ -65,7 +65,9 @@ def config(name: str, hardware: dict[str, Any]) -> tuple[dict[str, Any], str]:
         "parallel": {**sizes, "order": layout.order, **extras},
         "schedule": {"kind": schedule},
         "hardware": {**hardware["hardware"], "devices": world},
-        "calibration": {**hardware["calibration"],
+        # safety_buffer_mb: seed 000's buffer is accelerator allocator fragmentation and runtime workspace; a CPU
+        # process has neither.
+        "calibration": {**hardware["calibration"], "safety_buffer_mb": 0.0,
                         "matmul_efficiency": round(statistics.median(rates.values()) / peak_gflops, 3)},
         "precision": FP32,
     }, caveat
