@@ -52,7 +52,7 @@ def compare(
                 raise TraceanaError(f"{estimate}: runs: has no entry {unknown[0]!r} (entries: {', '.join(known)})")
             entries = [e for e in entries if e.name in runs]
         rows, notes, base = _traced(entries, db), [], entries[0].config
-        title = f"{estimate.name} runs:"
+        title = f"{estimate.name} runs"
     else:
         base = config.load(estimate)
         if not runs or len(runs) == 1:
