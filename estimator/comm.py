@@ -113,8 +113,9 @@ def tp_layer(cfg: Config, moe: bool) -> Pass:
     input-gradient all-reduces in the backward; with sequence parallelism each becomes reduce-scatter + all-gather,
     the same bus volume. A MoE block reduces over the expert-TP group instead."""
     payload = _activation_bytes(cfg)
-    attn = collective("all_reduce", payload, span(cfg, ("tp",)), cfg)
-    ffn = collective("all_reduce", payload, span(cfg, ("tp",), expert=moe), cfg) if moe else attn
+    dense = collective("all_reduce", payload, span(cfg, ("tp",)), cfg)
+    attn = dense if cfg.model.attention else 0.0
+    ffn = collective("all_reduce", payload, span(cfg, ("tp",), expert=moe), cfg) if moe else dense
     return Pass(attn + ffn, attn + ffn)
 
 
@@ -129,7 +130,7 @@ def cp_layer(cfg: Config) -> Pass:
     backward), all-gather gathers K/V (reduce-scatters their gradients), Ulysses all-to-alls Q, K, V and the output
     between sequence and head sharding both ways."""
     p, m = cfg.parallel, cfg.model
-    if p.cp <= 1:
+    if p.cp <= 1 or not m.attention:
         return Pass()
     where = span(cfg, ("cp",))
     width = 2 * max(1, m.kv // p.tp) * m.hd if not m.mla else m.heads * (2 * m.hd + m.qk_rope_head_dim) / p.tp

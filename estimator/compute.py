@@ -54,6 +54,8 @@ def _matmul(flops: float) -> Work:
 def attention(cfg: Config) -> tuple[float, float]:
     """(projection FLOPs, core FLOPs) of one layer's attention forward on one GPU."""
     m, tp, t = cfg.model, cfg.parallel.tp, tokens(cfg)
+    if not m.attention:
+        return 0.0, 0.0
     if m.mla:
         qk = m.hd + m.qk_rope_head_dim
         v = m.v_head_dim or m.hd
@@ -108,11 +110,12 @@ def layer_traffic(cfg: Config, index: int) -> Work:
     moves about twice the forward's bytes; recompute moves them again."""
     m, p, a = cfg.model, cfg.parallel, cfg.precision.activation_bytes
     t = tokens(cfg)
-    replicated = 2 * (2 * a) + 2 * (3 * a + 1)  # two layer norms, two bias-dropout-adds, per token x hidden
+    blocks = 2 if m.attention else 1  # a layer norm and a bias-dropout-add per block, per token x hidden
+    replicated = blocks * (2 * a + 3 * a + 1)
     rows = replicated * t * m.hidden / (p.tp if p.sequence_parallel else 1)
     ffn = m.expert_ffn * (m.moe_topk * m.capacity_factor + m.shared_experts) if m.is_moe(index) else m.ffn_hidden
     activation = (3 if m.gated_mlp else 2) * a * t * ffn / p.tp  # SwiGLU reads gate and up, writes the product
-    scores = 0.0 if m.flash_attention else (6 * a + 1) * t * m.seq_len * m.heads / p.tp
+    scores = 0.0 if m.flash_attention or not m.attention else (6 * a + 1) * t * m.seq_len * m.heads / p.tp
     forward = rows + activation + scores
     kind = cfg.schedule.recompute.kind_of(index)
     again = forward if kind == "full" else scores if kind == "selective" else 0.0

@@ -46,6 +46,7 @@ class Model:
     capacity_factor: float = 1.0         # tokens an expert may take, relative to a balanced share (1 = balanced)
     gated_mlp: bool = True               # SwiGLU (3 matrices) vs GELU (2)
     flash_attention: bool = True         # False: the s x s scores are materialized (and stored: Korthikanti 5as/h)
+    attention: bool = True               # False: MLP-only blocks (no attention, its layer norm or its TP reduce)
     tied_embeddings: bool = False
     q_lora_rank: int | None = None       # MLA
     kv_lora_rank: int | None = None      # MLA

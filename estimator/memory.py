@@ -49,6 +49,8 @@ def _mlp_params(cfg: Config, ffn: float) -> float:
 def attention_params(cfg: Config) -> float:
     """One layer's attention weights (whole, before TP)."""
     m = cfg.model
+    if not m.attention:
+        return 0.0
     if m.mla:
         qk, v = m.hd + m.qk_rope_head_dim, m.v_head_dim or m.hd
         q = m.hidden * m.q_lora_rank + m.q_lora_rank * m.heads * qk if m.q_lora_rank else m.hidden * m.heads * qk
@@ -110,10 +112,10 @@ def layer_activation_bytes(cfg: Config, index: int) -> float:
     q = m.heads * (m.hd + m.qk_rope_head_dim) / p.tp
     kv = (m.heads * (2 * m.hd + m.qk_rope_head_dim) / p.tp if m.mla
           else 2 * max(1, m.kv // p.tp) * m.hd if m.kv < p.tp else 2 * m.kv * m.hd / p.tp)
-    # layer norms' inputs (2), attention input, MLP input: a bytes each; dropout masks after attention and MLP: 1
-    replicated = t * h * (4 * a + 2) / replicated_div
-    attention = a * t * (2 * q + kv)  # Q, K, V, and the output projection's input
-    if not m.flash_attention and kind != "selective":
+    # per block (attention, MLP): its layer norm's input and its own input, a bytes each, and a 1-byte dropout mask
+    replicated = t * h * (2 * a + 1) * (2 if m.attention else 1) / replicated_div
+    attention = a * t * (2 * q + kv) if m.attention else 0.0  # Q, K, V, and the output projection's input
+    if m.attention and not m.flash_attention and kind != "selective":
         attention += (2 * a + 1) * (m.heads / p.tp) * t * m.seq_len  # softmax out, dropout mask, dropout out
     intermediates = 3 if m.gated_mlp else 2  # gate and up outputs and their product / fc1 output and GeLU output
     if m.is_moe(index):

@@ -2,11 +2,11 @@
 
     .venv/bin/python sample_traces/configs.py [hardware_cpu.yaml]
 
-The model section describes each toy model as closely as the format allows. The format's layer is always attention
-plus an MLP (hidden -> ffn_hidden -> hidden), with an embedding and a head: the MLP, pipeline and MoE samples have
-no attention, embedding or head, so those configs use 1 head (2 with TP2) and a vocabulary of 8 to keep the extra
-work small, and say in a comment what differs. Hardware comes from probe_hardware.py; the matmul efficiency is the
-per-process rate measured with as many processes as the experiment has ranks, over the single-process peak.
+The model section describes each toy model as closely as the format allows. The MLP, pipeline and MoE samples have
+no attention (``attention: false``), embedding or head; the format always has an embedding and a head, so those
+configs use a vocabulary of 8 to keep that extra work small, and say in a comment what differs. Hardware comes
+from probe_hardware.py; the matmul efficiency is the per-process rate measured with as many processes as the
+experiment has ranks, over the single-process peak.
 """
 
 from __future__ import annotations
@@ -24,26 +24,28 @@ from traceana.layout import Layout
 HERE = Path(__file__).resolve().parent
 FP32 = {"param_bytes": 4, "grad_bytes": 4, "optimizer_bytes": 0, "activation_bytes": 4}  # fp32, plain SGD
 
-_MLP = {"layers": 1, "hidden": 512, "ffn_hidden": 1024, "heads": 2, "vocab": 8, "seq_len": 128, "gated_mlp": False}
+_MLP = {"layers": 1, "hidden": 512, "ffn_hidden": 1024, "heads": 2, "vocab": 8, "seq_len": 128, "gated_mlp": False,
+        "attention": False}
 # Pipeline stage s computes one GEMM 64x512x1024 and ships [mb, 1024]: hidden 1024 with ffn_hidden 256 gives a layer
 # whose MLP has the same FLOPs (2 x 1024 x 256 = 512 x 1024) and parameters (2 MiB) and whose activation is 1024 wide.
 # 64 tokens per pipeline = 8 sequences of 8; pp2_mb1 takes them as one micro-batch of 8, pp2_mb8 as 8 of 1.
-_PIPE = {"layers": 2, "hidden": 1024, "ffn_hidden": 256, "heads": 1, "vocab": 8, "seq_len": 8, "gated_mlp": False}
+_PIPE = {"layers": 2, "hidden": 1024, "ffn_hidden": 256, "heads": 1, "vocab": 8, "seq_len": 8, "gated_mlp": False,
+         "attention": False}
 _MOE = {"layers": 1, "hidden": 512, "ffn_hidden": 2048, "heads": 1, "vocab": 8, "seq_len": 64, "gated_mlp": False,
-        "experts": 2, "moe_topk": 1, "expert_ffn_hidden": 2048}
+        "attention": False, "experts": 2, "moe_topk": 1, "expert_ffn_hidden": 2048}
 
 # name -> (model, parallel extras, schedule kind, what the format cannot say)
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any], str, str]] = {
     "tp2dp2_mlp": (_MLP, {"micro_batch": 1, "global_batch": 2}, "1f1b",
-                   "no attention, embedding or head in the real model"),
+                   "no embedding or head in the real model"),
     "tp2dp2_mlp_sp": (_MLP, {"micro_batch": 1, "global_batch": 2, "sequence_parallel": True}, "1f1b",
-                      "no attention, embedding or head; the real model AllGathers right after its ReduceScatter"),
+                      "no embedding or head; the real model AllGathers right after its ReduceScatter"),
     "pp2_mb1": (_PIPE, {"micro_batch": 8, "global_batch": 16}, "gpipe",
-                "each stage is one GEMM, not attention + MLP; no embedding or head"),
+                "each stage is one GEMM, not an MLP's two; no embedding or head"),
     "pp2_mb8": (_PIPE, {"micro_batch": 1, "global_batch": 16}, "gpipe",
-                "each stage is one GEMM, not attention + MLP; no embedding or head"),
+                "each stage is one GEMM, not an MLP's two; no embedding or head"),
     "moe_balanced": (_MOE, {"micro_batch": 1, "global_batch": 4}, "1f1b",
-                     "no attention, router, embedding or head; routing is fixed"),
+                     "no router, embedding or head; routing is fixed"),
     "moe_skewed": ({**_MOE, "capacity_factor": 1.75}, {"micro_batch": 1, "global_batch": 4}, "1f1b",
                    "as moe_balanced; the hot expert takes 112 of 128 tokens = 1.75 x its balanced 64"),
     "toy8_tp2pp2dp2_1f1b": ({"layers": 4, "hidden": 256, "ffn_hidden": 1024, "heads": 4, "vocab": 1024,

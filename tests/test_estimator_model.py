@@ -49,6 +49,18 @@ def reduced(**parallel: Any):  # type: ignore[no-untyped-def]
 
 # --- compute --------------------------------------------------------------------------------------------------------
 
+def test_mlp_only_blocks_drop_attention_flops_params_activations_and_its_tp_reduce() -> None:
+    """attention: false describes an MLP-only block (seed 002's TP MLP): by hand, a GeLU MLP is 2 matrices of
+    h x 4h, 2·2·t·h·4h FLOPs forward on one GPU / tp; one TP all-reduce each way instead of two."""
+    full, mlp_only = gpt(), gpt(model__attention=False)
+    t, h, tp = compute.tokens(mlp_only), 2048, 2
+    assert compute.layer(mlp_only, 0).forward == pytest.approx(2 * 2 * t * h * 4 * h / tp)
+    assert compute.layer(mlp_only, 0).forward < compute.layer(full, 0).forward
+    assert memory.attention_params(mlp_only) == 0 < memory.attention_params(full)
+    assert comm.tp_layer(mlp_only, moe=False).forward == pytest.approx(comm.tp_layer(full, moe=False).forward / 2)
+    assert memory.layer_activation_bytes(mlp_only, 0) < memory.layer_activation_bytes(full, 0)
+
+
 def test_flops_match_narayanan_eq3_with_full_recompute() -> None:
     # Narayanan et al. SC'21 eq. 3: F = 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h)) per iteration, full recompute.
     cfg = gpt(schedule__recompute={"kind": "full"}, parallel__tp=1, parallel__pp=1, parallel__dp=1,
