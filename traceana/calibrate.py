@@ -13,6 +13,7 @@ left as they were and reported as such.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,7 @@ KNOBS = (
     Knob(("calibration", "tp_shardable_overhead_mb"), 0.0, 1e7, 256.0),
 )
 FD_STEP = 1e-3       # finite-difference step, in units of a knob's scale
+LADDER = (10.0, 100.0, 1000.0, 10000.0)  # probes for knobs flat where they start, in units of their scale
 MAX_TRIALS = 60      # trial steps (one estimate per row each)
 TOLERANCE = 1e-2     # stop when an accepted step lowers the squared residuals by less than 1%: further
                      # crawling along the model's kinks costs many estimates for little (vTrain: held-out MAPE
@@ -129,8 +131,11 @@ def fit(rows: list[Row]) -> Fit:
     z = np.zeros(len(KNOBS))
     r0 = residuals(train, configs(z, everything))
     full = jacobian(z, r0, everything)
+    z, r = _unflatten(z, r0, full, hi, lambda q: residuals(train, configs(q, everything)))
+    if r is not r0:
+        full = jacobian(z, r, everything)
     active, status = _identifiable(full)
-    z, r, trials = _levenberg_marquardt(z, r0, full[:, active], active, lo, hi,
+    z, r, trials = _levenberg_marquardt(z, r, full[:, active], active, lo, hi,
                                             lambda q: residuals(train, configs(q, active)),
                                             lambda q, rq: jacobian(q, rq, active))
     fitted = start + scale * z
@@ -151,6 +156,27 @@ def apply(values: dict[tuple[str, ...], float], cfg: Config) -> Config:
     for path, value in values.items():
         cfg = replace_path(cfg, path, value)
     return cfg
+
+
+def _unflatten(z: np.ndarray, r: np.ndarray, jac: np.ndarray, hi: np.ndarray,
+               residual: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Start each knob that is flat where it starts from the best point of a coarse ladder further out.
+
+    Some knobs enter through a max(): host time per layer only matters once it exceeds the device time, so at 0 its
+    derivative is zero and least squares would never move it. Probing 10, 100, 1000 and 10000 steps of its scale
+    (one estimate per row each) finds where it bites; knobs nothing depends on stay where they are."""
+    z = z.copy()
+    for i in np.flatnonzero(np.linalg.norm(jac, axis=0) < 1e-9):
+        best = float(r @ r)
+        for step in LADDER:
+            if z[i] + step > hi[i]:
+                break
+            trial = z.copy()
+            trial[i] += step
+            moved = residual(trial)
+            if float(moved @ moved) < best:
+                best, z, r = float(moved @ moved), trial, moved
+    return z, r
 
 
 def _identifiable(jac: np.ndarray) -> tuple[list[int], list[str]]:
