@@ -100,15 +100,17 @@ def _collective_groups(con: duckdb.DuckDBPyConnection, comm: pl.DataFrame) -> pl
     con.register("gloo_ops", comm.select("rank", "stream", "event_id", "op", "nelems", "start_ns", "end_ns",
                                          "peer").to_arrow())
     partners = con.sql("""
-        WITH cand AS (  -- every group of a rank is a candidate for each of its worker threads
-            SELECT DISTINCT o.rank, o.stream, g.pg, g.ranks
-            FROM gloo_ops o JOIN groups g ON list_contains(g.ranks, o.rank)
+        WITH members AS (  -- (group, member rank) pairs, so partners are found by equality, not by list scans
+            SELECT pg, len(ranks) AS size, unnest(ranks) AS member FROM groups
+        ), cand AS (  -- every group of a rank is a candidate for each of its worker threads
+            SELECT DISTINCT o.rank, o.stream, m.pg, m.size FROM gloo_ops o JOIN members m ON m.member = o.rank
         )  -- for each op and candidate group: ops of other members that match it and overlap it in time
-        SELECT o.rank, o.stream, o.event_id, c.pg, len(c.ranks) AS size, p.rank AS member, p.stream AS member_stream,
+        SELECT o.rank, o.stream, o.event_id, c.pg, c.size, p.rank AS member, p.stream AS member_stream,
                CAST(min(abs(p.end_ns - o.end_ns)) AS DOUBLE) AS gap
         FROM gloo_ops o JOIN cand c ON c.rank = o.rank AND c.stream = o.stream
-        JOIN gloo_ops p ON list_contains(c.ranks, p.rank) AND p.rank <> o.rank
-             AND p.op = o.op AND (p.nelems IS NOT DISTINCT FROM o.nelems OR o.op = 'AllToAll')  -- a2a splits vary
+        JOIN members m ON m.pg = c.pg AND m.member <> o.rank
+        JOIN gloo_ops p ON p.rank = m.member AND p.op = o.op
+             AND (p.nelems IS NOT DISTINCT FROM o.nelems OR o.op = 'AllToAll')  -- a2a splits vary
              AND p.start_ns <= o.end_ns AND o.start_ns <= p.end_ns
         GROUP BY ALL
     """).pl()
