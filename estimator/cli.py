@@ -12,7 +12,7 @@ from traceana.estimator import config, memory, record, timeline
 from traceana.estimator import search as searching
 from traceana.estimator.estimate import Estimate, model_flops
 from traceana.estimator.estimate import estimate as run_estimate
-from traceana.output import emit, emit_json
+from traceana.output import emit, emit_json, progress
 
 ConfigArgument = Annotated[Path, typer.Argument(help="Job YAML (model, parallel, schedule, hardware, calibration).")]
 
@@ -73,7 +73,8 @@ def search(
     """Rank the layouts (tp, cp, pp, dp, ep, vpp, micro-batch, recompute, schedule, partition) of the config's
     device count that fit in memory, by estimated step time."""
     cfg = config.load(cfg_path)
-    result = searching.search(cfg, top)
+    with progress(None, "searching") as advance:
+        result = searching.search(cfg, top, advance)
     table = result.frame()
     if json:
         emit_json({"candidates": result.candidates, "fitting": result.fitting, "simulated": result.simulated,

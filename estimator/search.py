@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import polars as pl
@@ -109,8 +109,8 @@ def candidates(cfg: Config) -> Iterator[Config]:
                                 yield candidate
 
 
-def search(cfg: Config, top: int = 10) -> SearchResult:
-    """The ``top`` fastest candidates that fit in memory."""
+def search(cfg: Config, top: int = 10, progress: Callable[[str], None] = lambda _: None) -> SearchResult:
+    """The ``top`` fastest candidates that fit in memory; ``progress`` is called once per candidate."""
     if top < 1:
         raise TraceanaError(f"--top {top}: must be at least 1")
     started = time.perf_counter()
@@ -119,6 +119,7 @@ def search(cfg: Config, top: int = 10) -> SearchResult:
     enumerated = fitting = simulated = 0
     for candidate in candidates(cfg):
         enumerated += 1
+        progress(f"{simulated:,} simulated")
         if candidate.schedule.stage_layers == "ppb":
             partition = ppb(candidate)
             if not partition.is_feasible:

@@ -50,8 +50,9 @@ def _cell(value: Any) -> str:
 
 
 @contextmanager
-def progress(total: int, label: str) -> Iterator[Callable[[str], None]]:
-    """A progress bar on a terminal (silent when piped); yields ``advance(description)``."""
+def progress(total: int | None, label: str) -> Iterator[Callable[[str], None]]:
+    """A progress bar on a terminal (silent when piped; a count without a bar when ``total`` is unknown); yields
+    ``advance(description)``."""
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task(label, total=total)
