@@ -99,8 +99,9 @@ def residuals(rows: list[Row], configs: list[Config]) -> np.ndarray:
     return np.asarray(out)
 
 
-def fit(rows: list[Row]) -> Fit:
-    """Fit the knobs on the fit half of ``rows`` and evaluate them on the held-out half."""
+def fit(rows: list[Row], progress: Callable[[str], None] = lambda _: None) -> Fit:
+    """Fit the knobs on the fit half of ``rows`` and evaluate them on the held-out half; ``progress`` is called
+    once per pass of estimates over the fit rows."""
     train, held = split(rows)
     start = np.array([float(get_path(train[0].config, k.path)) for k in KNOBS])
     scale = np.maximum(np.abs(start), [k.floor for k in KNOBS])
@@ -108,7 +109,12 @@ def fit(rows: list[Row]) -> Fit:
     lo = (np.where(rate, np.maximum([k.lo for k in KNOBS], start / MAX_FACTOR), [k.lo for k in KNOBS]) - start) / scale
     hi = (np.where(rate, np.minimum([k.hi for k in KNOBS], start * MAX_FACTOR), [k.hi for k in KNOBS]) - start) / scale
 
+    passes = 0
+
     def configs(z: np.ndarray, active: list[int]) -> list[Config]:
+        nonlocal passes
+        passes += 1
+        progress(f"{passes} passes over {len(train)} rows")
         x = start + scale * z
         result = []
         for row in train:

@@ -14,7 +14,7 @@ from traceana.compare import RunComparison, compare_run
 from traceana.errors import TraceanaError
 from traceana.estimator import config
 from traceana.estimator.estimate import estimate as run_estimate
-from traceana.output import emit, emit_json
+from traceana.output import emit, emit_json, progress
 
 BIG_SWEEP = 30  # rows: beyond this the text output lists only the worst rows (--json has them all)
 
@@ -78,7 +78,7 @@ def _one_run(cfg: config.Config, cfg_path: Path, run: str | None, db: Path, plot
         run_id = store.resolve_run(con, run)
         result = compare_run(con, run_id, est)
         rows = sweep.traced_rows(con, [config.Run(run_id, cfg, {})]) if fit else []
-    fitted = calibrate.fit(rows) if fit else None
+    fitted = _fit(rows) if fit else None
     if plot is not None:
         from traceana.compare_plot import run_scatter
 
@@ -121,11 +121,16 @@ def _print_run(result: RunComparison, cfg_path: Path) -> None:
         typer.echo(f"note: {note}", err=True)
 
 
+def _fit(rows: list[sweep.Row]) -> calibrate.Fit:
+    with progress(None, "fitting") as advance:
+        return calibrate.fit(rows, advance)
+
+
 def _sweep(rows: list[sweep.Row], notes: list[str], base: config.Config, title: str, plot: Path | None, fit: bool,
            write_calibration: Path | None, json: bool) -> None:
     frame = sweep.rows_frame(rows)
     stats = sweep.statistics(frame)
-    fitted = calibrate.fit(rows) if fit else None
+    fitted = _fit(rows) if fit else None
     if plot is not None:
         from traceana.compare_plot import sweep_scatter
 
