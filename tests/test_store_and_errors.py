@@ -109,3 +109,23 @@ def test_sql_and_info_json(db: Path) -> None:
     out = run_cli("sql", "SELECT count(*) AS n FROM collectives", "--db", db, "--format", "csv").stdout
     assert out.splitlines() == ["n", "21"]
     assert '"process_groups"' in run_cli("info", "--db", db, "--json").stdout
+
+
+def test_reports_read_alongside_another_reader_and_use_this_versions_views(db: Path, tmp_path: Path) -> None:
+    """Read-only opens take no lock against each other, and define the installed views as temporary views that
+    shadow whatever an older traceana stored (here: a stored rank_step_breakdown that returns nothing)."""
+    copy = tmp_path / "old.duckdb"
+    copy.write_bytes(db.read_bytes())
+    with duckdb.connect(str(copy)) as con:
+        con.execute("CREATE OR REPLACE VIEW rank_step_breakdown AS SELECT * FROM runs WHERE false")
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb,time; c=duckdb.connect({str(copy)!r}, "
+                               "read_only=True); print('ready', flush=True); time.sleep(30)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        out = run_cli("sql", "SELECT count(*) AS n FROM rank_step_breakdown", "--db", copy, "--format", "csv").stdout
+        steps = run_cli("sql", "SELECT count(*) AS n FROM steps", "--db", copy, "--format", "csv").stdout
+        assert out == steps and out.splitlines()[1] != "0"
+    finally:
+        holder.kill()
+        holder.wait()

@@ -67,14 +67,14 @@ def _traced(entries: list[config.Run], db: Path) -> list[sweep.Row]:
     """Sweep rows of ``entries``, opening the store only when some entry is measured there."""
     if all(e.measured for e in entries):
         return sweep.traced_rows(None, entries)
-    with store.connect(db, read_only=not db.exists()) as con:
+    with store.connect(db, read_only=True) as con:
         return sweep.traced_rows(con, entries)
 
 
 def _one_run(cfg: config.Config, cfg_path: Path, run: str | None, db: Path, plot: Path | None, fit: bool,
              write_calibration: Path | None, json: bool) -> None:
     est = run_estimate(cfg)
-    with store.connect(db, read_only=not db.exists()) as con:
+    with store.connect(db, read_only=True) as con:
         run_id = store.resolve_run(con, run)
         result = compare_run(con, run_id, est)
         rows = sweep.traced_rows(con, [config.Run(run_id, cfg, {})]) if fit else []

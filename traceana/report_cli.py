@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Annotated
 
-import duckdb
 import polars as pl
 import typer
 
@@ -17,11 +15,6 @@ from traceana.errors import TraceanaError
 from traceana.output import emit, emit_json
 
 StepOption = Annotated[int | None, typer.Option("--step", help="One step (default: mean over steps after the first).")]
-
-
-def _open(db: Path) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
-    """The store, writable when it exists so that its views are this version's; a missing file is an error."""
-    return store.connect(db, read_only=not db.exists())
 
 
 def _varying_coords(frame: pl.DataFrame) -> list[str]:
@@ -54,7 +47,7 @@ def breakdown(
     """Where each rank's step time went: COMP, each dimension's exposed communication wait, IDLE (ms, % of TOTAL)."""
     if by not in ("rank", "stage"):
         raise TraceanaError(f"--by {by!r}: choose rank or stage")
-    with _open(db) as con:
+    with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         ranks = bd.by_rank(con, rid, step)
         frame = ranks if by == "rank" else bd.by_stage(con, rid, step)
@@ -97,7 +90,7 @@ def timeline(
     """Gantt of one step across ranks: compute grey, communication colored by dimension, idle blank."""
     from traceana.plots import timeline_gantt
 
-    with _open(db) as con:
+    with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         windows, intervals = bd.timeline(con, rid, step)
     timeline_gantt(windows, intervals, plot, f"{rid}: step {step} across {windows.height} ranks")
@@ -114,7 +107,7 @@ def stragglers(
     """The straggler stage (largest mean COMP per step), ranks slower than their stage, and who others waited for."""
     if threshold < 0:
         raise TraceanaError(f"--threshold {threshold}: must be a percentage >= 0")
-    with _open(db) as con:
+    with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         per_rank = bd.stragglers(con, rid)
         late = bd.late_ranks(con, rid)

@@ -28,7 +28,9 @@ def view_sql() -> list[str]:
 
 @contextmanager
 def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
-    """Open the store. Read-only opens require the file; a writer creates schema and views on first use."""
+    """Open the store. A writer creates schema and views on first use. Read-only opens need the file and take no
+    lock against each other; they define this version's views as temporary views, which shadow the stored ones,
+    so reports always run the installed queries even on a database an older traceana wrote."""
     path = Path(db)
     if read_only and not path.exists():
         raise TraceanaError(f"{path}: no such database (run `traceana ingest` first, or pass --db)")
@@ -42,8 +44,8 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False) -> Iterator
     try:
         if not read_only:
             con.execute(_schema_sql())
-            for sql in view_sql():
-                con.execute(sql)
+        for sql in view_sql():
+            con.execute(sql.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW", 1) if read_only else sql)
         yield con
     finally:
         con.close()
