@@ -24,8 +24,9 @@ from traceana.ingest.ascend_tasks import (
     rank_events,
     task_category,
 )
-from traceana.ingest.ascend_timeline import DEFAULT_STEP_MARKER, marked_steps
+from traceana.ingest.ascend_timeline import DEFAULT_STEP_MARKER
 from traceana.ingest.rules import Rule
+from traceana.ingest.run_data import marker_steps
 
 SCHEMA_MAJOR = "1"  # the schema family read here (META_DATA SCHEMA_VERSION 1.x)
 
@@ -185,7 +186,7 @@ def read_database(path: Path, rules: list[Rule], step_marker: str | None) -> Ran
         steps = db.frame("SELECT id AS step, startNs AS start_ns, endNs AS end_ns FROM STEP_TIME",
                          {"step": pl.Int32(), "start_ns": pl.Int64(), "end_ns": pl.Int64()})
     else:
-        steps = marked_steps(annotations.filter(pl.col("kind") == "cpu_op"), step_marker or DEFAULT_STEP_MARKER)
+        steps = marker_steps(annotations.filter(pl.col("kind") == "cpu_op"), step_marker or DEFAULT_STEP_MARKER)
     trace = RankTrace(source=path, events=_events(db, rules), annotations=annotations, steps=steps,
                       pid=db.rows("SELECT min(globalPid) FROM TASK")[0][0], metadata=_metadata(db),
                       tool_version=f"database schema {version}")

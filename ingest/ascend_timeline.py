@@ -19,6 +19,7 @@ from traceana.errors import TraceanaError
 from traceana.ingest.ascend_memory import memory_from_csv
 from traceana.ingest.ascend_tasks import RankTrace, hccl_task_annotations, hcom_columns, rank_events, task_category
 from traceana.ingest.rules import Rule
+from traceana.ingest.run_data import marker_steps
 
 DEFAULT_STEP_MARKER = r"^ProfilerStep#(\d+)$"
 
@@ -132,17 +133,8 @@ def read_timeline(files: list[Path], rules: list[Rule], step_marker: str | None)
     device = re.search(r"(\d+)", hardware[0][1] or "")
     return RankTrace(
         source=files[0], events=events, annotations=annotations,
-        steps=marked_steps(annotations.filter(pl.col("kind") == "cpu_op"), step_marker or DEFAULT_STEP_MARKER),
+        steps=marker_steps(annotations.filter(pl.col("kind") == "cpu_op"), step_marker or DEFAULT_STEP_MARKER),
         device=int(device.group(1)) if device else None,
         pid=int(python) if python and python.isdigit() else None,
         memory=memory_from_csv(files[0].parent / "memory_record.csv"),
     )
-
-
-def marked_steps(ranges: pl.DataFrame, marker: str) -> pl.DataFrame:
-    """Steps from the ranges whose name matches ``marker``: numbered by the name's integer, else in order."""
-    marked = ranges.filter(pl.col("name").str.contains(marker)).sort("start_ns")
-    numbers = marked["name"].str.extract(r"(\d+)", 1).cast(pl.Int32)
-    if numbers.null_count() or numbers.n_unique() < len(numbers):
-        numbers = pl.int_range(len(marked), dtype=pl.Int32, eager=True)
-    return marked.select(numbers.alias("step"), "start_ns", "end_ns")

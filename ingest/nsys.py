@@ -29,7 +29,7 @@ from traceana.errors import TraceanaError
 from traceana.ingest.nsys_comm import collective_ops
 from traceana.ingest.nsys_export import Export, export_report, is_sqlite
 from traceana.ingest.rules import classify
-from traceana.ingest.run_data import RunData, require_unique_ranks
+from traceana.ingest.run_data import RunData, marker_steps, require_unique_ranks
 
 if TYPE_CHECKING:
     from traceana.ingest.dispatch import IngestOptions
@@ -296,20 +296,6 @@ def _clock_offsets(reports: list[Report], notes: list[str]) -> list[int]:
     return [s - first for s in starts if s is not None]
 
 
-def _steps(annotations: pl.DataFrame, marker: str) -> pl.DataFrame:
-    """Steps per rank from marker ranges (number from the name, else order). A rank without markers has no rows:
-    the step_windows view makes its whole device activity one step."""
-    try:
-        marked = annotations.filter(pl.col("name").str.contains(marker))
-    except pl.exceptions.ComputeError as exc:
-        raise TraceanaError(f"--step-marker {marker!r}: {str(exc).splitlines()[0]}") from None
-    marked = marked.with_columns(pl.col("name").str.extract(r"(\d+)\D*$").cast(_I64).alias("_number"))
-    marked = marked.sort("rank", "start_ns").with_columns(
-        pl.coalesce("_number", pl.int_range(pl.len()).over("rank")).alias("step")
-    )
-    return marked.group_by("rank", "step").agg(pl.col("start_ns").min(), pl.col("end_ns").max()).sort("rank", "step")
-
-
 def read(paths: list[Path], options: IngestOptions) -> RunData:
     """One run from nsys exports / reports (files, or folders of them)."""
     reports = []
@@ -360,6 +346,6 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
             "device_events": device,
             "collectives": device.filter(pl.col("op").is_not_null()),
             "annotations": annotations,
-            "steps": _steps(annotations, options.step_marker or DEFAULT_STEP_MARKER),
+            "steps": marker_steps(annotations, options.step_marker or DEFAULT_STEP_MARKER),
         },
     )

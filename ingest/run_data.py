@@ -183,6 +183,21 @@ def number_instances(coll: pl.DataFrame, starts: pl.DataFrame | None = None) -> 
     return out.sort("_row").select(coll.columns)
 
 
+def marker_steps(ranges: pl.DataFrame, marker: str) -> pl.DataFrame:
+    """Steps from the ranges (NVTX, CPU ops) whose name matches ``marker``, per rank when ``ranges`` has one: a
+    step is numbered by the last integer in its name, else by its order on the rank; ranges sharing a number form
+    one step spanning them all. A rank without markers gets no rows (step_windows makes its activity one step)."""
+    try:
+        marked = ranges.filter(pl.col("name").str.contains(marker))
+    except pl.exceptions.ComputeError as exc:
+        raise TraceanaError(f"--step-marker {marker!r}: {str(exc).splitlines()[0]}") from None
+    by = ["rank"] if "rank" in marked.columns else []
+    marked = marked.sort([*by, "start_ns"]).with_columns(pl.coalesce(
+        pl.col("name").str.extract(r"(\d+)\D*$").cast(pl.Int64),
+        pl.int_range(pl.len()).over(by) if by else pl.int_range(pl.len())).alias("step"))
+    return marked.group_by([*by, "step"]).agg(pl.col("start_ns").min(), pl.col("end_ns").max()).sort([*by, "step"])
+
+
 def require_unique_ranks(ranks: list[int], sources: list[str]) -> None:
     """Two inputs claiming the same rank is a user error, named with both files."""
     seen: dict[int, str] = {}
