@@ -10,7 +10,7 @@ import typer
 
 from traceana import store
 from traceana.errors import TraceanaError
-from traceana.output import emit, emit_json, progress
+from traceana.output import emit, emit_json, ingest_progress
 
 app = typer.Typer(help="Trace-driven analyzer for distributed LLM training.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -54,19 +54,22 @@ def ingest(
             raise TraceanaError(f"--step-marker {step_marker!r}: not a regular expression ({exc})") from None
     options = IngestOptions(layout=parsed_layout, step_marker=step_marker, rules=load_rules(rules),
                             cache_dir=db.resolve().parent / ".traceana-cache")
-    with progress(len(paths), "reading") as advance:
-        options.progress = advance
+    with ingest_progress() as bar:
+        options.progress = bar
         data = read_run(paths, fmt, options)
-    rid = run_id or default_run_id(paths)
-    with store.connect(db) as con:
-        store.write_run(con, rid, data)
-        counts = con.execute(
-            "SELECT (SELECT count(*) FROM ranks WHERE run_id=$r), (SELECT count(*) FROM device_events WHERE run_id=$r),"
-            " (SELECT count(*) FROM collectives WHERE run_id=$r), (SELECT count(*) FROM steps WHERE run_id=$r)",
-            {"r": rid},
-        ).fetchall()[0]
+        rid = run_id or default_run_id(paths)
+        bar.phase(f"writing run {rid} to {db}")
+        with store.connect(db) as con:
+            store.write_run(con, rid, data)
+            counts = con.execute(
+                "SELECT (SELECT count(*) FROM ranks WHERE run_id=$r), (SELECT count(*) FROM device_events WHERE "
+                "run_id=$r), (SELECT count(*) FROM collectives WHERE run_id=$r), (SELECT count(*) FROM steps WHERE "
+                "run_id=$r), (SELECT count(DISTINCT step) FROM steps WHERE run_id=$r)", {"r": rid},
+            ).fetchall()[0]
+    steps = (f"{counts[4]} steps ({counts[3]} rank-steps)" if counts[3]
+             else "no step markers: the whole trace is analysed as one step")
     typer.echo(f"{rid}: {data.source_format}, {counts[0]} ranks, {counts[1]} device events, "
-               f"{counts[2]} collectives, {counts[3]} rank-steps -> {db}")
+               f"{counts[2]} collectives, {steps} -> {db}")
     for note in data.notes:
         typer.echo(f"  note: {note}")
 
