@@ -61,6 +61,14 @@ def test_breakdown_and_timeline_plots(db: Path, tmp_path: Path) -> None:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_timeline_defaults_to_the_first_analysed_step_and_info_lists_steps(db: Path, tmp_path: Path) -> None:
+    code, out = invoke("timeline", "--db", str(db), "--plot", str(tmp_path / "g.png"))
+    assert code == 0 and "(step 1, 2 ranks" in out  # step 0 is warm-up; 1 is the first the typical step averages
+    code, out = invoke("info", "--db", str(db), "--json")
+    assert code == 0, out
+    assert [(s["step"], s["ranks"], s["mean_ms"]) for s in json.loads(out)["steps"]] == [(0, 2, 1e-3), (1, 2, 1e-3)]
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("breakdown", "--by", "host"), "--by 'host': choose rank or stage"),
     (("breakdown", "--step", "7"), "--step 7: run 'two' has no such step (steps: 0, 1)"),

@@ -25,6 +25,14 @@ def steps(con: duckdb.DuckDBPyConnection, run_id: str) -> list[int]:
     return [r[0] for r in rows]
 
 
+def first_analysed_step(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
+    """The first step the typical step averages: the second one (the first is warm-up), or the only one."""
+    known = steps(con, run_id)
+    if not known:
+        raise TraceanaError(f"run {run_id!r} has no device events, so no breakdown")
+    return known[1] if len(known) > 1 else known[0]
+
+
 def check_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> None:
     """A one-line error when ``step`` is not one of the run's steps."""
     known = steps(con, run_id)

@@ -87,12 +87,16 @@ def runs(db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> Non
 
 @app.command()
 def info(run: RunArgument = None, db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> None:
-    """A run's ranks with coordinates, its process groups with dims, and event counts by category, op and dim."""
+    """A run's ranks with coordinates, its steps, its process groups with dims, and event counts by category, op
+    and dim."""
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         parts = {
             "ranks": "SELECT rank, host, device, pid, clock_offset_ns, tp, cp, ep, dp, pp, rank_source "
                      "FROM ranks WHERE run_id=$r ORDER BY rank",
+            "steps": "SELECT step, count(*) AS ranks, round(avg(end_ns - start_ns) / 1e6, 3) AS mean_ms, "
+                     "round(max(end_ns - start_ns) / 1e6, 3) AS max_ms, bool_and(from_markers) AS from_markers "
+                     "FROM step_windows WHERE run_id=$r GROUP BY step ORDER BY step",
             "process_groups": "SELECT pg, dim, name, ranks, source FROM process_groups WHERE run_id=$r "
                               "ORDER BY dim, pg",
             "events by category": "SELECT category, count(*) AS events, sum(end_ns-start_ns)/1e6 AS busy_ms "

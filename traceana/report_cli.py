@@ -82,8 +82,9 @@ def _stage_table(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def timeline(
-    step: Annotated[int, typer.Option("--step", help="The step to draw.")],
     plot: Annotated[Path, typer.Option("--plot", help="PNG file to write.")],
+    step: Annotated[int | None, typer.Option("--step", help="The step to draw (default: the first analysed step: "
+                                             "the first after the warm-up step, or the only one).")] = None,
     run: RunArgument = None,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -92,9 +93,11 @@ def timeline(
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
+        if step is None:
+            step = bd.first_analysed_step(con, rid)
         windows, intervals = bd.timeline(con, rid, step)
     timeline_gantt(windows, intervals, plot, f"{rid}: step {step} across {windows.height} ranks")
-    typer.echo(f"wrote {plot} ({windows.height} ranks, {intervals.height} activity intervals)")
+    typer.echo(f"wrote {plot} (step {step}, {windows.height} ranks, {intervals.height} activity intervals)")
 
 
 def stragglers(

@@ -1,4 +1,5 @@
-"""The ingest progress bar counts the files it reads and their bytes, not the arguments, and names what follows."""
+"""What ingest tells the user: a progress bar over the files it reads and their bytes (not the arguments), the
+phases after reading by name, and how the steps were found."""
 
 from __future__ import annotations
 
@@ -41,3 +42,15 @@ def test_progress_counts_files_and_bytes(folder: Path, pattern: str) -> None:
     assert len(recorder.done) > 1  # more files than the one folder argument
     assert recorder.phases[-1] == "assigning coordinates, process groups and collective instances"
     assert len(recorder.phases) == 2  # the format's own work after reading is named too
+
+
+@pytest.mark.parametrize(("trace", "says"), [
+    # no ProfilerStep# annotation anywhere in the file (zcat | grep -c ProfilerStep: 0)
+    ("tracelens_b200_rank0of8_vllm", "no step markers: the whole trace is analysed as one step"),
+    ("hta_rank0of2_pg_args", "3 steps (3 rank-steps)"),  # ProfilerStep#4, #5, #6 on its one rank
+])
+def test_ingest_says_how_steps_were_found(cli, tmp_path: Path, trace: str, says: str) -> None:  # type: ignore[no-untyped-def]
+    path = TRACES / "kineto" / f"{trace}.json.gz"
+    if not path.exists():
+        pytest.skip(f"{path} is not here")
+    assert says in cli("ingest", path, "--db", tmp_path / "s.duckdb").stdout
