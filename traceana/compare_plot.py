@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 from matplotlib.axes import Axes
 
+from traceana.breakdown import label
 from traceana.compare import DIMS, PEAK, RunComparison
 from traceana.plots import PART_COLORS
 
@@ -61,7 +62,7 @@ def _panel(ax: Axes, points: pl.DataFrame, unit: str) -> None:
     for dim, reference, measured, estimated in sorted(groups.iter_rows(), key=lambda g: (ORDER.get(g[0], 99), g[1])):
         color = COLORS.get(dim, "tab:gray")
         ax.scatter(measured, estimated, s=size, facecolors="none" if reference else color, edgecolors=color,
-                   linewidths=1.0, alpha=alpha, label=f"{dim} (reference estimate)" if reference else dim)
+                   linewidths=1.0, alpha=alpha, label=f"{label(dim)} (reference estimate)" if reference else label(dim))
     if shown.height:
         low = min(shown["measured"].min(), shown["estimated"].min()) / 1.5
         high = max(shown["measured"].max(), shown["estimated"].max()) * 1.5

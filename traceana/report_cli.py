@@ -32,7 +32,7 @@ def _cells(frame: pl.DataFrame, suffix: str, share: bool) -> list[pl.Expr]:
     for part in shown:
         pct = (100 * pl.col(f"{part}{suffix}") / pl.col(f"TOTAL{suffix}")).round(1).fill_nan(None)
         cells.append((pl.format("{} ({}%)", ms(part), pct) if share else ms(part).cast(pl.String))
-                     .alias(f"{part} ms (%)"))
+                     .alias(f"{bd.label(part)} ms (%)"))
     return [*cells, ms("OVERLAPPED").cast(pl.String).alias("OVERLAPPED ms")]
 
 
@@ -51,9 +51,9 @@ def breakdown(
         rid = store.resolve_run(con, run)
         ranks = bd.by_rank(con, rid, step)
         frame = ranks if by == "rank" else bd.by_stage(con, rid, step)
-    if ranks.is_empty():
-        raise TraceanaError(f"run {rid!r} has no device events, so no breakdown")
-    which = f"step {step}" if step is not None else "typical step (mean over steps after the first)"
+        if ranks.is_empty():
+            raise TraceanaError(f"run {rid!r} has no device events, so no breakdown")
+        which = bd.which_step(con, rid, step)
     if plot is not None:
         from traceana.plots import breakdown_bars
 
