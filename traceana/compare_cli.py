@@ -79,12 +79,14 @@ def _one_run(cfg: config.Config, cfg_path: Path, run: str | None, db: Path, plot
         run_id = store.resolve_run(con, run)
         result = compare_run(con, run_id, est)
         which = bd.which_step(con, run_id, None)
-        rows = sweep.traced_rows(con, [config.Run(run_id, cfg, {})]) if fit else []
-    fitted = _fit(rows) if fit else None
+        fitted = _fit(sweep.traced_rows(con, [config.Run(run_id, cfg, {})])) if fit else None
+        after = compare_run(con, run_id, run_estimate(calibrate.apply(fitted.values, cfg))) if fitted else None
     if plot is not None:
         from traceana.compare_plot import run_scatter
 
-        run_scatter(result, plot, f"{run_id}: estimate ({cfg_path.name}) vs measured, per stage")
+        what = "fitted estimate" if after else "estimate"
+        run_scatter(after or result, plot, f"{run_id}: {what} ({cfg_path.name}) vs measured, per stage",
+                    before=result if after else None)
     if json:
         emit_json({"run_id": run_id, "config": str(cfg_path), **_frames(result), "notes": result.notes,
                    **({"fit": _fit_json(fitted)} if fitted else {})})
@@ -140,7 +142,11 @@ def _sweep(rows: list[sweep.Row], notes: list[str], base: config.Config, title: 
     if plot is not None:
         from traceana.compare_plot import sweep_scatter
 
-        sweep_scatter(frame, plot, f"{title}: {len(rows)} rows")
+        if fitted:
+            refit = sweep.rows_frame(rows, [calibrate.apply(fitted.values, r.config) for r in rows])
+            sweep_scatter(refit, plot, f"{title}: {len(rows)} rows, fitted estimates", before=frame)
+        else:
+            sweep_scatter(frame, plot, f"{title}: {len(rows)} rows")
     if json:
         emit_json({"title": title, "rows": frame.to_dicts(), "statistics": stats.to_dicts(), "notes": notes,
                    **({"fit": _fit_json(fitted)} if fitted else {})})
