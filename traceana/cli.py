@@ -122,13 +122,16 @@ def sql(
     query: Annotated[str, typer.Argument(help="SQL over the store's tables and views.")],
     db: DbOption = Path(store.DEFAULT_DB),
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json.")] = "table",
+    run: Annotated[str | None, typer.Option("--run", help="Show the tables and views of this run only.")] = None,
 ) -> None:
-    """Run ad-hoc SQL (read-only) and print the result."""
+    """Run ad-hoc SQL (read-only) and print the result. With --run, every table and view holds that run only."""
     import duckdb
 
     if fmt not in ("table", "csv", "json"):
         raise TraceanaError(f"--format {fmt!r}: choose table, csv or json")
     with store.connect(db, read_only=True) as con:
+        if run is not None:
+            store.restrict_to_run(con, store.resolve_run(con, run))
         try:
             frame = con.sql(query).pl()
         except duckdb.Error as exc:
