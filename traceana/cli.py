@@ -125,18 +125,11 @@ def sql(
     run: Annotated[str | None, typer.Option("--run", help="Show the tables and views of this run only.")] = None,
 ) -> None:
     """Run ad-hoc SQL (read-only) and print the result. With --run, every table and view holds that run only."""
-    import duckdb
+    from traceana.api import Traces
 
     if fmt not in ("table", "csv", "json"):
         raise TraceanaError(f"--format {fmt!r}: choose table, csv or json")
-    with store.connect(db, read_only=True) as con:
-        if run is not None:
-            store.restrict_to_run(con, store.resolve_run(con, run))
-        try:
-            frame = con.sql(query).pl()
-        except duckdb.Error as exc:
-            raise TraceanaError(f"query failed: {str(exc).splitlines()[0]}") from None
-    emit(frame, fmt=fmt)
+    emit(Traces(db, run).sql(query), fmt=fmt)
 
 
 def main() -> None:
