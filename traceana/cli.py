@@ -155,3 +155,6 @@ app.command()(search)
 from traceana.compare_cli import compare  # noqa: E402
 
 app.command()(compare)
+from traceana.export_cli import export  # noqa: E402
+
+app.command()(export)
