@@ -158,3 +158,6 @@ app.command()(compare)
 from traceana.export_cli import export  # noqa: E402
 
 app.command()(export)
+from traceana.report_html_cli import report  # noqa: E402
+
+app.command()(report)
