@@ -87,8 +87,7 @@ def runs(db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> Non
 
 @app.command()
 def info(run: RunArgument = None, db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> None:
-    """A run's ranks with coordinates, its steps, its process groups with dims, and event counts by category, op
-    and dim."""
+    """A run's ranks with coordinates, steps, process groups with dims, and event counts by category, op, dim."""
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         parts = {
