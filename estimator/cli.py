@@ -57,8 +57,16 @@ def estimate(
         record.write(db, estimate_id or re.sub(r"\.ya?ml$", "", cfg_path.name), cfg_path, est)
     if json:
         emit_json({**summary, "stages": est.time_frame.to_dicts(), "memory": est.memory_frame.to_dicts()})
-        return
-    emit(est.time_frame, title=f"{cfg_path.name}: time per stage (ms)")
+    else:
+        _print(cfg_path, est, summary)
+    for written in (plot, trace):
+        if written is not None:
+            typer.echo(f"wrote {written}", err=True)
+
+
+def _print(cfg_path: Path, est: Estimate, summary: dict[str, object]) -> None:
+    cfg = est.config
+    emit(est.time_frame.rename({"mp_wait_ms": "mp_wait_ms (TP)"}), title=f"{cfg_path.name}: time per stage (ms)")
     emit(est.memory_frame, title=f"{cfg_path.name}: memory per stage (GiB)")
     fits = "fits" if est.fits else f"does NOT fit {cfg.hardware.hbm_gb:g} GiB"
     typer.echo(f"step {summary['step_ms']:,.1f} ms, MFU {summary['mfu']:.1%}, {summary['tokens_per_s']:,.0f} "

@@ -18,8 +18,9 @@ from traceana.estimator.estimate import ChunkCost, Estimate
 
 COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#A6D8A8", "TP": "#C44E52", "CP": "#8172B2", "EP": "#DD8452",
           "DP": "#937860", "IDLE": "#BBBBBB", "OPT": "#DA8BC3", "P2P": "#222222", "BUBBLE": "#F2F2F2"}
-LABELS = {"F": "forward", "B": "backward (input grad + recompute)", "W": "weight grad", "TP": "TP comm (exposed)",
-          "CP": "CP comm (exposed)", "EP": "EP all-to-all (exposed)", "DP": "DP / ZeRO comm (exposed)",
+LABELS = {"F": "forward", "B": "backward (input grad + recompute)", "W": "weight grad",
+          "TP": "TP comm (exposed, MP_WAIT)", "CP": "CP comm (exposed)", "EP": "EP all-to-all (exposed)",
+          "DP": "DP / ZeRO comm (exposed)",
           "IDLE": "host-bound wait", "OPT": "optimizer step", "P2P": "p2p transfer", "BUBBLE": "bubble"}
 
 

@@ -44,7 +44,8 @@ def _read_rank(source: RankInput, options: IngestOptions) -> RankTrace:
         trace = read_database(source.files[0], options.rules, options.step_marker)
     else:
         trace = read_timeline(source.files, options.rules, options.step_marker)
-    options.progress(str(source.origin))
+    for file in source.files:
+        options.progress.read(file)
     trace.source = source.origin
     if source.rank is not None:
         trace.rank, trace.rank_source = source.rank, source.rank_source
@@ -115,7 +116,9 @@ def _metadata_layout(metadata: list[dict], world: int, notes: list[str]) -> Layo
 def read(paths: list[Path], options: IngestOptions) -> RunData:
     notes: list[str] = []
     inputs = find_inputs(paths, notes)
+    options.progress.files([f for source in inputs for f in source.files])
     traces = [_read_rank(source, options) for source in inputs]
+    options.progress.phase("numbering ranks and matching collectives")
     _number_ranks(traces)
     require_unique_ranks([t.rank for t in traces], [str(t.source) for t in traces])
     _name_hosts(traces, notes)

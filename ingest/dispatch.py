@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -18,13 +17,26 @@ from traceana.layout import Layout
 FORMATS = {"ascend": "traceana.ingest.ascend", "nsys": "traceana.ingest.nsys", "kineto": "traceana.ingest.kineto"}
 
 
+class ReadProgress:
+    """What an ingester reports as it works; silent here, a progress bar in the CLI (output.IngestProgress).
+
+    An ingester calls ``files`` once with every file it will read, ``read`` after each, and ``phase`` as it moves
+    on to the work after reading."""
+
+    def files(self, paths: list[Path]) -> None: ...
+
+    def read(self, path: Path) -> None: ...
+
+    def phase(self, name: str) -> None: ...
+
+
 @dataclass
 class IngestOptions:
     layout: Layout | None = None
     step_marker: str | None = None          # regex over annotation names; None = the format's defaults
     rules: list[Rule] = field(default_factory=load_rules)
     cache_dir: Path = Path(".traceana-cache")  # where derived files (nsys -> sqlite exports) are written
-    progress: Callable[[str], None] = lambda _source: None  # called once per input file as it is read
+    progress: ReadProgress = field(default_factory=lambda: ReadProgress())  # what the user sees while it runs
 
 
 def _module(fmt: str) -> ModuleType | None:
@@ -63,4 +75,6 @@ def read_run(paths: list[Path], fmt: str, options: IngestOptions) -> RunData:
     module = _module(fmt) if fmt in FORMATS else None
     if module is None:
         raise TraceanaError(f"format {fmt!r} is not supported (known: {', '.join(FORMATS)})")
-    return finish(module.read(paths, options), options.layout)
+    data = module.read(paths, options)
+    options.progress.phase("assigning coordinates, process groups and collective instances")
+    return finish(data, options.layout)

@@ -227,6 +227,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     files = [f for p in paths for f in _trace_files(p)]
     if not files:
         raise TraceanaError(f"{paths[0]}: no Kineto trace files (*.json, *.json.gz) here")
+    options.progress.files(files)
     con = duckdb.connect()
     con.execute("SET threads TO 2")
     con.execute(
@@ -243,8 +244,9 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         infos.append(info)
         ranks.append(rank)
         rank_sources.append(how)
-        options.progress(file.name)
+        options.progress.read(file)
     require_unique_ranks(ranks, [str(f) for f in files])
+    options.progress.phase("aligning clocks and classifying events")
     world = max([i.get("world_size") or 0 for i in infos] + [len(files)])
     file_rank = pl.DataFrame({"f": list(range(len(files))), "rank": ranks}, schema={"f": pl.Int32, "rank": pl.Int32})
     hosts = [_host_of(f) for f in files]

@@ -299,9 +299,12 @@ def _clock_offsets(reports: list[Report], notes: list[str]) -> list[int]:
 def read(paths: list[Path], options: IngestOptions) -> RunData:
     """One run from nsys exports / reports (files, or folders of them)."""
     reports = []
-    for source in _inputs(paths):
+    sources = _inputs(paths)
+    options.progress.files(sources)
+    for source in sources:
         reports.append(_read_report(source, options))
-        options.progress(source.name)
+        options.progress.read(source)
+    options.progress.phase("assigning ranks and aligning clocks")
     notes = [n for r in reports for n in r.notes]
     units = pl.concat([r.units.with_columns(pl.lit(i, _I64).alias("report")) for i, r in enumerate(reports)])
     ranks = _assign_ranks(units, reports)

@@ -52,6 +52,21 @@ def test_breakdown_per_stage_for_one_step_and_its_table(db: Path) -> None:
     assert code == 0 and "PP_WAIT ms (%)" in out and "CP_WAIT" not in out  # dims that never wait are left out
 
 
+@pytest.mark.parametrize(("steps", "title"), [
+    (STEPS, "typical step (mean over steps after the first)"),
+    ([s for s in STEPS if s[1] == 1], "step 1, the run's only step"),
+    ([], "the whole trace as one step (no step markers)"),
+])
+def test_titles_say_which_step_and_name_tp(tmp_path: Path, steps: list[tuple[int, int, int, int]],
+                                           title: str) -> None:
+    path = tmp_path / "t.duckdb"
+    with store.connect(path) as con:
+        store.write_run(con, "two", run_data(EVENTS, steps, pp={0: 0, 1: 1}))
+    code, out = invoke("breakdown", "--db", str(path))
+    assert code == 0 and f"two: breakdown per rank, {title}" in out
+    assert "MP_WAIT (TP) ms (%)" in out  # the column is MP_WAIT; what people read says what it is
+
+
 def test_breakdown_and_timeline_plots(db: Path, tmp_path: Path) -> None:
     bars, gantt = tmp_path / "bars.png", tmp_path / "gantt.png"
     assert invoke("breakdown", "--db", str(db), "--plot", str(bars))[0] == 0
@@ -59,6 +74,14 @@ def test_breakdown_and_timeline_plots(db: Path, tmp_path: Path) -> None:
     assert code == 0 and "2 ranks" in out
     for png in (bars, gantt):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_timeline_defaults_to_the_first_analysed_step_and_info_lists_steps(db: Path, tmp_path: Path) -> None:
+    code, out = invoke("timeline", "--db", str(db), "--plot", str(tmp_path / "g.png"))
+    assert code == 0 and "(step 1, 2 ranks" in out  # step 0 is warm-up; 1 is the first the typical step averages
+    code, out = invoke("info", "--db", str(db), "--json")
+    assert code == 0, out
+    assert [(s["step"], s["ranks"], s["mean_ms"]) for s in json.loads(out)["steps"]] == [(0, 2, 1e-3), (1, 2, 1e-3)]
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 import yaml
 
@@ -85,3 +86,34 @@ def test_a_single_run_fit_claims_no_accuracy(db: Path) -> None:  # noqa: F811
     out = json.loads(run_cli("compare", "--estimate", CONFIGS / "pp2_mb8.yaml", "pp2_mb8", "--db", db, "--fit",
                              "--json").stdout)
     assert out["fit"]["held_out"] is None and out["fit"]["fit_rows"] == ["pp2_mb8"]
+
+
+def test_fit_plot_draws_the_fitted_estimates_and_flags_unphysical_links(db: Path, tmp_path: Path,  # noqa: F811
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """--fit --plot draws the estimates of the fitted config, and the ones before the fit labelled as such; on the
+    8-rank CPU sample the fit wants a gloo latency more than 10x the probed 164.9 µs, which it flags."""
+    from typer.testing import CliRunner
+
+    from traceana import compare_plot
+    from traceana.cli import app
+
+    drawn: dict[str, pl.DataFrame] = {}
+    monkeypatch.setattr(compare_plot, "_draw", lambda time, memory, path, title: drawn.update(time=time))
+    cfg, run = CONFIGS / "toy8_tp2pp2dp2_1f1b.yaml", "toy8_tp2pp2dp2_1f1b"
+    result = CliRunner().invoke(app, ["compare", "--estimate", str(cfg), run, "--db", str(db), "--fit", "--json",
+                                      "--plot", str(tmp_path / "fit.png")])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    time = drawn["time"].sort("dim", "measured")
+    before = pl.DataFrame(out["by_stage"]).filter(pl.col("estimated_ms").is_not_null())  # the compare before fitting
+    prefit = time.filter(pl.col("kind") == "before fit")
+    assert sorted(prefit["estimated"].to_list()) == pytest.approx(sorted(before["estimated_ms"].to_list()))
+    fitted = time.filter(pl.col("kind") == "estimate")
+    total = fitted.filter(pl.col("dim") == "TOTAL")
+    # one row fitted in-sample: TOTAL's estimate meets the measured mean TOTAL (the max-of-stages step)
+    assert total["estimated"].max() == pytest.approx(out["by_dimension"][-1]["measured_ms"], rel=1e-3)
+    knobs = {k["knob"]: k for k in out["fit"]["knobs"]}
+    latency = knobs["hardware.latency_us.intra"]
+    assert latency["before"] == 164.9 and latency["fitted"] > 10 * 164.9
+    assert "NOT PHYSICAL" in latency["status"]
+    assert "NOT PHYSICAL" not in knobs["calibration.matmul_efficiency"]["status"]

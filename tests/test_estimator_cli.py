@@ -50,7 +50,8 @@ def test_estimate_writes_the_store_idempotently(cli, tmp_path: Path) -> None:  #
 
 def test_estimate_plot_and_trace(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     png, trace = tmp_path / "gantt.png", tmp_path / "step.json"
-    cli("estimate", M3, "--plot", png, "--trace", trace)
+    result = cli("estimate", M3, "--plot", png, "--trace", trace)
+    assert f"wrote {png}\nwrote {trace}\n" in result.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     events = json.loads(trace.read_text())["traceEvents"]
     slices = [e for e in events if e["ph"] == "X"]

@@ -19,10 +19,36 @@ COORDS = ("tp", "cp", "ep", "dp", "pp")
 DIM_LANES = ("TP", "CP", "EP", "DP", "PP", "OTHER")
 
 
+def label(part: str) -> str:
+    """A part's name where people read it: the column stays MP_WAIT (the mission's term), tables and plots add
+    what it is, "MP_WAIT (TP)", so tensor parallel has one name everywhere."""
+    return "MP_WAIT (TP)" if part == "MP_WAIT" else part
+
+
 def steps(con: duckdb.DuckDBPyConnection, run_id: str) -> list[int]:
     """The step numbers of a run, sorted."""
     rows = con.execute("SELECT DISTINCT step FROM step_windows WHERE run_id = ? ORDER BY step", [run_id]).fetchall()
     return [r[0] for r in rows]
+
+
+def first_analysed_step(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
+    """The first step the typical step averages: the second one (the first is warm-up), or the only one."""
+    known = steps(con, run_id)
+    if not known:
+        raise TraceanaError(f"run {run_id!r} has no device events, so no breakdown")
+    return known[1] if len(known) > 1 else known[0]
+
+
+def which_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None) -> str:
+    """How a title names the step(s) a report covers: one step, the typical step (mean over steps after the first),
+    or the run's only step, which is then all there is to average."""
+    if step is not None:
+        return f"step {step}"
+    known = steps(con, run_id)
+    if len(known) > 1:
+        return "typical step (mean over steps after the first)"
+    markers = con.execute("SELECT count(*) FROM steps WHERE run_id = ?", [run_id]).fetchall()[0][0]
+    return f"step {known[0]}, the run's only step" if markers else "the whole trace as one step (no step markers)"
 
 
 def check_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> None:

@@ -29,26 +29,33 @@ from traceana.sweep import Row, get_path, replace_path, rows_frame, statistics
 
 @dataclass(frozen=True)
 class Knob:
-    """A fitted config field, its valid range, the smallest step scale (so a knob at 0 can still move), and for a
-    rate, how far a fit may move it (see MAX_FACTOR)."""
+    """A fitted config field, its valid range, the smallest step scale (so a knob at 0 can still move), for a rate,
+    how far a fit may move it (see MAX_FACTOR), and for a link figure, how far from the configured value (the
+    datasheet's or a probe's) a fitted one stays physical: beyond it the value is kept (it is what least squares
+    found) but flagged, since the model is then compensating for something it lacks."""
 
     path: tuple[str, ...]
     lo: float
     hi: float
     floor: float
     rate: bool = False
+    physical_factor: float | None = None
 
     @property
     def name(self) -> str:
         return ".".join(self.path)
 
 
+# A link's latency is the fixed cost of one collective on it, a few µs on NVLink and InfiniBand, ~165 µs for gloo
+# over loopback (sample_traces/hardware_cpu.yaml); the configured value is that figure for the job's hardware, and a
+# fit that needs 10x more (vTrain's A100 rows: 629 µs for a 10 µs NVLink) is charging the link for other time.
+# Bandwidths cannot leave that factor at all (MAX_FACTOR).
 KNOBS = (
     Knob(("calibration", "matmul_efficiency"), 1e-3, 1.0, 0.05),
     Knob(("hardware", "bandwidth_gb_per_s", "intra"), 1e-3, 1e5, 1.0, rate=True),
     Knob(("hardware", "bandwidth_gb_per_s", "inter"), 1e-3, 1e5, 1.0, rate=True),
-    Knob(("hardware", "latency_us", "intra"), 0.0, 1e6, 1.0),
-    Knob(("hardware", "latency_us", "inter"), 0.0, 1e6, 1.0),
+    Knob(("hardware", "latency_us", "intra"), 0.0, 1e6, 1.0, physical_factor=10.0),
+    Knob(("hardware", "latency_us", "inter"), 0.0, 1e6, 1.0, physical_factor=10.0),
     *(Knob(("calibration", "overlap", dim), 0.0, 1.0, 0.1) for dim in ("tp", "cp", "ep", "dp")),
     Knob(("calibration", "step_overhead_ms"), 0.0, 1e6, 1.0),
     Knob(("calibration", "host_us_per_layer"), 0.0, 1e6, 10.0),
@@ -148,6 +155,11 @@ def fit(rows: list[Row], progress: Callable[[str], None] = lambda _: None) -> Fi
     values = {KNOBS[i].path: float(fitted[i]) for i in active}
     bound = np.isclose(z, lo, rtol=0, atol=1e-9) | np.isclose(z, hi, rtol=0, atol=1e-9)
     status = [f"{s} (at the bound of its range)" if i in active and bound[i] else s for i, s in enumerate(status)]
+    for i, knob in enumerate(KNOBS):
+        factor = knob.physical_factor
+        if i in active and factor and start[i] > 0 and not start[i] / factor <= fitted[i] <= start[i] * factor:
+            status[i] += (f"; NOT PHYSICAL: {fitted[i] / start[i]:.3g}x the configured value (beyond {factor:g}x the "
+                          "model is compensating for something it lacks)")
     knobs = pl.DataFrame({"knob": [k.name for k in KNOBS], "before": start.tolist(),
                           "fitted": [float(fitted[i]) if i in active else None for i in everything],
                           "status": status})

@@ -10,7 +10,7 @@ import typer
 
 from traceana import store
 from traceana.errors import TraceanaError
-from traceana.output import emit, emit_json, progress
+from traceana.output import emit, emit_json, ingest_progress
 
 app = typer.Typer(help="Trace-driven analyzer for distributed LLM training.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -54,19 +54,22 @@ def ingest(
             raise TraceanaError(f"--step-marker {step_marker!r}: not a regular expression ({exc})") from None
     options = IngestOptions(layout=parsed_layout, step_marker=step_marker, rules=load_rules(rules),
                             cache_dir=db.resolve().parent / ".traceana-cache")
-    with progress(len(paths), "reading") as advance:
-        options.progress = advance
+    with ingest_progress() as bar:
+        options.progress = bar
         data = read_run(paths, fmt, options)
-    rid = run_id or default_run_id(paths)
-    with store.connect(db) as con:
-        store.write_run(con, rid, data)
-        counts = con.execute(
-            "SELECT (SELECT count(*) FROM ranks WHERE run_id=$r), (SELECT count(*) FROM device_events WHERE run_id=$r),"
-            " (SELECT count(*) FROM collectives WHERE run_id=$r), (SELECT count(*) FROM steps WHERE run_id=$r)",
-            {"r": rid},
-        ).fetchall()[0]
+        rid = run_id or default_run_id(paths)
+        bar.phase(f"writing run {rid} to {db}")
+        with store.connect(db) as con:
+            store.write_run(con, rid, data)
+            counts = con.execute(
+                "SELECT (SELECT count(*) FROM ranks WHERE run_id=$r), (SELECT count(*) FROM device_events WHERE "
+                "run_id=$r), (SELECT count(*) FROM collectives WHERE run_id=$r), (SELECT count(*) FROM steps WHERE "
+                "run_id=$r), (SELECT count(DISTINCT step) FROM steps WHERE run_id=$r)", {"r": rid},
+            ).fetchall()[0]
+    steps = (f"{counts[4]} steps ({counts[3]} rank-steps)" if counts[3]
+             else "no step markers: the whole trace is analysed as one step")
     typer.echo(f"{rid}: {data.source_format}, {counts[0]} ranks, {counts[1]} device events, "
-               f"{counts[2]} collectives, {counts[3]} rank-steps -> {db}")
+               f"{counts[2]} collectives, {steps} -> {db}")
     for note in data.notes:
         typer.echo(f"  note: {note}")
 
@@ -84,12 +87,15 @@ def runs(db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> Non
 
 @app.command()
 def info(run: RunArgument = None, db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> None:
-    """A run's ranks with coordinates, its process groups with dims, and event counts by category, op and dim."""
+    """A run's ranks with coordinates, steps, process groups with dims, and event counts by category, op, dim."""
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         parts = {
             "ranks": "SELECT rank, host, device, pid, clock_offset_ns, tp, cp, ep, dp, pp, rank_source "
                      "FROM ranks WHERE run_id=$r ORDER BY rank",
+            "steps": "SELECT step, count(*) AS ranks, round(avg(end_ns - start_ns) / 1e6, 3) AS mean_ms, "
+                     "round(max(end_ns - start_ns) / 1e6, 3) AS max_ms, bool_and(from_markers) AS from_markers "
+                     "FROM step_windows WHERE run_id=$r GROUP BY step ORDER BY step",
             "process_groups": "SELECT pg, dim, name, ranks, source FROM process_groups WHERE run_id=$r "
                               "ORDER BY dim, pg",
             "events by category": "SELECT category, count(*) AS events, sum(end_ns-start_ns)/1e6 AS busy_ms "
@@ -115,18 +121,14 @@ def sql(
     query: Annotated[str, typer.Argument(help="SQL over the store's tables and views.")],
     db: DbOption = Path(store.DEFAULT_DB),
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json.")] = "table",
+    run: Annotated[str | None, typer.Option("--run", help="Show the tables and views of this run only.")] = None,
 ) -> None:
-    """Run ad-hoc SQL (read-only) and print the result."""
-    import duckdb
+    """Run ad-hoc SQL (read-only) and print the result. With --run, every table and view holds that run only."""
+    from traceana.api import Traces
 
     if fmt not in ("table", "csv", "json"):
         raise TraceanaError(f"--format {fmt!r}: choose table, csv or json")
-    with store.connect(db, read_only=True) as con:
-        try:
-            frame = con.sql(query).pl()
-        except duckdb.Error as exc:
-            raise TraceanaError(f"query failed: {str(exc).splitlines()[0]}") from None
-    emit(frame, fmt=fmt)
+    emit(Traces(db, run).sql(query), fmt=fmt)
 
 
 def main() -> None:
@@ -152,3 +154,9 @@ app.command()(search)
 from traceana.compare_cli import compare  # noqa: E402
 
 app.command()(compare)
+from traceana.export_cli import export  # noqa: E402
+
+app.command()(export)
+from traceana.report_html_cli import report  # noqa: E402
+
+app.command()(report)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import polars as pl
 import typer
 
+from traceana import breakdown as bd
 from traceana import calibrate, store, sweep
 from traceana.cli import DbOption, JsonOption
 from traceana.compare import RunComparison, compare_run
@@ -77,17 +78,20 @@ def _one_run(cfg: config.Config, cfg_path: Path, run: str | None, db: Path, plot
     with store.connect(db, read_only=True) as con:
         run_id = store.resolve_run(con, run)
         result = compare_run(con, run_id, est)
-        rows = sweep.traced_rows(con, [config.Run(run_id, cfg, {})]) if fit else []
-    fitted = _fit(rows) if fit else None
+        which = bd.which_step(con, run_id, None)
+        fitted = _fit(sweep.traced_rows(con, [config.Run(run_id, cfg, {})])) if fit else None
+        after = compare_run(con, run_id, run_estimate(calibrate.apply(fitted.values, cfg))) if fitted else None
     if plot is not None:
         from traceana.compare_plot import run_scatter
 
-        run_scatter(result, plot, f"{run_id}: estimate ({cfg_path.name}) vs measured, per stage")
+        what = "fitted estimate" if after else "estimate"
+        run_scatter(after or result, plot, f"{run_id}: {what} ({cfg_path.name}) vs measured, per stage",
+                    before=result if after else None)
     if json:
         emit_json({"run_id": run_id, "config": str(cfg_path), **_frames(result), "notes": result.notes,
                    **({"fit": _fit_json(fitted)} if fitted else {})})
     else:
-        _print_run(result, cfg_path)
+        _print_run(result, cfg_path, which)
         if fitted:
             _print_fit(fitted)
     _finish(fitted, write_calibration, cfg, f"run {run_id}", plot)
@@ -105,11 +109,11 @@ def _frames(result: RunComparison) -> dict[str, Any]:
     }
 
 
-def _print_run(result: RunComparison, cfg_path: Path) -> None:
-    what = "typical step: mean over steps after the first; measured mean over ranks, max the worst rank"
-    emit(result.by_dimension, title=f"{result.run_id} vs {cfg_path.name}: per dimension ({what})")
+def _print_run(result: RunComparison, cfg_path: Path, which: str) -> None:
+    what = f"{which}; measured mean over ranks, max the worst rank"
+    emit(_labelled(result.by_dimension), title=f"{result.run_id} vs {cfg_path.name}: per dimension ({what})")
     if result.by_stage is not None:
-        emit(result.by_stage, title="per pipeline stage (measured: mean and max over the stage's ranks)")
+        emit(_labelled(result.by_stage), title="per pipeline stage (measured: mean and max over the stage's ranks)")
     if result.straggler is not None:
         measured, predicted = result.straggler_stages  # type: ignore[misc]
         verdict = "agree" if measured == predicted else "DISAGREE"
@@ -119,6 +123,10 @@ def _print_run(result: RunComparison, cfg_path: Path) -> None:
         emit(result.memory, title="peak memory per stage (measured: largest allocated bytes of each rank)")
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)
+
+
+def _labelled(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.with_columns(pl.col("dim").replace("MP_WAIT", bd.label("MP_WAIT")))
 
 
 def _fit(rows: list[sweep.Row]) -> calibrate.Fit:
@@ -134,7 +142,11 @@ def _sweep(rows: list[sweep.Row], notes: list[str], base: config.Config, title: 
     if plot is not None:
         from traceana.compare_plot import sweep_scatter
 
-        sweep_scatter(frame, plot, f"{title}: {len(rows)} rows")
+        if fitted:
+            refit = sweep.rows_frame(rows, [calibrate.apply(fitted.values, r.config) for r in rows])
+            sweep_scatter(refit, plot, f"{title}: {len(rows)} rows, fitted estimates", before=frame)
+        else:
+            sweep_scatter(frame, plot, f"{title}: {len(rows)} rows")
     if json:
         emit_json({"title": title, "rows": frame.to_dicts(), "statistics": stats.to_dicts(), "notes": notes,
                    **({"fit": _fit_json(fitted)} if fitted else {})})

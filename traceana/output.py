@@ -6,11 +6,12 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import polars as pl
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 # Piped output is not cut to 80 columns: a number a user quotes must never be elided.
@@ -61,3 +62,34 @@ def progress(total: int | None, label: str) -> Iterator[Callable[[str], None]]:
             bar.update(task, advance=1, description=f"{label} {description}")
 
         yield advance
+
+
+class IngestProgress:
+    """The ingest bar (ingest.dispatch.ReadProgress): files and bytes read of those announced, then each phase of
+    the work after reading by name. Silent when stderr is not a terminal."""
+
+    def __init__(self, bar: Progress) -> None:
+        self._bar = bar
+        self._task: TaskID = bar.add_task("finding input files", total=None, files="")
+        self._count = self._done = 0
+
+    def files(self, paths: list[Path]) -> None:
+        self._count = len(paths)
+        self._bar.update(self._task, total=sum(p.stat().st_size for p in paths), completed=0,
+                         description="reading", files=f"0/{self._count} files")
+
+    def read(self, path: Path) -> None:
+        self._done += 1
+        self._bar.update(self._task, advance=path.stat().st_size, description=f"read {path.name}",
+                         files=f"{self._done}/{self._count} files")
+
+    def phase(self, name: str) -> None:
+        self._bar.update(self._task, description=name)
+
+
+@contextmanager
+def ingest_progress() -> Iterator[IngestProgress]:
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[files]}"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+                  disable=not sys.stderr.isatty()) as bar:
+        yield IngestProgress(bar)

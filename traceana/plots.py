@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 from matplotlib.patches import Patch
 
-from traceana.breakdown import DIM_LANES, PARTS, WAITS
+from traceana.breakdown import DIM_LANES, PARTS, WAITS, label
 
 COMP_COLOR = "0.55"
 IDLE_COLOR = "0.93"
@@ -47,7 +47,7 @@ def breakdown_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
         if part in WAITS and not any(values):
             continue
         ax.bar(xs, values, bottom=bottom, width=0.7, color=PART_COLORS[part], edgecolor="0.3", linewidth=0.3,
-               label=f"{part} ms")
+               label=f"{label(part)} ms")
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     if frame["OVERLAPPED_ms"].sum() > 0:
         ax.bar([x + 0.42 for x in xs], frame["OVERLAPPED_ms"].to_list(), width=0.12, color="black",
@@ -55,8 +55,8 @@ def breakdown_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
     ticks = xs if len(xs) <= 64 else xs[:: len(xs) // 32]
     ranks = frame["rank"].to_list()
     ax.set_xticks(ticks, [str(ranks[xs.index(t)]) for t in ticks], fontsize=7)
-    for x, label in stage_labels:
-        ax.annotate(label, (x, 0), xycoords=("data", "axes fraction"), xytext=(0, -28), textcoords="offset points",
+    for x, text in stage_labels:
+        ax.annotate(text, (x, 0), xycoords=("data", "axes fraction"), xytext=(0, -28), textcoords="offset points",
                     ha="center", fontsize=8)
     ax.set_xlabel("rank (grouped by pipeline stage)", labelpad=18)
     ax.set_ylabel("time per step (ms)")

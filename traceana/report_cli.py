@@ -32,7 +32,7 @@ def _cells(frame: pl.DataFrame, suffix: str, share: bool) -> list[pl.Expr]:
     for part in shown:
         pct = (100 * pl.col(f"{part}{suffix}") / pl.col(f"TOTAL{suffix}")).round(1).fill_nan(None)
         cells.append((pl.format("{} ({}%)", ms(part), pct) if share else ms(part).cast(pl.String))
-                     .alias(f"{part} ms (%)"))
+                     .alias(f"{bd.label(part)} ms (%)"))
     return [*cells, ms("OVERLAPPED").cast(pl.String).alias("OVERLAPPED ms")]
 
 
@@ -51,9 +51,9 @@ def breakdown(
         rid = store.resolve_run(con, run)
         ranks = bd.by_rank(con, rid, step)
         frame = ranks if by == "rank" else bd.by_stage(con, rid, step)
-    if ranks.is_empty():
-        raise TraceanaError(f"run {rid!r} has no device events, so no breakdown")
-    which = f"step {step}" if step is not None else "typical step (mean over steps after the first)"
+        if ranks.is_empty():
+            raise TraceanaError(f"run {rid!r} has no device events, so no breakdown")
+        which = bd.which_step(con, rid, step)
     if plot is not None:
         from traceana.plots import breakdown_bars
 
@@ -82,8 +82,9 @@ def _stage_table(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def timeline(
-    step: Annotated[int, typer.Option("--step", help="The step to draw.")],
     plot: Annotated[Path, typer.Option("--plot", help="PNG file to write.")],
+    step: Annotated[int | None, typer.Option("--step", help="The step to draw (default: the first analysed step: "
+                                             "the first after the warm-up step, or the only one).")] = None,
     run: RunArgument = None,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -92,9 +93,11 @@ def timeline(
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
+        if step is None:
+            step = bd.first_analysed_step(con, rid)
         windows, intervals = bd.timeline(con, rid, step)
     timeline_gantt(windows, intervals, plot, f"{rid}: step {step} across {windows.height} ranks")
-    typer.echo(f"wrote {plot} ({windows.height} ranks, {intervals.height} activity intervals)")
+    typer.echo(f"wrote {plot} (step {step}, {windows.height} ranks, {intervals.height} activity intervals)")
 
 
 def stragglers(

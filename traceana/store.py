@@ -87,3 +87,13 @@ def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None) -> str:
     if not rows:
         raise TraceanaError("the database holds no runs yet (run `traceana ingest PATH` first)")
     return str(rows[0][0])
+
+
+def restrict_to_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Make every table, and so every view built on them, show run ``run_id`` only: temporary views named like the
+    tables shadow them for this connection, so ad-hoc SQL cannot average over several runs by accident."""
+    catalog = con.execute("SELECT current_database()").fetchall()[0][0]
+    literal = run_id.replace("'", "''")
+    for table in ("runs", *TABLES):
+        con.execute(f'CREATE OR REPLACE TEMP VIEW {table} AS SELECT * FROM "{catalog}".main.{table} '
+                    f"WHERE run_id = '{literal}'")

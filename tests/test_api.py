@@ -1,0 +1,81 @@
+"""The Python API: `traceana.open(db)` gives the reports as polars DataFrames, the same numbers the CLI prints."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import traceana
+from tests.conftest import ROOT, SAMPLES, run_cli
+from traceana.errors import TraceanaError
+
+TOY = "toy8_tp2pp2dp2_1f1b"
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("api") / "api.duckdb"
+    run_cli("ingest", SAMPLES / TOY, "--layout", "tp=2,pp=2,dp=2", "--db", path)
+    run_cli("ingest", SAMPLES / "moe_balanced", "--db", path)  # the latest run: methods default to it
+    return path
+
+
+def test_import_is_cheap() -> None:
+    loaded = subprocess.run([sys.executable, "-c", "import sys, traceana; print(sorted(m for m in ('duckdb', "
+                             "'polars', 'matplotlib', 'typer') if m in sys.modules))"],
+                            capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert loaded.strip() == "[]"
+
+
+def test_breakdown_per_stage_matches_the_cli(db: Path) -> None:
+    traces = traceana.open(db, run=TOY)
+    stages = traces.breakdown(by="stage")
+    cli = pl.DataFrame(json.loads(run_cli("breakdown", TOY, "--by", "stage", "--json", "--db", db).stdout))
+    assert stages.select(cli.columns[: stages.width]).equals(cli.select(stages.columns))
+    # README: stage 0 waits 115.58 ms on TP, 15.11 ms on DP, 70.93 ms on the pipeline in its typical step
+    stage0 = stages.filter(pl.col("pp") == 0).row(0, named=True)
+    assert [round(stage0[f"{d}_WAIT_mean_ms"], 2) for d in ("MP", "DP", "PP")] == [115.58, 15.11, 70.93]
+
+
+def test_the_default_run_is_the_latest_and_others_can_be_named(db: Path) -> None:
+    traces = traceana.open(db)
+    assert traces.runs()["run_id"].to_list() == [TOY, "moe_balanced"]
+    assert traces.ranks()["rank"].to_list() == [0, 1, 2, 3]         # moe_balanced: 4 ranks
+    assert traces.ranks(run=TOY)["rank"].to_list() == list(range(8))
+    assert set(traces.sql("SELECT DISTINCT run_id FROM device_events")["run_id"]) == {TOY, "moe_balanced"}
+    assert traces.sql("SELECT DISTINCT run_id FROM device_events", run=TOY)["run_id"].to_list() == [TOY]
+
+
+def test_timeline_waits_and_collectives_are_the_views_rows(db: Path, tmp_path: Path) -> None:
+    traces = traceana.open(db, run=TOY)
+    steps = traces.steps()
+    assert sorted(set(steps["step"])) == [2, 3] and steps.height == 16
+    intervals = traces.timeline()  # the first analysed step: 3
+    said = run_cli("timeline", TOY, "--plot", tmp_path / "g.png", "--db", db).stdout
+    assert f"(step 3, 8 ranks, {intervals.height} activity intervals)" in said
+    counts = traces.sql("SELECT (SELECT count(*) FROM collective_waits) AS waits, "
+                        "(SELECT count(*) FROM collective_instances) AS instances").row(0)
+    assert (traces.waits().height, traces.collectives().height) == counts
+    assert traces.stragglers().height == 8 and set(traces.late_ranks()["dim"]) <= {"TP", "DP", "PP"}
+
+
+def test_to_pandas(db: Path) -> None:
+    pytest.importorskip("pandas", reason="the pandas extra is not installed (pip install 'traceana[pandas]')")
+    frame = traceana.open(db, run=TOY).breakdown().to_pandas()
+    assert list(frame["rank"]) == list(range(8)) and "MP_WAIT_ms" in frame.columns
+
+
+def test_mistakes_are_traceana_errors(db: Path, tmp_path: Path) -> None:
+    with pytest.raises(TraceanaError, match="no such database"):
+        traceana.open(tmp_path / "none.duckdb")
+    with pytest.raises(TraceanaError, match="unknown run 'nope'"):
+        traceana.open(db, run="nope")
+    with pytest.raises(TraceanaError, match="by='host'"):
+        traceana.open(db).breakdown(by="host")
+    with pytest.raises(TraceanaError, match="query failed"):
+        traceana.open(db).sql("SELECT nothing FROM nowhere")
