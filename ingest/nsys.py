@@ -29,7 +29,7 @@ from traceana.errors import TraceanaError
 from traceana.ingest.nsys_comm import collective_ops
 from traceana.ingest.nsys_export import Export, export_report, is_sqlite
 from traceana.ingest.rules import classify
-from traceana.ingest.run_data import RunData, marker_steps, require_unique_ranks
+from traceana.ingest.run_data import RunData, launched_step_windows, marker_steps, require_unique_ranks
 
 if TYPE_CHECKING:
     from traceana.ingest.dispatch import IngestOptions
@@ -242,7 +242,8 @@ def _read_report(source: Path, options: IngestOptions) -> Report:
 _RANGE_SCHEMA = {"pid": _I64, "tid": _I64, "start_ns": _I64, "end_ns": _I64, "name": _STR, "domain": _STR,
                  "args": _STR}
 _DEVICE_SCHEMA = {"pid": _I64, "device": _I64, "stream": _I64, "start_ns": _I64, "end_ns": _I64, "name": _STR,
-                  "category": _STR, "op": _STR, "kernel_op": _STR, "dtype": _STR, "evidence": _STR}
+                  "category": _STR, "op": _STR, "kernel_op": _STR, "dtype": _STR, "evidence": _STR,
+                  "launch_ns": _I64}
 
 
 def _no_device() -> pl.DataFrame:
@@ -251,12 +252,19 @@ def _no_device() -> pl.DataFrame:
 
 def _with_collectives(device: pl.DataFrame, export: Export, ranges: pl.DataFrame | None,
                       options: IngestOptions) -> pl.DataFrame:
-    """Classify every device event; add op, kernel_op, dtype and evidence to the communication ones."""
+    """Classify every device event; add op, kernel_op, dtype and evidence to the communication ones, and the time
+    of the runtime call that launched each event (launch_ns, by pid and correlationId)."""
     device = device.with_columns(classify(pl.col("short"), options.rules))
+    launches = _launches(export)
+    if launches is not None:
+        first = launches.group_by("pid", "correlationId").agg(pl.col("launch_ns").min())  # 2022.x: some twice
+        device = device.join(first, on=["pid", "correlationId"], how="left")
     comm = device.filter(pl.col("category") == "comm").select("key", "pid", "correlationId", "short", "rule_op")
     needs_launches = comm["short"].str.contains(r"^nccl(?:Dev)?Kernel_(?:SendRecv|Generic)").any()
-    ops = collective_ops(comm, _launches(export) if needs_launches else None, ranges)
-    return device.join(ops, on="key", how="left").select(*_DEVICE_SCHEMA)
+    ops = collective_ops(comm, launches if needs_launches else None, ranges)
+    return device.join(ops, on="key", how="left").select(
+        *(pl.col(c) if c in device.columns or c in ops.columns else pl.lit(None, t).alias(c)
+          for c, t in _DEVICE_SCHEMA.items()))
 
 
 def _assign_ranks(units: pl.DataFrame, reports: list[Report]) -> pl.DataFrame:
@@ -315,9 +323,12 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
                                                         pl.lit(offsets[i], _I64).alias("_offset"))
                           for i, r in enumerate(reports)])
 
-    shift = [(pl.col(c) + pl.col("_offset")).alias(c) for c in ("start_ns", "end_ns")]
+    def shifted(*columns: str) -> list[pl.Expr]:
+        return [(pl.col(c) + pl.col("_offset")).alias(c) for c in columns]
+
     keys = ranks.select("report", "pid", "device", "rank")
-    device = per_report("device").join(keys, on=["report", "pid", "device"], nulls_equal=True).with_columns(shift)
+    device = per_report("device").join(keys, on=["report", "pid", "device"], nulls_equal=True).with_columns(
+        shifted("start_ns", "end_ns", "launch_ns"))
     device = device.sort("rank", "start_ns", "end_ns", "stream").with_columns(
         pl.int_range(pl.len()).over("rank").cast(_I64).alias("event_id")
     )
@@ -326,7 +337,8 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     annotations = ranges.join(owners, on=["report", "pid"], nulls_equal=True)  # a multi-GPU process: every rank
     if dropped := ranges.join(owners, on=["report", "pid"], how="anti", nulls_equal=True).height:
         notes.append(f"{dropped} NVTX ranges of processes without GPU activity were left out")
-    annotations = annotations.with_columns(*shift, pl.lit("nvtx").alias("kind")).sort("rank", "start_ns")
+    annotations = annotations.with_columns(*shifted("start_ns", "end_ns"), pl.lit("nvtx").alias("kind")).sort(
+        "rank", "start_ns")
     rank_rows = ranks.with_columns(
         pl.col("report").replace_strict({i: r.host for i, r in enumerate(reports)}, return_dtype=_STR).alias("host"),
         pl.col("report").replace_strict(dict(enumerate(offsets)), return_dtype=_I64).alias("clock_offset_ns"),
@@ -346,6 +358,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
             "device_events": device,
             "collectives": device.filter(pl.col("op").is_not_null()),
             "annotations": annotations,
-            "steps": marker_steps(annotations, options.step_marker or DEFAULT_STEP_MARKER),
+            "steps": launched_step_windows(
+                device, marker_steps(annotations, options.step_marker or DEFAULT_STEP_MARKER), notes),
         },
     )

@@ -322,9 +322,23 @@ def test_nccl_path_through_the_ingester_on_an_edited_copy(tmp_path: Path) -> Non
 
 
 def test_step_marker_regex_numbers_unnumbered_ranges_in_order() -> None:
+    """Five unnumbered 'saxpy' NVTX ranges are steps 0-4. Their windows are on the device (second route: the
+    RUNTIME launch records read here): step i opens at the kernel launched inside range i and runs to step i+1's
+    start (the host-to-device copies launched between two ranges are the earlier step's); the last one ends where
+    the copy launched after the last range begins."""
     steps = ingest(SAXPY, step_marker="^saxpy$").table("steps")
     saxpy = sql(SAXPY, "SELECT start, \"end\" FROM NVTX_EVENTS WHERE eventType = 59 AND text = 'saxpy' ORDER BY start")
-    assert steps.select("step", "start_ns", "end_ns").rows() == [(i, s, e) for i, (s, e) in enumerate(saxpy)]
     assert len(saxpy) == 5
+    launched = sql(SAXPY, "SELECT DISTINCT k.start FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                          "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r USING (correlationId) JOIN NVTX_EVENTS n "
+                          "ON n.eventType = 59 AND n.text = 'saxpy' AND r.start BETWEEN n.start AND n.\"end\""
+                          " ORDER BY 1")
+    (after,) = sql(SAXPY, "SELECT min(m.start) FROM CUPTI_ACTIVITY_KIND_MEMCPY m "
+                          "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r USING (correlationId) "
+                          "WHERE r.start > (SELECT max(\"end\") FROM NVTX_EVENTS WHERE text = 'saxpy')")
+    starts = [s for (s,) in launched]
+    assert len(starts) == 5 and all(a < b for (a, _), b in zip(saxpy, starts, strict=True))
+    assert steps.select("step", "start_ns", "end_ns").rows() == [
+        (i, s, e) for i, (s, e) in enumerate(zip(starts, [*starts[1:], after[0]], strict=True))]
     with pytest.raises(TraceanaError, match=r"^--step-marker '\(\?<=M\)PI': regex"):
         ingest(SAXPY, step_marker="(?<=M)PI")
