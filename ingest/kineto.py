@@ -11,6 +11,7 @@ name (name-rule). CPU-only runs (gloo) have no device events: see :mod:`traceana
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -22,7 +23,13 @@ from traceana.errors import TraceanaError
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op, parse_nccl_kernel
 from traceana.ingest.dispatch import IngestOptions
 from traceana.ingest.rules import classify
-from traceana.ingest.run_data import RunData, launched_step_windows, require_unique_ranks
+from traceana.ingest.run_data import (
+    RunData,
+    launched_step_windows,
+    rank_in_file_name,
+    require_overlapping_clocks,
+    require_unique_ranks,
+)
 
 _SUFFIXES = (".json", ".json.gz")
 _STEP = r"^ProfilerStep#(\d+)$"
@@ -114,13 +121,40 @@ def _host_of(file: Path) -> str | None:
     return match["host"] if match else None
 
 
-def _rank_of(info: dict, file: Path, position: int) -> tuple[int, str]:
-    if isinstance(info.get("rank"), int):
-        return info["rank"], "distributedInfo"
-    numbers = re.findall(r"rank[_-]?(\d+)", file.name) or re.findall(r"(\d+)", file.name)
-    if numbers:
-        return int(numbers[-1]), "file-name"
-    return position, "file-order"
+def _ranks(infos: list[dict], files: list[Path]) -> tuple[list[int], list[str]]:
+    """Each file's rank and how it was found: distributedInfo's rank, else one the file name states
+    (run_data.rank_in_file_name), else the lowest free rank in file order, torch's default worker names
+    ({host}_{pid}.{ms}.pt.trace.json) by host then pid. Other digits in a name are not ranks."""
+    stated: list[tuple[int, str] | None] = []
+    for info, file in zip(infos, files, strict=True):
+        named = rank_in_file_name(file.name)
+        stated.append((info["rank"], "distributedInfo") if isinstance(info.get("rank"), int)
+                      else (named, "file-name") if named is not None else None)
+    taken = {s[0] for s in stated if s is not None}
+    free = (r for r in itertools.count() if r not in taken)
+
+    def order(index: int) -> tuple[str, int]:
+        worker = _WORKER_FILE.match(files[index].name)
+        return (worker["host"], int(worker["pid"])) if worker else (files[index].name, -1)
+
+    for index in sorted(range(len(files)), key=order):
+        if stated[index] is None:
+            stated[index] = (next(free), "file-order")
+    return [s[0] for s in stated if s], [s[1] for s in stated if s]
+
+
+def _require_one_job(infos: list[dict], files: list[Path], con: duckdb.DuckDBPyConnection) -> None:
+    """Files of one run state one world size and were recorded at overlapping times (after host alignment)."""
+    sizes = [i.get("world_size") if isinstance(i.get("world_size"), int) else None for i in infos]
+    stated = [s for s in sizes if s is not None]
+    if len(set(stated)) > 1:
+        usual = max(set(stated), key=lambda s: (stated.count(s), -stated.index(s)))
+        odd = next(i for i, s in enumerate(sizes) if s not in (None, usual))
+        first = next(i for i, s in enumerate(sizes) if s == usual)
+        raise TraceanaError(f"{files[odd]}: from another job (world size {sizes[odd]}, {files[first].name} has "
+                            f"{usual}); ingest each job as its own run")
+    spans = con.execute("SELECT f, min(start_ns), max(end_ns) FROM ev GROUP BY f").fetchall()
+    require_overlapping_clocks([(str(files[f]), start, end) for f, start, end in spans])
 
 
 def _process_groups(infos: list[dict], con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
@@ -236,19 +270,17 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         "input_dims JSON, input_type JSON, concrete JSON, peer INTEGER, mem_allocated BIGINT, mem_reserved BIGINT, "
         "mem_device_type INTEGER)"
     )
-    infos, ranks, rank_sources = [], [], []
+    infos = []
     for index, file in enumerate(files):
-        info = _load(con, file, index)
-        rank, how = _rank_of(info, file, index)
-        infos.append(info)
-        ranks.append(rank)
-        rank_sources.append(how)
+        infos.append(_load(con, file, index))
         options.progress(file.name)
+    ranks, rank_sources = _ranks(infos, files)
     require_unique_ranks(ranks, [str(f) for f in files])
     world = max([i.get("world_size") or 0 for i in infos] + [len(files)])
     file_rank = pl.DataFrame({"f": list(range(len(files))), "rank": ranks}, schema={"f": pl.Int32, "rank": pl.Int32})
     hosts = [_host_of(f) for f in files]
     offsets = _align_hosts(con, hosts)
+    _require_one_job(infos, files, con)
 
     groups = _process_groups(infos, con)
     notes: list[str] = []

@@ -4,8 +4,9 @@ A run is one report holding every process (torchrun under nsys), or one report p
 Each process and device with GPU activity is one rank; a report without GPU activity (a CPU-only capture) gives
 one rank per process with NVTX ranges. Ranks come, in order, from what the process states (MPI_RANKS, an
 "MPI Rank N" thread name, RANK / OMPI_COMM_WORLD_RANK / PMI_RANK / SLURM_PROCID / LOCAL_RANK in the captured
-environment of a one-process report), then from the number in each report's file name (compared as numbers), then
-from device order; ``rank_source`` records which. Reports are aligned coarsely by their session start
+environment of a one-process report), then from the rank each report's file name states (rank3, rank_3, _r3_,
+worker3; other digits are not ranks), then from device order; ``rank_source`` records which. A process that drives
+several GPUs is one rank per device, with a note. Reports are aligned coarsely by their session start
 (utcEpochNs), recorded in ranks.clock_offset_ns; refining cross-host skew by collective end times is left to the
 shared ``finish`` step, not done here.
 
@@ -29,7 +30,14 @@ from traceana.errors import TraceanaError
 from traceana.ingest.nsys_comm import collective_ops
 from traceana.ingest.nsys_export import Export, export_report, is_sqlite
 from traceana.ingest.rules import classify
-from traceana.ingest.run_data import RunData, launched_step_windows, marker_steps, require_unique_ranks
+from traceana.ingest.run_data import (
+    RunData,
+    launched_step_windows,
+    marker_steps,
+    rank_in_file_name,
+    require_overlapping_clocks,
+    require_unique_ranks,
+)
 
 if TYPE_CHECKING:
     from traceana.ingest.dispatch import IngestOptions
@@ -276,7 +284,7 @@ def _assign_ranks(units: pl.DataFrame, reports: list[Report]) -> pl.DataFrame:
             return units.with_columns(pl.col("stated_rank").alias("rank"), pl.col("stated_source").alias("rank_source"))
         per_file = units.with_columns(pl.Series("_source", sources)).unique(["_source", "stated_rank"])
         require_unique_ranks(per_file["stated_rank"].to_list(), per_file["_source"].to_list())
-    numbers = [_file_number(r.source) for r in reports]
+    numbers = [rank_in_file_name(r.source.name) for r in reports]
     if len(reports) > 1 and len(units) == len(reports) and None not in numbers and len(set(numbers)) == len(numbers):
         return units.with_columns(pl.col("report").replace_strict(dict(enumerate(numbers)), return_dtype=_I64)
                                   .alias("rank"), pl.lit("file-name").alias("rank_source"))
@@ -284,11 +292,6 @@ def _assign_ranks(units: pl.DataFrame, reports: list[Report]) -> pl.DataFrame:
     return units.sort("report", "stated_rank", "device", "pid", nulls_last=True).with_row_index("rank").with_columns(
         pl.col("rank").cast(_I64), pl.lit(order).alias("rank_source")
     )
-
-
-def _file_number(path: Path) -> int | None:
-    numbers = re.findall(r"\d+", path.name.split(".")[0])
-    return int(numbers[-1]) if numbers else None
 
 
 def _clock_offsets(reports: list[Report], notes: list[str]) -> list[int]:
@@ -313,6 +316,10 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     notes = [n for r in reports for n in r.notes]
     units = pl.concat([r.units.with_columns(pl.lit(i, _I64).alias("report")) for i, r in enumerate(reports)])
     ranks = _assign_ranks(units, reports)
+    multi_gpu = ranks.filter(pl.col("device").is_not_null()).group_by("report", "pid").agg(pl.col("device").sort())
+    for report, pid, devices in multi_gpu.filter(pl.col("device").list.len() > 1).sort("report", "pid").rows():
+        notes.append(f"{reports[report].source.name}: process {pid} drives {len(devices)} GPUs (devices "
+                     f"{', '.join(map(str, devices))}): one rank per device")
     offsets = _clock_offsets(reports, notes)
     if any(offsets):
         notes.append("clock offsets from session start (utcEpochNs): "
@@ -339,6 +346,9 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         notes.append(f"{dropped} NVTX ranges of processes without GPU activity were left out")
     annotations = annotations.with_columns(*shifted("start_ns", "end_ns"), pl.lit("nvtx").alias("kind")).sort(
         "rank", "start_ns")
+    spans = pl.concat([f.select("report", "start_ns", "end_ns") for f in (device, annotations)]).group_by("report")
+    require_overlapping_clocks([(str(reports[r].source), a, b) for r, a, b in spans.agg(
+        pl.col("start_ns").min(), pl.col("end_ns").max()).rows()])
     rank_rows = ranks.with_columns(
         pl.col("report").replace_strict({i: r.host for i, r in enumerate(reports)}, return_dtype=_STR).alias("host"),
         pl.col("report").replace_strict(dict(enumerate(offsets)), return_dtype=_I64).alias("clock_offset_ns"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import polars as pl
 
@@ -305,3 +306,20 @@ def device_step_windows(events: pl.DataFrame) -> pl.DataFrame:
     return windows.filter(~pl.col("step").is_in([_BEFORE, _AFTER])).select(
         "rank", pl.col("step").cast(pl.Int32), pl.coalesce("start_cut", "lo").alias("start_ns"),
         pl.coalesce("end_cut", "hi").alias("end_ns")).sort("rank", "step")
+
+
+def require_overlapping_clocks(spans: list[tuple[str, int, int]]) -> None:
+    """Inputs (source, first ns, last ns) of one run were recorded together: their time spans chain into one.
+    Where they fall apart into groups that never overlap, the files are from different jobs (or recordings): a
+    one-line error naming the first file of the smallest group."""
+    groups: list[list[tuple[str, int, int]]] = []
+    for span in sorted(spans, key=lambda s: s[1]):
+        if groups and span[1] <= max(s[2] for s in groups[-1]):
+            groups[-1].append(span)
+        else:
+            groups.append([span])
+    if len(groups) > 1:
+        odd = min(reversed(groups), key=len)[0]
+        other = next(g for g in groups if odd not in g)[0]
+        raise TraceanaError(f"{odd[0]}: recorded at times that never overlap those of {Path(other[0]).name} "
+                            "(another job or recording); ingest each as its own run")

@@ -127,6 +127,25 @@ def test_cloverleaf_2024_lazy_export_without_nvtx_one_process_on_one_of_four_gpu
     assert data.table("steps").is_empty() and step_windows(data) == [(0, 0, *span)]
 
 
+def test_one_process_on_four_gpus_is_four_ranks_with_a_note(tmp_path: Path) -> None:
+    """Cloverleaf's process ran all its kernels on device 0 (above); an edited copy spreads them over its four
+    GPUs (deviceId = correlationId % 4) as a process driving several GPUs records them."""
+    copy = tmp_path / "cloverleaf_4gpu.sqlite"
+    shutil.copy(CLOVERLEAF, copy)
+    con = sqlite3.connect(copy)
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = correlationId % 4")
+    con.commit()
+    con.close()
+    data = ingest(copy)
+    per_device = dict(sql(copy, "SELECT deviceId, count(*) FROM (SELECT deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL "
+                                "UNION ALL SELECT deviceId FROM CUPTI_ACTIVITY_KIND_MEMCPY) GROUP BY deviceId"))
+    ranks = data.table("ranks").sort("rank")
+    assert ranks.select("rank", "device", "pid").rows() == [(d, d, 1701896) for d in range(4)]
+    assert per_rank(data.table("device_events")) == per_device and len(per_device) == 4
+    note = "cloverleaf_4gpu.sqlite: process 1701896 drives 4 GPUs (devices 0, 1, 2, 3): one rank per device"
+    assert note in data.notes
+
+
 def test_h100_2026_two_processes_become_two_ranks_by_device_order() -> None:
     data = ingest(H100)
     ranks = data.table("ranks")
@@ -342,3 +361,13 @@ def test_step_marker_regex_numbers_unnumbered_ranges_in_order() -> None:
         (i, s, e) for i, (s, e) in enumerate(zip(starts, [*starts[1:], after[0]], strict=True))]
     with pytest.raises(TraceanaError, match=r"^--step-marker '\(\?<=M\)PI': regex"):
         ingest(SAXPY, step_marker="(?<=M)PI")
+
+
+def test_reports_of_two_recordings_are_refused() -> None:
+    """saxpy (2022) and the H100 run (2026): their session starts (utcEpochNs) are years apart, so even aligned by
+    session start their activity never overlaps."""
+    starts = [sql(p, "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME")[0][0] for p in (SAXPY, H100)]
+    assert starts[1] - starts[0] > 365 * 86400 * 10**9
+    with pytest.raises(TraceanaError, match=r"^\S*nsysai_h100_2proc_nsys2026.2.sqlite: recorded at times that never "
+                                            r"overlap those of pipit_saxpy_mpi_1rank_nsys2022.2.sqlite"):
+        ingest(SAXPY, H100)
