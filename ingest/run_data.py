@@ -90,6 +90,7 @@ def finish(data: RunData, layout: Layout | None) -> RunData:
     data.frames["process_groups"] = groups
     data.frames["collectives"] = number_instances(_collective_dims(data.table("collectives"), groups))
     align_hosts(data)
+    align_ranks(data)
     return data
 
 
@@ -121,12 +122,59 @@ def align_hosts(data: RunData) -> None:
         return
     data.notes.append("hosts aligned by collective end times: " + ", ".join(
         f"{h} {s / 1e3:+.1f} us" for h, s in offsets.sort("host").iter_rows()))
+    _shift_ranks(data, shift)
+
+
+# Device collectives end on all members within link latency. A rank whose end differences from another rank's, over
+# at least MIN_SHARED_ENDS shared instances, span no more than END_SPREAD_NS keeps a clock of its own that differs by
+# a constant; wider spreads (CPU collectives: a gloo rank's part ends when its own thread hands off) are left alone.
+END_SPREAD_NS = 20_000
+MIN_SHARED_ENDS = 3
+
+
+def align_ranks(data: RunData) -> None:
+    """Per-rank clock alignment after :func:`align_hosts`: ranks of one host can still disagree (each device keeps
+    its own clock). Each collective instance's lowest member is its anchor; per rank, the differences (anchor's end
+    - this rank's end) over the instances they share. Where the rule above holds, the rank is shifted by the middle
+    of their range (which minimizes the worst disagreement of ends) plus its anchor's own shift, in rank order, so
+    ranks chain onto the lowest rank's clock. The notes say which ranks were aligned this way and which were not."""
+    ends = (
+        data.table("collectives").filter(~pl.col("op").is_in(["Send", "Recv"]) & pl.col("instance").is_not_null())
+        .join(data.table("device_events").select("rank", "event_id", "end_ns"), on=["rank", "event_id"])
+        .group_by("rank", "instance").agg(pl.col("end_ns").max())
+        .with_columns(pl.col("rank").min().over("instance").alias("anchor"))
+    )
+    diff = pl.col("anchor_end") - pl.col("end_ns")
+    pairs = (ends.join(ends.select("instance", pl.col("rank").alias("anchor"), pl.col("end_ns").alias("anchor_end")),
+                       on=["instance", "anchor"]).filter(pl.col("rank") != pl.col("anchor"))
+             .group_by("rank", "anchor").agg(pl.len().alias("n"), diff.min().alias("lo"), diff.max().alias("hi"))
+             .sort("rank", "n", "anchor", descending=[False, True, False]))
+    consistent = pairs.filter((pl.col("n") >= MIN_SHARED_ENDS) & (pl.col("hi") - pl.col("lo") <= END_SPREAD_NS))
+    shifts: dict[int, int] = {}
+    for rank, anchor, _, lo, hi in consistent.unique("rank", keep="first", maintain_order=True).rows():
+        shifts[rank] = shifts.get(anchor, 0) + round((lo + hi) / 2)
+    if shifts:
+        data.notes.append(f"rank clocks aligned by collective ends onto rank {min(ends['rank'])}'s: " + ", ".join(
+            f"rank {r} {s / 1e3:+.1f} us" for r, s in sorted(shifts.items())[:16])
+            + (f" and {len(shifts) - 16} more" if len(shifts) > 16 else ""))
+    if left := sorted(set(pairs["rank"]) - set(shifts)):
+        data.notes.append(f"{len(left)} rank(s) keep their host's clock: their collective ends do not agree with "
+                          f"another rank's within {END_SPREAD_NS // 1000} us over {MIN_SHARED_ENDS} or more "
+                          "collectives (CPU collectives do not end together)")
+    _shift_ranks(data, pl.DataFrame({"rank": list(shifts), "shift": list(shifts.values())},
+                                    schema={"rank": pl.Int32(), "shift": pl.Int64()}))
+
+
+def _shift_ranks(data: RunData, shift: pl.DataFrame) -> None:
+    """Add ``shift`` (rank, shift ns) to every time of those ranks and to their ``clock_offset_ns``."""
+    if shift.is_empty() or shift["shift"].abs().max() == 0:
+        return
     for table, columns in TIME_COLUMNS.items():
         frame = data.table(table)
         if not frame.is_empty():
             data.frames[table] = frame.join(shift, on="rank", how="left").with_columns(
                 [pl.col(c) + pl.col("shift").fill_null(0) for c in columns]).drop("shift")
-    data.frames["ranks"] = ranks.join(shift, on="rank", how="left").with_columns(
+    data.frames["ranks"] = data.table("ranks").join(shift, on="rank", how="left").with_columns(
         (pl.col("clock_offset_ns").fill_null(0) + pl.col("shift").fill_null(0)).alias("clock_offset_ns")
     ).drop("shift")
 
