@@ -158,7 +158,8 @@ def align_ranks(data: RunData) -> None:
             f"rank {r} {s / 1e3:+.1f} us" for r, s in sorted(shifts.items())[:16])
             + (f" and {len(shifts) - 16} more" if len(shifts) > 16 else ""))
     if left := sorted(set(pairs["rank"]) - set(shifts)):
-        data.notes.append(f"{len(left)} rank(s) keep their host's clock: their collective ends do not agree with "
+        listing = ", ".join(map(str, left[:16])) + (f" and {len(left) - 16} more" if len(left) > 16 else "")
+        data.notes.append(f"rank(s) {listing} keep their host's clock: their collective ends do not agree with "
                           f"another rank's within {END_SPREAD_NS // 1000} us over {MIN_SHARED_ENDS} or more "
                           "collectives (CPU collectives do not end together)")
     _shift_ranks(data, pl.DataFrame({"rank": list(shifts), "shift": list(shifts.values())},
