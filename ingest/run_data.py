@@ -161,7 +161,7 @@ def align_ranks(data: RunData) -> None:
         listing = ", ".join(map(str, left[:16])) + (f" and {len(left) - 16} more" if len(left) > 16 else "")
         data.notes.append(f"rank(s) {listing} keep their host's clock: their collective ends do not agree with "
                           f"another rank's within {END_SPREAD_NS // 1000} us over {MIN_SHARED_ENDS} or more "
-                          "collectives (CPU collectives do not end together)")
+                          "collectives (CPU collectives do not end together; nor do instances matched wrongly)")
     _shift_ranks(data, pl.DataFrame({"rank": list(shifts), "shift": list(shifts.values())},
                                     schema={"rank": pl.Int32(), "shift": pl.Int64()}))
 
