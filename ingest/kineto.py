@@ -11,6 +11,7 @@ name (name-rule). CPU-only runs (gloo) have no device events: see :mod:`traceana
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -22,7 +23,13 @@ from traceana.errors import TraceanaError
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op, parse_nccl_kernel
 from traceana.ingest.dispatch import IngestOptions
 from traceana.ingest.rules import classify
-from traceana.ingest.run_data import RunData, require_unique_ranks
+from traceana.ingest.run_data import (
+    RunData,
+    launched_step_windows,
+    rank_in_file_name,
+    require_overlapping_clocks,
+    require_unique_ranks,
+)
 
 _SUFFIXES = (".json", ".json.gz")
 _STEP = r"^ProfilerStep#(\d+)$"
@@ -114,13 +121,40 @@ def _host_of(file: Path) -> str | None:
     return match["host"] if match else None
 
 
-def _rank_of(info: dict, file: Path, position: int) -> tuple[int, str]:
-    if isinstance(info.get("rank"), int):
-        return info["rank"], "distributedInfo"
-    numbers = re.findall(r"rank[_-]?(\d+)", file.name) or re.findall(r"(\d+)", file.name)
-    if numbers:
-        return int(numbers[-1]), "file-name"
-    return position, "file-order"
+def _ranks(infos: list[dict], files: list[Path]) -> tuple[list[int], list[str]]:
+    """Each file's rank and how it was found: distributedInfo's rank, else one the file name states
+    (run_data.rank_in_file_name), else the lowest free rank in file order, torch's default worker names
+    ({host}_{pid}.{ms}.pt.trace.json) by host then pid. Other digits in a name are not ranks."""
+    stated: list[tuple[int, str] | None] = []
+    for info, file in zip(infos, files, strict=True):
+        named = rank_in_file_name(file.name)
+        stated.append((info["rank"], "distributedInfo") if isinstance(info.get("rank"), int)
+                      else (named, "file-name") if named is not None else None)
+    taken = {s[0] for s in stated if s is not None}
+    free = (r for r in itertools.count() if r not in taken)
+
+    def order(index: int) -> tuple[str, int]:
+        worker = _WORKER_FILE.match(files[index].name)
+        return (worker["host"], int(worker["pid"])) if worker else (files[index].name, -1)
+
+    for index in sorted(range(len(files)), key=order):
+        if stated[index] is None:
+            stated[index] = (next(free), "file-order")
+    return [s[0] for s in stated if s], [s[1] for s in stated if s]
+
+
+def _require_one_job(infos: list[dict], files: list[Path], con: duckdb.DuckDBPyConnection) -> None:
+    """Files of one run state one world size and were recorded at overlapping times (after host alignment)."""
+    sizes = [i.get("world_size") if isinstance(i.get("world_size"), int) else None for i in infos]
+    stated = [s for s in sizes if s is not None]
+    if len(set(stated)) > 1:
+        usual = max(set(stated), key=lambda s: (stated.count(s), -stated.index(s)))
+        odd = next(i for i, s in enumerate(sizes) if s not in (None, usual))
+        first = next(i for i, s in enumerate(sizes) if s == usual)
+        raise TraceanaError(f"{files[odd]}: from another job (world size {sizes[odd]}, {files[first].name} has "
+                            f"{usual}); ingest each job as its own run")
+    spans = con.execute("SELECT f, min(start_ns), max(end_ns) FROM ev GROUP BY f").fetchall()
+    require_overlapping_clocks([(str(files[f]), start, end) for f, start, end in spans])
 
 
 def _process_groups(infos: list[dict], con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
@@ -237,26 +271,25 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         "input_dims JSON, input_type JSON, concrete JSON, peer INTEGER, mem_allocated BIGINT, mem_reserved BIGINT, "
         "mem_device_type INTEGER)"
     )
-    infos, ranks, rank_sources = [], [], []
+    infos = []
     for index, file in enumerate(files):
-        info = _load(con, file, index)
-        rank, how = _rank_of(info, file, index)
-        infos.append(info)
-        ranks.append(rank)
-        rank_sources.append(how)
+        infos.append(_load(con, file, index))
         options.progress.read(file)
+    ranks, rank_sources = _ranks(infos, files)
     require_unique_ranks(ranks, [str(f) for f in files])
     options.progress.phase("aligning clocks and classifying events")
     world = max([i.get("world_size") or 0 for i in infos] + [len(files)])
     file_rank = pl.DataFrame({"f": list(range(len(files))), "rank": ranks}, schema={"f": pl.Int32, "rank": pl.Int32})
     hosts = [_host_of(f) for f in files]
     offsets = _align_hosts(con, hosts)
+    _require_one_job(infos, files, con)
 
     groups = _process_groups(infos, con)
+    notes: list[str] = []
     device_count = con.execute("SELECT count(*) FROM ev WHERE cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')")
     if device_count.fetchall()[0][0]:
         events, comm = _device_frames(con, options)
-        steps = _device_steps(con)
+        steps = _device_steps(con, notes)
         comm = comm.join(file_rank, on="f").join(
             groups.select("name_key", "pg", "ranks"), left_on="pg_name", right_on="name_key", how="left"
         ).filter(pl.col("ranks").is_null() | pl.col("ranks").list.contains(pl.col("rank"))).unique(
@@ -272,7 +305,6 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         "SELECT f, start_ns AS ts_ns, mem_allocated AS allocated_bytes, mem_reserved AS reserved_bytes FROM ev "
         f"WHERE name = '[memory]' AND mem_device_type = {1 if mode == 'gpu' else 0} ORDER BY f, start_ns"
     ).pl().join(file_rank, on="f")
-    notes = []
     if mode == "cpu":
         notes.append("no device activity: CPU-only run, compute from the main thread's CPU ops")
         if not memory.is_empty():
@@ -338,22 +370,27 @@ def _align_hosts(con: duckdb.DuckDBPyConnection, hosts: list[str | None]) -> lis
     return offsets
 
 
-def _device_steps(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
-    """Project ProfilerStep#N (CPU ranges) onto the device: step N runs from its first launched kernel to the
-    next step's first kernel (the last step to its last kernel's end), so work queued late in a step stays in it."""
-    return con.sql(
-        f"""WITH step AS (
-            SELECT f, pid, tid, CAST(regexp_extract(name, '{_STEP}', 1) AS INTEGER) AS step, start_ns, end_ns
-            FROM ev WHERE regexp_matches(name, '{_STEP}') AND cat IN ('user_annotation', 'cpu_op')
-        ), launched AS (
-            SELECT s.f, s.step, min(k.start_ns) AS first_ns, max(k.end_ns) AS last_ns
-            FROM ev k JOIN ev r ON r.f = k.f AND r.corr = k.corr AND r.cat IN ('cuda_runtime', 'cuda_driver')
-            JOIN step s ON s.f = r.f AND s.pid = r.pid AND s.tid = r.tid AND r.start_ns >= s.start_ns
-                 AND r.start_ns < s.end_ns
-            WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')
-            GROUP BY ALL
-        )
-        SELECT f, step, first_ns AS start_ns,
-               coalesce(lead(first_ns) OVER (PARTITION BY f ORDER BY step), last_ns) AS end_ns
-        FROM launched ORDER BY f, step"""
+def _device_steps(con: duckdb.DuckDBPyConnection, notes: list[str]) -> pl.DataFrame:
+    """ProfilerStep#N on the device (run_data.device_step_windows): each kernel / copy / memset belongs to the step
+    whose CPU range on its process was open when the runtime call that launched it ran (correlation id, any thread:
+    backward launches from autograd's thread); one without a recorded launch to the step of Kineto's own
+    gpu_user_annotation ProfilerStep#N range that holds it, if any, else to its stream's previous event's step."""
+    markers = con.sql(
+        f"""SELECT f AS rank, CAST(regexp_extract(name, '{_STEP}', 1) AS INTEGER) AS step, start_ns, end_ns
+            FROM ev WHERE regexp_matches(name, '{_STEP}') AND cat IN ('user_annotation', 'cpu_op')"""
     ).pl()
+    events = con.sql(
+        f"""WITH launch AS (
+            SELECT f, corr, min(start_ns) AS launch_ns FROM ev
+            WHERE cat IN ('cuda_runtime', 'cuda_driver') AND corr IS NOT NULL GROUP BY ALL
+        ), device_step AS (
+            SELECT f, CAST(regexp_extract(name, '{_STEP}', 1) AS INTEGER) AS step, start_ns, end_ns FROM ev
+            WHERE cat = 'gpu_user_annotation' AND regexp_matches(name, '{_STEP}')
+        )
+        SELECT k.f AS rank, coalesce(k.stream, TRY_CAST(k.tid AS BIGINT)) AS stream, k.start_ns, k.end_ns,
+               l.launch_ns, (SELECT max(d.step) FROM device_step d
+                             WHERE d.f = k.f AND k.start_ns >= d.start_ns AND k.start_ns < d.end_ns) AS step
+        FROM ev k LEFT JOIN launch l ON l.f = k.f AND l.corr = k.corr
+        WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
+    ).pl()
+    return launched_step_windows(events, markers, notes).rename({"rank": "f"})

@@ -4,8 +4,9 @@ A run is one report holding every process (torchrun under nsys), or one report p
 Each process and device with GPU activity is one rank; a report without GPU activity (a CPU-only capture) gives
 one rank per process with NVTX ranges. Ranks come, in order, from what the process states (MPI_RANKS, an
 "MPI Rank N" thread name, RANK / OMPI_COMM_WORLD_RANK / PMI_RANK / SLURM_PROCID / LOCAL_RANK in the captured
-environment of a one-process report), then from the number in each report's file name (compared as numbers), then
-from device order; ``rank_source`` records which. Reports are aligned coarsely by their session start
+environment of a one-process report), then from the rank each report's file name states (rank3, rank_3, _r3_,
+worker3; other digits are not ranks), then from device order; ``rank_source`` records which. A process that drives
+several GPUs is one rank per device, with a note. Reports are aligned coarsely by their session start
 (utcEpochNs), recorded in ranks.clock_offset_ns; refining cross-host skew by collective end times is left to the
 shared ``finish`` step, not done here.
 
@@ -29,7 +30,14 @@ from traceana.errors import TraceanaError
 from traceana.ingest.nsys_comm import collective_ops
 from traceana.ingest.nsys_export import Export, export_report, is_sqlite
 from traceana.ingest.rules import classify
-from traceana.ingest.run_data import RunData, marker_steps, require_unique_ranks
+from traceana.ingest.run_data import (
+    RunData,
+    launched_step_windows,
+    marker_steps,
+    rank_in_file_name,
+    require_overlapping_clocks,
+    require_unique_ranks,
+)
 
 if TYPE_CHECKING:
     from traceana.ingest.dispatch import IngestOptions
@@ -242,7 +250,8 @@ def _read_report(source: Path, options: IngestOptions) -> Report:
 _RANGE_SCHEMA = {"pid": _I64, "tid": _I64, "start_ns": _I64, "end_ns": _I64, "name": _STR, "domain": _STR,
                  "args": _STR}
 _DEVICE_SCHEMA = {"pid": _I64, "device": _I64, "stream": _I64, "start_ns": _I64, "end_ns": _I64, "name": _STR,
-                  "category": _STR, "op": _STR, "kernel_op": _STR, "dtype": _STR, "evidence": _STR}
+                  "category": _STR, "op": _STR, "kernel_op": _STR, "dtype": _STR, "evidence": _STR,
+                  "launch_ns": _I64}
 
 
 def _no_device() -> pl.DataFrame:
@@ -251,12 +260,19 @@ def _no_device() -> pl.DataFrame:
 
 def _with_collectives(device: pl.DataFrame, export: Export, ranges: pl.DataFrame | None,
                       options: IngestOptions) -> pl.DataFrame:
-    """Classify every device event; add op, kernel_op, dtype and evidence to the communication ones."""
+    """Classify every device event; add op, kernel_op, dtype and evidence to the communication ones, and the time
+    of the runtime call that launched each event (launch_ns, by pid and correlationId)."""
     device = device.with_columns(classify(pl.col("short"), options.rules))
+    launches = _launches(export)
+    if launches is not None:
+        first = launches.group_by("pid", "correlationId").agg(pl.col("launch_ns").min())  # 2022.x: some twice
+        device = device.join(first, on=["pid", "correlationId"], how="left")
     comm = device.filter(pl.col("category") == "comm").select("key", "pid", "correlationId", "short", "rule_op")
     needs_launches = comm["short"].str.contains(r"^nccl(?:Dev)?Kernel_(?:SendRecv|Generic)").any()
-    ops = collective_ops(comm, _launches(export) if needs_launches else None, ranges)
-    return device.join(ops, on="key", how="left").select(*_DEVICE_SCHEMA)
+    ops = collective_ops(comm, launches if needs_launches else None, ranges)
+    return device.join(ops, on="key", how="left").select(
+        *(pl.col(c) if c in device.columns or c in ops.columns else pl.lit(None, t).alias(c)
+          for c, t in _DEVICE_SCHEMA.items()))
 
 
 def _assign_ranks(units: pl.DataFrame, reports: list[Report]) -> pl.DataFrame:
@@ -268,7 +284,7 @@ def _assign_ranks(units: pl.DataFrame, reports: list[Report]) -> pl.DataFrame:
             return units.with_columns(pl.col("stated_rank").alias("rank"), pl.col("stated_source").alias("rank_source"))
         per_file = units.with_columns(pl.Series("_source", sources)).unique(["_source", "stated_rank"])
         require_unique_ranks(per_file["stated_rank"].to_list(), per_file["_source"].to_list())
-    numbers = [_file_number(r.source) for r in reports]
+    numbers = [rank_in_file_name(r.source.name) for r in reports]
     if len(reports) > 1 and len(units) == len(reports) and None not in numbers and len(set(numbers)) == len(numbers):
         return units.with_columns(pl.col("report").replace_strict(dict(enumerate(numbers)), return_dtype=_I64)
                                   .alias("rank"), pl.lit("file-name").alias("rank_source"))
@@ -276,11 +292,6 @@ def _assign_ranks(units: pl.DataFrame, reports: list[Report]) -> pl.DataFrame:
     return units.sort("report", "stated_rank", "device", "pid", nulls_last=True).with_row_index("rank").with_columns(
         pl.col("rank").cast(_I64), pl.lit(order).alias("rank_source")
     )
-
-
-def _file_number(path: Path) -> int | None:
-    numbers = re.findall(r"\d+", path.name.split(".")[0])
-    return int(numbers[-1]) if numbers else None
 
 
 def _clock_offsets(reports: list[Report], notes: list[str]) -> list[int]:
@@ -308,6 +319,10 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     notes = [n for r in reports for n in r.notes]
     units = pl.concat([r.units.with_columns(pl.lit(i, _I64).alias("report")) for i, r in enumerate(reports)])
     ranks = _assign_ranks(units, reports)
+    multi_gpu = ranks.filter(pl.col("device").is_not_null()).group_by("report", "pid").agg(pl.col("device").sort())
+    for report, pid, devices in multi_gpu.filter(pl.col("device").list.len() > 1).sort("report", "pid").rows():
+        notes.append(f"{reports[report].source.name}: process {pid} drives {len(devices)} GPUs (devices "
+                     f"{', '.join(map(str, devices))}): one rank per device")
     offsets = _clock_offsets(reports, notes)
     if any(offsets):
         notes.append("clock offsets from session start (utcEpochNs): "
@@ -318,9 +333,12 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
                                                         pl.lit(offsets[i], _I64).alias("_offset"))
                           for i, r in enumerate(reports)])
 
-    shift = [(pl.col(c) + pl.col("_offset")).alias(c) for c in ("start_ns", "end_ns")]
+    def shifted(*columns: str) -> list[pl.Expr]:
+        return [(pl.col(c) + pl.col("_offset")).alias(c) for c in columns]
+
     keys = ranks.select("report", "pid", "device", "rank")
-    device = per_report("device").join(keys, on=["report", "pid", "device"], nulls_equal=True).with_columns(shift)
+    device = per_report("device").join(keys, on=["report", "pid", "device"], nulls_equal=True).with_columns(
+        shifted("start_ns", "end_ns", "launch_ns"))
     device = device.sort("rank", "start_ns", "end_ns", "stream").with_columns(
         pl.int_range(pl.len()).over("rank").cast(_I64).alias("event_id")
     )
@@ -329,7 +347,11 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     annotations = ranges.join(owners, on=["report", "pid"], nulls_equal=True)  # a multi-GPU process: every rank
     if dropped := ranges.join(owners, on=["report", "pid"], how="anti", nulls_equal=True).height:
         notes.append(f"{dropped} NVTX ranges of processes without GPU activity were left out")
-    annotations = annotations.with_columns(*shift, pl.lit("nvtx").alias("kind")).sort("rank", "start_ns")
+    annotations = annotations.with_columns(*shifted("start_ns", "end_ns"), pl.lit("nvtx").alias("kind")).sort(
+        "rank", "start_ns")
+    spans = pl.concat([f.select("report", "start_ns", "end_ns") for f in (device, annotations)]).group_by("report")
+    require_overlapping_clocks([(str(reports[r].source), a, b) for r, a, b in spans.agg(
+        pl.col("start_ns").min(), pl.col("end_ns").max()).rows()])
     rank_rows = ranks.with_columns(
         pl.col("report").replace_strict({i: r.host for i, r in enumerate(reports)}, return_dtype=_STR).alias("host"),
         pl.col("report").replace_strict(dict(enumerate(offsets)), return_dtype=_I64).alias("clock_offset_ns"),
@@ -349,6 +371,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
             "device_events": device,
             "collectives": device.filter(pl.col("op").is_not_null()),
             "annotations": annotations,
-            "steps": marker_steps(annotations, options.step_marker or DEFAULT_STEP_MARKER),
+            "steps": launched_step_windows(
+                device, marker_steps(annotations, options.step_marker or DEFAULT_STEP_MARKER), notes),
         },
     )

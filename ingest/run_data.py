@@ -6,7 +6,9 @@ dimensions, collective instance numbers) so that no ingester re-implements them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import polars as pl
 
@@ -88,6 +90,7 @@ def finish(data: RunData, layout: Layout | None) -> RunData:
     data.frames["process_groups"] = groups
     data.frames["collectives"] = number_instances(_collective_dims(data.table("collectives"), groups))
     align_hosts(data)
+    align_ranks(data)
     return data
 
 
@@ -119,12 +122,60 @@ def align_hosts(data: RunData) -> None:
         return
     data.notes.append("hosts aligned by collective end times: " + ", ".join(
         f"{h} {s / 1e3:+.1f} us" for h, s in offsets.sort("host").iter_rows()))
+    _shift_ranks(data, shift)
+
+
+# Device collectives end on all members within link latency. A rank whose end differences from another rank's, over
+# at least MIN_SHARED_ENDS shared instances, span no more than END_SPREAD_NS keeps a clock of its own that differs by
+# a constant; wider spreads (CPU collectives: a gloo rank's part ends when its own thread hands off) are left alone.
+END_SPREAD_NS = 20_000
+MIN_SHARED_ENDS = 3
+
+
+def align_ranks(data: RunData) -> None:
+    """Per-rank clock alignment after :func:`align_hosts`: ranks of one host can still disagree (each device keeps
+    its own clock). Each collective instance's lowest member is its anchor; per rank, the differences (anchor's end
+    - this rank's end) over the instances they share. Where the rule above holds, the rank is shifted by the middle
+    of their range (which minimizes the worst disagreement of ends) plus its anchor's own shift, in rank order, so
+    ranks chain onto the lowest rank's clock. The notes say which ranks were aligned this way and which were not."""
+    ends = (
+        data.table("collectives").filter(~pl.col("op").is_in(["Send", "Recv"]) & pl.col("instance").is_not_null())
+        .join(data.table("device_events").select("rank", "event_id", "end_ns"), on=["rank", "event_id"])
+        .group_by("rank", "instance").agg(pl.col("end_ns").max())
+        .with_columns(pl.col("rank").min().over("instance").alias("anchor"))
+    )
+    diff = pl.col("anchor_end") - pl.col("end_ns")
+    pairs = (ends.join(ends.select("instance", pl.col("rank").alias("anchor"), pl.col("end_ns").alias("anchor_end")),
+                       on=["instance", "anchor"]).filter(pl.col("rank") != pl.col("anchor"))
+             .group_by("rank", "anchor").agg(pl.len().alias("n"), diff.min().alias("lo"), diff.max().alias("hi"))
+             .sort("rank", "n", "anchor", descending=[False, True, False]))
+    consistent = pairs.filter((pl.col("n") >= MIN_SHARED_ENDS) & (pl.col("hi") - pl.col("lo") <= END_SPREAD_NS))
+    shifts: dict[int, int] = {}
+    for rank, anchor, _, lo, hi in consistent.unique("rank", keep="first", maintain_order=True).rows():
+        shifts[rank] = shifts.get(anchor, 0) + round((lo + hi) / 2)
+    if shifts:
+        data.notes.append(f"rank clocks aligned by collective ends onto rank {min(ends['rank'])}'s: " + ", ".join(
+            f"rank {r} {s / 1e3:+.1f} us" for r, s in sorted(shifts.items())[:16])
+            + (f" and {len(shifts) - 16} more" if len(shifts) > 16 else ""))
+    if left := sorted(set(pairs["rank"]) - set(shifts)):
+        listing = ", ".join(map(str, left[:16])) + (f" and {len(left) - 16} more" if len(left) > 16 else "")
+        data.notes.append(f"rank(s) {listing} keep their host's clock: their collective ends do not agree with "
+                          f"another rank's within {END_SPREAD_NS // 1000} us over {MIN_SHARED_ENDS} or more "
+                          "collectives (CPU collectives do not end together; nor do instances matched wrongly)")
+    _shift_ranks(data, pl.DataFrame({"rank": list(shifts), "shift": list(shifts.values())},
+                                    schema={"rank": pl.Int32(), "shift": pl.Int64()}))
+
+
+def _shift_ranks(data: RunData, shift: pl.DataFrame) -> None:
+    """Add ``shift`` (rank, shift ns) to every time of those ranks and to their ``clock_offset_ns``."""
+    if shift.is_empty() or shift["shift"].abs().max() == 0:
+        return
     for table, columns in TIME_COLUMNS.items():
         frame = data.table(table)
         if not frame.is_empty():
             data.frames[table] = frame.join(shift, on="rank", how="left").with_columns(
                 [pl.col(c) + pl.col("shift").fill_null(0) for c in columns]).drop("shift")
-    data.frames["ranks"] = ranks.join(shift, on="rank", how="left").with_columns(
+    data.frames["ranks"] = data.table("ranks").join(shift, on="rank", how="left").with_columns(
         (pl.col("clock_offset_ns").fill_null(0) + pl.col("shift").fill_null(0)).alias("clock_offset_ns")
     ).drop("shift")
 
@@ -198,6 +249,19 @@ def marker_steps(ranges: pl.DataFrame, marker: str) -> pl.DataFrame:
     return marked.group_by([*by, "step"]).agg(pl.col("start_ns").min(), pl.col("end_ns").max()).sort([*by, "step"])
 
 
+# A rank in a file name only where the name says "rank": rank3, rank_3, _r3_, worker3 (tried in this order). Other
+# digits (h200_gpt_h2048_L8_s1024_gb4, a timestamp, a pid) are not ranks.
+_RANK_IN_NAME = (r"(?i)rank[_-]?(\d+)", r"(?i)(?:^|[_.-])r(\d+)(?=[_.-])", r"(?i)worker[_-]?(\d+)")
+
+
+def rank_in_file_name(name: str) -> int | None:
+    """The rank a file name states through an explicit pattern, else None."""
+    for pattern in _RANK_IN_NAME:
+        if found := re.search(pattern, name):
+            return int(found[1])
+    return None
+
+
 def require_unique_ranks(ranks: list[int], sources: list[str]) -> None:
     """Two inputs claiming the same rank is a user error, named with both files."""
     seen: dict[int, str] = {}
@@ -205,3 +269,106 @@ def require_unique_ranks(ranks: list[int], sources: list[str]) -> None:
         if rank in seen:
             raise TraceanaError(f"{source}: rank {rank} is also claimed by {seen[rank]}")
         seen[rank] = source
+
+
+_BEFORE, _AFTER = -(1 << 62), 1 << 62  # launched before the first / after the last step range: no step
+
+
+def launch_steps(events: pl.DataFrame, markers: pl.DataFrame) -> pl.Series:
+    """For each device event (rank, launch_ns), the step whose CPU range on its rank holds the launch: the latest
+    step starting at or before it (a launch between two steps is the earlier one's); before the first step or
+    after the last one's end, no step. NULL where the launch is unknown."""
+    keyed = events.select("rank", "launch_ns").with_row_index("_row")
+    marks = markers.select(pl.col("rank").cast(keyed.schema["rank"]), "step", "start_ns", "end_ns").sort("start_ns")
+    bounds = marks.group_by("rank").agg(pl.col("start_ns").min().alias("_first"), pl.col("end_ns").max().alias("_last"))
+    found = (keyed.filter(pl.col("launch_ns").is_not_null()).sort("launch_ns")
+             .join_asof(marks.select("rank", "step", "start_ns"), left_on="launch_ns", right_on="start_ns", by="rank",
+                        check_sortedness=False)
+             .join(bounds, on="rank", how="left")
+             .select("_row", pl.when(pl.col("launch_ns") < pl.col("_first")).then(pl.lit(_BEFORE))
+                     .when(pl.col("launch_ns") >= pl.col("_last")).then(pl.lit(_AFTER))
+                     .otherwise(pl.col("step")).cast(pl.Int64).alias("step")))
+    return keyed.join(found, on="_row", how="left").sort("_row")["step"]
+
+
+def launched_step_windows(events: pl.DataFrame, markers: pl.DataFrame, notes: list[str]) -> pl.DataFrame:
+    """Steps of a GPU run: device windows (:func:`device_step_windows`) on every rank where some device event's
+    launch (``launch_ns``, the runtime call's time; else the format's own device-side ``step``, if any) falls in a
+    step marker's CPU range; the marker ranges themselves on ranks without such links. Says which in ``notes``."""
+    if markers.is_empty() or events.is_empty():
+        return markers
+    launched = launch_steps(events, markers)
+    annotated = events["step"] if "step" in events.columns else pl.Series("step", [None] * len(events), pl.Int64)
+    events = events.with_columns(pl.coalesce(launched, annotated).alias("step"))
+    linked = events.filter(~pl.col("step").is_in([_BEFORE, _AFTER]))["rank"].unique()
+    windows = device_step_windows(events.filter(pl.col("rank").is_in(linked.implode())))
+    rest = markers.filter(~pl.col("rank").is_in(linked.implode()))
+    if not linked.is_empty():
+        note = "step windows on the device: each event in the step that launched it (correlation id), cut where " \
+               "consecutive steps' work overlaps least"
+        if unlaunched := launched.null_count():
+            by = "the profiler's device-side step ranges, else " if annotated.is_not_null().any() else ""
+            note += f"; {unlaunched} events without a launch record placed by {by}their stream's previous event"
+        notes.append(note)
+    if not rest.is_empty():
+        notes.append(f"no launch records on rank(s) {', '.join(map(str, rest['rank'].unique().sort()))}: steps "
+                     "there are the step markers' CPU ranges")
+    return pl.concat([windows, rest.select(windows.columns)], how="vertical_relaxed")
+
+
+def device_step_windows(events: pl.DataFrame) -> pl.DataFrame:
+    """Step windows on the device from device events (rank, stream, start_ns, end_ns, step) whose step is the one
+    that launched them (NULL: unknown; launched outside every step: the sentinels of :func:`launch_steps`).
+
+    An event without a known step takes the step of the event before it on its stream (a stream runs in issue
+    order), or is earlier than every step when nothing precedes it. Each step's window ends where the next one's
+    begins: where their work does not overlap, at the later step's first event; where it does (the next step's
+    prefetch copies run under this step's compute), at the instant that leaves the least device time on the wrong
+    side of the cut (time of this step's events after it plus time of the next step's events before it). The
+    first step opens at its first event, or at its cut from the earlier work; the last closes at its last event's
+    end, or at its cut from the later work. Windows are contiguous and never overlap."""
+    events = events.filter(pl.col("end_ns") >= pl.col("start_ns")).sort("rank", "stream", "start_ns", "end_ns")
+    events = events.with_columns(pl.col("step").forward_fill().over("rank", "stream").fill_null(_BEFORE))
+    groups = (events.group_by("rank", "step").agg(pl.col("start_ns").min().alias("lo"),
+                                                  pl.col("end_ns").max().alias("hi"))
+              .sort("rank", "step").with_columns(pl.int_range(pl.len()).over("rank").alias("g")))
+    # Pair g is the boundary between group g and group g + 1: their work overlaps on [lo of g+1, hi of g].
+    pairs = groups.select("rank", "g", "hi", pl.col("lo").shift(-1).over("rank").alias("lo")).drop_nulls()
+    events = events.join(groups.select("rank", "step", "g"), on=["rank", "step"])
+    # Moving the cut past t changes the misplaced time at the rate (open events of g+1) - (open events of g).
+    earlier = events.select("rank", "g", t=pl.concat_list("start_ns", "end_ns"), d=pl.lit([-1, 1]))
+    later = events.select("rank", g=pl.col("g") - 1, t=pl.concat_list("start_ns", "end_ns"), d=pl.lit([1, -1]))
+    zone = pairs.filter(pl.col("lo") < pl.col("hi"))
+    points = (pl.concat([earlier, later]).explode("t", "d").join(zone, on=["rank", "g"])
+              .filter(pl.col("t") <= pl.col("hi")).with_columns(pl.max_horizontal("t", "lo").alias("t")))
+    points = pl.concat([points, zone.with_columns(t=pl.col("lo"), d=pl.lit(0, points.schema["d"]))],
+                       how="diagonal_relaxed")
+    cost = points.sort("rank", "g", "t").with_columns(
+        (pl.col("d").cum_sum() * (pl.col("t").shift(-1) - pl.col("t")).fill_null(0)).over("rank", "g").alias("_c")
+    ).with_columns((pl.col("_c").cum_sum() - pl.col("_c")).over("rank", "g").alias("cost"))
+    best = cost.sort("rank", "g", "cost", "t").group_by("rank", "g").agg(pl.col("t").first().alias("cut"))
+    cuts = pairs.join(best, on=["rank", "g"], how="left").select(
+        "rank", "g", pl.coalesce("cut", "lo").alias("cut"))
+    windows = groups.join(cuts.select("rank", pl.col("g") + 1, pl.col("cut").alias("start_cut")),
+                          on=["rank", "g"], how="left").join(cuts.rename({"cut": "end_cut"}), on=["rank", "g"],
+                                                             how="left")
+    return windows.filter(~pl.col("step").is_in([_BEFORE, _AFTER])).select(
+        "rank", pl.col("step").cast(pl.Int32), pl.coalesce("start_cut", "lo").alias("start_ns"),
+        pl.coalesce("end_cut", "hi").alias("end_ns")).sort("rank", "step")
+
+
+def require_overlapping_clocks(spans: list[tuple[str, int, int]]) -> None:
+    """Inputs (source, first ns, last ns) of one run were recorded together: their time spans chain into one.
+    Where they fall apart into groups that never overlap, the files are from different jobs (or recordings): a
+    one-line error naming the first file of the smallest group."""
+    groups: list[list[tuple[str, int, int]]] = []
+    for span in sorted(spans, key=lambda s: s[1]):
+        if groups and span[1] <= max(s[2] for s in groups[-1]):
+            groups[-1].append(span)
+        else:
+            groups.append([span])
+    if len(groups) > 1:
+        odd = min(reversed(groups), key=len)[0]
+        other = next(g for g in groups if odd not in g)[0]
+        raise TraceanaError(f"{odd[0]}: recorded at times that never overlap those of {Path(other[0]).name} "
+                            "(another job or recording); ingest each as its own run")

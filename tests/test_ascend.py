@@ -66,6 +66,13 @@ def exact_ns(ts: str) -> int:
     return int(Decimal(ts) * 1000)
 
 
+def raw_clock(data: RunData, frame: pl.DataFrame, *columns: str) -> pl.DataFrame:
+    """``frame`` (with a rank column) with its times back on each rank's own clock: clock_offset_ns taken out."""
+    offsets = data.table("ranks").select("rank", "clock_offset_ns")
+    return frame.join(offsets, on="rank").with_columns(
+        pl.col(c) - pl.col("clock_offset_ns") for c in columns or ("start_ns", "end_ns")).drop("clock_offset_ns")
+
+
 @pytest.mark.parametrize("run", RUNS)
 def test_two_rank_runs(runs: dict[str, RunData], run: str) -> None:
     data = runs[run]
@@ -78,15 +85,17 @@ def test_two_rank_runs(runs: dict[str, RunData], run: str) -> None:
 
 @pytest.mark.parametrize("run", RUNS)
 def test_collective_instances_end_together(runs: dict[str, RunData], run: str) -> None:
-    """Both ranks share one host clock (no shift applied); each all-reduce instance ends on both within 20 µs
-    although rank 0 arrives up to ms earlier and waits (a Notify_Wait) for rank 1."""
+    """Both ranks share one host but each NPU its own clock: rank 1 is shifted onto rank 0's by their all-reduce
+    ends (by 6-16 µs; test_ascend_step_trace checks against the raw files), after which each instance ends on both
+    within 5 µs although rank 0 arrives up to ms earlier and waits (a Notify_Wait) for rank 1."""
     data = runs[run]
-    assert data.table("ranks")["clock_offset_ns"].to_list() == [0, 0]
+    offsets = data.table("ranks").sort("rank")["clock_offset_ns"].to_list()
+    assert offsets[0] == 0 and 5_000 < abs(offsets[1]) < 20_000
     spans = (data.table("collectives").join(data.table("device_events"), on=["rank", "event_id"])
              .group_by("instance").agg(pl.len(), (pl.col("end_ns").max() - pl.col("end_ns").min()).alias("end"),
                                        (pl.col("start_ns").max() - pl.col("start_ns").min()).alias("start")))
     assert spans.height == 4 and set(spans["len"]) == {2}
-    assert spans["end"].max() < 20_000 and spans["start"].max() > 1_000_000
+    assert spans["end"].max() <= 5_000 and spans["start"].max() > 1_000_000
 
 
 @pytest.mark.parametrize("run", ["torch_npu_2rank_level0", "torch_npu_2rank_level1"])
@@ -96,8 +105,8 @@ def test_hccl_ops_equal_kernel_details(runs: dict[str, RunData], run: str, rank:
     and duration within 1 µs (the CSV rounds to the µs's third decimal)."""
     rows = [r for r in kernel_details(run, rank) if r["Accelerator Core"] == "HCCL"]
     data = runs[run]
-    ops = (data.table("collectives").filter(pl.col("rank") == rank)
-           .join(data.table("device_events"), on=["rank", "event_id"]).sort("start_ns"))
+    ops = raw_clock(data, data.table("collectives").filter(pl.col("rank") == rank)
+                    .join(data.table("device_events"), on=["rank", "event_id"]).sort("start_ns"))
     assert ops.height == len(rows) == 4
     assert ops["name"].to_list() == [r["Name"] for r in rows]
     total_us = sum(float(r["Duration(us)"]) for r in rows)
@@ -115,8 +124,9 @@ def test_compute_tasks_equal_kernel_details_within_1us(runs: dict[str, RunData],
     within 1 µs."""
     rows = sorted((r for r in kernel_details("torch_npu_2rank_level1", rank) if r["Accelerator Core"] != "HCCL"),
                   key=lambda r: float(r["Start Time(us)"].strip()))
-    compute = runs["torch_npu_2rank_level1"].table("device_events").filter(
-        (pl.col("rank") == rank) & (pl.col("category") == "compute")).sort("start_ns")
+    data = runs["torch_npu_2rank_level1"]
+    compute = raw_clock(data, data.table("device_events").filter(
+        (pl.col("rank") == rank) & (pl.col("category") == "compute")).sort("start_ns"))
     assert compute.height == len(rows) == 187
     assert compute["name"].to_list() == [r["Name"] for r in rows]
     for (start, end), row in zip(compute.select("start_ns", "end_ns").rows(), rows, strict=True):
@@ -172,7 +182,8 @@ def test_database_events_match_its_own_tables(runs: dict[str, RunData]) -> None:
             compute = con.execute("SELECT t.startNs, t.endNs FROM TASK t JOIN COMPUTE_TASK_INFO c "
                                   "USING (globalTaskId) ORDER BY 1, 2").fetchall()
             hcom = con.execute("SELECT startNs, endNs FROM COMMUNICATION_OP ORDER BY 1").fetchall()
-        events = runs["torch_npu_2rank_level1_db"].table("device_events").filter(pl.col("rank") == rank)
+        data = runs["torch_npu_2rank_level1_db"]
+        events = raw_clock(data, data.table("device_events").filter(pl.col("rank") == rank))
         assert events.filter(pl.col("category") == "compute").select("start_ns", "end_ns").sort(pl.all()).rows() \
             == compute
         assert events.filter(pl.col("category") == "comm").select("start_ns", "end_ns").sort(pl.all()).rows() == hcom
@@ -374,7 +385,7 @@ def _database_version(folder: Path, version: str | None) -> None:
 @pytest.mark.parametrize("run", ["torch_npu_2rank_level0", "torch_npu_2rank_level1"])
 def test_memory_samples_equal_memory_record_csv(runs: dict[str, RunData], run: str) -> None:
     """The allocator (PTA) rows of memory_record.csv, read by the csv module: same count, times, peak."""
-    memory = runs[run].table("memory")
+    memory = raw_clock(runs[run], runs[run].table("memory"), "ts_ns")
     for rank in (0, 1):
         path = rank_folder(run, rank) / "ASCEND_PROFILER_OUTPUT" / "memory_record.csv"
         with open(path, newline="") as handle:

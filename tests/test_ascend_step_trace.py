@@ -11,9 +11,11 @@ the first one; our IDLE also holds Preparing and the tail after the last task.
 from __future__ import annotations
 
 import csv
+import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
+from decimal import Decimal
 
 import duckdb
 import pytest
@@ -79,3 +81,36 @@ def test_breakdown_rows_add_up(con: duckdb.DuckDBPyConnection) -> None:
     rows = con.execute("SELECT TOTAL_ns, COMP_ns + MP_WAIT_ns + CP_WAIT_ns + EP_WAIT_ns + DP_WAIT_ns + PP_WAIT_ns "
                        "+ OTHER_WAIT_ns + IDLE_ns FROM rank_step_breakdown").fetchall()
     assert len(rows) == 6 and all(total == parts for total, parts in rows)
+
+
+def raw_collective_ends(run: str, rank: int) -> dict[str, int]:
+    """HCCL op name -> end ns, from the rank's own files: trace_view.json (ts and dur in µs) or COMMUNICATION_OP."""
+    output = ASCEND / run / f"rank{rank}_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    database = output / f"ascend_pytorch_profiler_{rank}.db"
+    if database.is_file():
+        with closing(sqlite3.connect(f"file:{database}?mode=ro&immutable=1", uri=True)) as db:
+            return dict(db.execute("SELECT s.value, c.endNs FROM COMMUNICATION_OP c JOIN STRING_IDS s "
+                                   "ON s.id = c.opName").fetchall())
+    with open(output / "trace_view.json") as handle:
+        events = json.load(handle)
+    return {e["name"]: round((Decimal(e["ts"]) + Decimal(str(e["dur"]))) * 1000) for e in events
+            if e.get("ph") == "X" and e["name"].startswith("hcom_") and "@" not in e["name"]}
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_ranks_aligned_by_collective_ends(con: duckdb.DuckDBPyConnection, run: str) -> None:
+    """The two NPUs' clocks disagree by 6-16 µs (rank 1's all-reduces end that much before or after rank 0's, by
+    the raw files); per-rank alignment brings every instance's ends within 5 µs. Second route: the raw end times
+    plus each rank's stored clock_offset_ns."""
+    raw = [raw_collective_ends(run, rank) for rank in (0, 1)]
+    assert raw[0].keys() == raw[1].keys() and len(raw[0]) == 4
+    offsets = dict(con.execute("SELECT rank, clock_offset_ns FROM ranks WHERE run_id = ?", [run]).fetchall())
+    before = [raw[1][op] - raw[0][op] for op in raw[0]]
+    after = [raw[1][op] + offsets[1] - raw[0][op] - offsets[0] for op in raw[0]]
+    assert max(map(abs, before)) > 5_000 and max(map(abs, after)) <= 5_000, (before, after)
+    notes = con.execute("SELECT notes FROM runs WHERE run_id = ?", [run]).fetchone()[0]
+    assert any(n.startswith("rank clocks aligned by collective ends onto rank 0's: rank 1") for n in notes)
+    stored = con.execute("SELECT c.rank, e.end_ns - r.clock_offset_ns FROM collectives c JOIN device_events e "
+                         "USING (run_id, rank, event_id) JOIN ranks r USING (run_id, rank) WHERE c.run_id = ? "
+                         "ORDER BY c.rank, e.end_ns", [run]).fetchall()
+    assert [end for _, end in stored] == [raw[r][op] for r in (0, 1) for op in sorted(raw[r], key=raw[r].get)]

@@ -4,7 +4,9 @@ with the standard library in the test itself (kernel args, runtime correlations,
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import duckdb
 import pytest
 
 from tests.conftest import SAMPLES, TRACES, run_cli
+from traceana.ingest.run_data import rank_in_file_name
 
 KINETO = TRACES / "kineto"
 
@@ -109,6 +112,97 @@ def test_profiler_steps_become_steps(db: Path) -> None:
     steps = [e["name"] for e in raw_events("hta_rank3of8_6steps.json.gz") if e["name"].startswith("ProfilerStep#")]
     rows = query(db, "SELECT step FROM steps WHERE run_id = 'hta_rank3of8_6steps' ORDER BY step")
     assert [f"ProfilerStep#{r[0]}" for r in rows] == sorted(steps)
+
+
+def _launched_kernel_time(name: str) -> dict[int, list[tuple[int, int]]]:
+    """Second route for step attribution, from the raw JSON: each kernel -> its cuda_runtime launch (correlation) ->
+    the ProfilerStep#N CPU range of its process that holds the launch. Returns step -> [(start_ns, end_ns)]."""
+    with gzip.open(KINETO / name) as handle:
+        raw = json.load(handle)
+    base = int(raw.get("baseTimeNanoseconds") or 0)
+    events = [e for e in raw["traceEvents"] if e.get("ph") == "X"]
+    steps = [(e["pid"], e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1])) for e in events
+             if e.get("cat") in ("user_annotation", "cpu_op") and e["name"].startswith("ProfilerStep#")]
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    kernels: dict[int, list[tuple[int, int]]] = {}
+    for e in events:
+        launch = launches.get(e.get("args", {}).get("correlation")) if e.get("cat") == "kernel" else None
+        for pid, start, end, step in steps if launch else []:
+            if launch["pid"] == pid and start <= launch["ts"] < end:
+                begin = base + round(e["ts"] * 1000)
+                kernels.setdefault(step, []).append((begin, begin + round(e.get("dur", 0) * 1000)))
+    return kernels
+
+
+@pytest.mark.parametrize("run", ["hta_rank0of16_a2a_rs_ag", "hta_rank3of8_6steps"])
+def test_step_windows_hold_the_work_their_step_launched(db: Path, run: str) -> None:
+    """Each step's device window holds >= 99% of the kernel time its ProfilerStep launched, windows tile the
+    timeline, and every step's TOTAL is within 5% of the median step (hta_rank0of16 read 372 ms for the last step
+    against 216 ms when windows opened at each step's first launch, an early host-to-device copy)."""
+    kernels = _launched_kernel_time(f"{run}.json.gz")
+    rows = query(db, "SELECT w.step, w.start_ns, w.end_ns, b.TOTAL_ns FROM step_windows w JOIN rank_step_breakdown b "
+                     "USING (run_id, rank, step) WHERE run_id = ? ORDER BY step", run)
+    assert [r[0] for r in rows] == sorted(kernels)
+    assert all(a[2] == b[1] for a, b in itertools.pairwise(rows))  # contiguous, no overlap
+    totals = sorted(r[3] for r in rows)
+    median = totals[len(totals) // 2]
+    assert all(abs(t - median) <= 0.05 * median for t in totals), totals
+    for step, start, end, _ in rows:
+        launched = sum(b - a for a, b in kernels[step])
+        inside = sum(max(0, min(b, end) - max(a, start)) for a, b in kernels[step])
+        assert inside >= 0.99 * launched, (step, inside / launched)
+
+
+@pytest.mark.parametrize("name", ["h200_gpt_h2048_L8_s1024_gb4", "h200_hostbound_h512_L12_s256_gb8"])
+def test_a_single_trace_without_rank_evidence_is_rank_0(db: Path, name: str) -> None:
+    with gzip.open(KINETO / f"{name}.json.gz") as handle:
+        assert "distributedInfo" not in json.load(handle)  # no rank stated; the digits in the name are sizes
+    assert query(db, "SELECT rank, rank_source FROM ranks WHERE run_id = ?", name) == [(0, "file-order")]
+
+
+@pytest.mark.parametrize(("name", "rank"), [
+    ("hta_rank3of8_6steps.json.gz", 3), ("rank_12.json", 12), ("trace_r5_step2.json.gz", 5), ("worker7.json", 7),
+    ("RANK2.pt.trace.json", 2), ("h200_gpt_h2048_L8_s1024_gb4.json.gz", None), ("gpu4.json", None),
+    ("node1_4242.1700000000000.pt.trace.json", None)])
+def test_rank_from_a_file_name_only_through_explicit_patterns(name: str, rank: int | None) -> None:
+    assert rank_in_file_name(name) == rank
+
+
+def test_torch_default_worker_names_number_ranks_by_host_then_pid(tmp_path: Path) -> None:
+    """Two copies of a rankless trace named as torch's tensorboard handler does: pid 900 sorts before pid 1000."""
+    raw = (KINETO / "h200_gpt_h2048_L8_s1024_gb4.json.gz").read_bytes()
+    for pid in (1000, 900):
+        (tmp_path / f"node_{pid}.1700000000000.pt.trace.json.gz").write_bytes(raw)
+    db = tmp_path / "t.duckdb"
+    run_cli("ingest", tmp_path, "--db", db)
+    rows = query(db, "SELECT rank, rank_source, source FROM ranks ORDER BY rank")
+    assert [(r, s, Path(f).name.split(".")[0]) for r, s, f in rows] == [
+        (0, "file-order", "node_900"), (1, "file-order", "node_1000")]
+
+
+@pytest.mark.parametrize(("files", "odd", "why"), [
+    (["hta_rank0of2_pg_args", "hta_rank3of8_6steps"], "hta_rank3of8_6steps", "from another job \\(world size 8"),
+    (["hta_rank3of8_6steps", "h200_gpt_h2048_L8_s1024_gb4"], "h200_gpt_h2048_L8_s1024_gb4",
+     "recorded at times that never overlap"),
+])
+def test_files_of_two_jobs_are_refused_and_the_database_is_untouched(
+        tmp_path: Path, files: list[str], odd: str, why: str) -> None:
+    spans = {}  # second route for the times: each file's first and last ns from its own JSON
+    for name in files:
+        with gzip.open(KINETO / f"{name}.json.gz") as handle:
+            raw = json.load(handle)
+        ts = [e["ts"] for e in raw["traceEvents"] if e.get("ph") == "X"]
+        spans[name] = [int(raw.get("baseTimeNanoseconds") or 0) + t * 1000 for t in (min(ts), max(ts))]
+    (a0, a1), (b0, b1) = spans.values()
+    assert a1 < b0 or b1 < a0 or "overlap" not in why
+    db = tmp_path / "t.duckdb"
+    run_cli("ingest", KINETO / "hta_sampled_rank0of128.json.gz", "--db", db)
+    before = db.read_bytes()
+    result = run_cli("ingest", *(KINETO / f"{f}.json.gz" for f in files), "--db", db, check=False)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert re.match(rf"^error: \S*{odd}\.json\.gz: {why}", result.stderr), result.stderr
+    assert db.read_bytes() == before
 
 
 SAMPLE_LAYOUTS = {

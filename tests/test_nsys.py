@@ -127,6 +127,25 @@ def test_cloverleaf_2024_lazy_export_without_nvtx_one_process_on_one_of_four_gpu
     assert data.table("steps").is_empty() and step_windows(data) == [(0, 0, *span)]
 
 
+def test_one_process_on_four_gpus_is_four_ranks_with_a_note(tmp_path: Path) -> None:
+    """Cloverleaf's process ran all its kernels on device 0 (above); an edited copy spreads them over its four
+    GPUs (deviceId = correlationId % 4) as a process driving several GPUs records them."""
+    copy = tmp_path / "cloverleaf_4gpu.sqlite"
+    shutil.copy(CLOVERLEAF, copy)
+    con = sqlite3.connect(copy)
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = correlationId % 4")
+    con.commit()
+    con.close()
+    data = ingest(copy)
+    per_device = dict(sql(copy, "SELECT deviceId, count(*) FROM (SELECT deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL "
+                                "UNION ALL SELECT deviceId FROM CUPTI_ACTIVITY_KIND_MEMCPY) GROUP BY deviceId"))
+    ranks = data.table("ranks").sort("rank")
+    assert ranks.select("rank", "device", "pid").rows() == [(d, d, 1701896) for d in range(4)]
+    assert per_rank(data.table("device_events")) == per_device and len(per_device) == 4
+    note = "cloverleaf_4gpu.sqlite: process 1701896 drives 4 GPUs (devices 0, 1, 2, 3): one rank per device"
+    assert note in data.notes
+
+
 def test_h100_2026_two_processes_become_two_ranks_by_device_order() -> None:
     data = ingest(H100)
     ranks = data.table("ranks")
@@ -322,9 +341,33 @@ def test_nccl_path_through_the_ingester_on_an_edited_copy(tmp_path: Path) -> Non
 
 
 def test_step_marker_regex_numbers_unnumbered_ranges_in_order() -> None:
+    """Five unnumbered 'saxpy' NVTX ranges are steps 0-4. Their windows are on the device (second route: the
+    RUNTIME launch records read here): step i opens at the kernel launched inside range i and runs to step i+1's
+    start (the host-to-device copies launched between two ranges are the earlier step's); the last one ends where
+    the copy launched after the last range begins."""
     steps = ingest(SAXPY, step_marker="^saxpy$").table("steps")
     saxpy = sql(SAXPY, "SELECT start, \"end\" FROM NVTX_EVENTS WHERE eventType = 59 AND text = 'saxpy' ORDER BY start")
-    assert steps.select("step", "start_ns", "end_ns").rows() == [(i, s, e) for i, (s, e) in enumerate(saxpy)]
     assert len(saxpy) == 5
+    launched = sql(SAXPY, "SELECT DISTINCT k.start FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                          "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r USING (correlationId) JOIN NVTX_EVENTS n "
+                          "ON n.eventType = 59 AND n.text = 'saxpy' AND r.start BETWEEN n.start AND n.\"end\""
+                          " ORDER BY 1")
+    (after,) = sql(SAXPY, "SELECT min(m.start) FROM CUPTI_ACTIVITY_KIND_MEMCPY m "
+                          "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r USING (correlationId) "
+                          "WHERE r.start > (SELECT max(\"end\") FROM NVTX_EVENTS WHERE text = 'saxpy')")
+    starts = [s for (s,) in launched]
+    assert len(starts) == 5 and all(a < b for (a, _), b in zip(saxpy, starts, strict=True))
+    assert steps.select("step", "start_ns", "end_ns").rows() == [
+        (i, s, e) for i, (s, e) in enumerate(zip(starts, [*starts[1:], after[0]], strict=True))]
     with pytest.raises(TraceanaError, match=r"^--step-marker '\(\?<=M\)PI': regex"):
         ingest(SAXPY, step_marker="(?<=M)PI")
+
+
+def test_reports_of_two_recordings_are_refused() -> None:
+    """saxpy (2022) and the H100 run (2026): their session starts (utcEpochNs) are years apart, so even aligned by
+    session start their activity never overlaps."""
+    starts = [sql(p, "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME")[0][0] for p in (SAXPY, H100)]
+    assert starts[1] - starts[0] > 365 * 86400 * 10**9
+    with pytest.raises(TraceanaError, match=r"^\S*nsysai_h100_2proc_nsys2026.2.sqlite: recorded at times that never "
+                                            r"overlap those of pipit_saxpy_mpi_1rank_nsys2022.2.sqlite"):
+        ingest(SAXPY, H100)
