@@ -90,8 +90,9 @@ def info(run: RunArgument = None, db: DbOption = Path(store.DEFAULT_DB), json: J
         parts = {
             "ranks": "SELECT rank, host, device, pid, clock_offset_ns, tp, cp, ep, dp, pp, rank_source "
                      "FROM ranks WHERE run_id=$r ORDER BY rank",
-            "process_groups": "SELECT pg, dim, name, ranks, source FROM process_groups WHERE run_id=$r "
-                              "ORDER BY dim, pg",
+            # streams: a column stores written before it existed lack, hence COLUMNS (source is always there)
+            "process_groups": "SELECT pg, dim, name, ranks, COLUMNS(lambda c: c IN ('source', 'streams')) "
+                              "FROM process_groups WHERE run_id=$r ORDER BY dim, pg",
             "events by category": "SELECT category, count(*) AS events, sum(end_ns-start_ns)/1e6 AS busy_ms "
                                   "FROM device_events WHERE run_id=$r GROUP BY ALL ORDER BY events DESC",
             "collectives by op and dim": "SELECT op, kernel_op, dim, evidence, count(*) AS events, "
