@@ -60,12 +60,13 @@ def attribute(coll: pl.DataFrame, events: pl.DataFrame, groups: pl.DataFrame, la
     work = _from_stream(work)
     new_groups = []
     if layout is not None:
-        work, matched = _from_matching(work, layout, world_size)
-        work, fingerprinted = _from_fingerprints(work, layout)
-        new_groups = [matched, fingerprinted]
+        candidates = _layout_groups(layout, world_size)
+        work, matched = _from_matching(work, candidates)
+        work, fingerprinted = _from_fingerprints(work, layout, candidates)
+        new_groups = [matched, fingerprinted.filter(~pl.col("pg").is_in(matched["pg"].to_list()))]
     groups = pl.concat([groups.select(list(_GROUP_SCHEMA)).cast(_GROUP_SCHEMA),  # type: ignore[arg-type]
                         *new_groups], how="vertical")
-    work = _op_dims(work, groups, layout)
+    work = _pair_peers(_op_dims(work, groups, layout), groups)
     groups = groups.join(_streams(work), on="pg", how="left")
     out = work.sort("_row").select(coll.columns)
     return out, groups, _unknown_note(work, layout, world_size)
@@ -97,13 +98,12 @@ def _layout_groups(layout: Layout, world_size: int) -> pl.DataFrame:
         schema={"pg": pl.String(), "dim": pl.String(), "ranks": pl.List(pl.Int32())})
 
 
-def _from_matching(work: pl.DataFrame, layout: Layout, world_size: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _from_matching(work: pl.DataFrame, candidates: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Unnamed communicators matched across ranks against the layout's groups (timing-match)."""
     todo = work.filter(pl.col("pg").is_null() & ~pl.col("op").is_in(P2P) & pl.col("stream").is_not_null())
     empty = pl.DataFrame(schema=_GROUP_SCHEMA)
     if todo["rank"].n_unique() < 2:
         return work, empty
-    candidates = _layout_groups(layout, world_size)
     ingested = set(work["rank"].unique().to_list())
     candidates = candidates.filter(pl.col("ranks").map_elements(lambda r: set(r) <= ingested,
                                                                  return_dtype=pl.Boolean()))
@@ -132,15 +132,17 @@ def _fingerprint(layout: Layout, rank: int, ops: set[str], sizes: set[int]) -> l
     return None
 
 
-def _from_fingerprints(work: pl.DataFrame, layout: Layout) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Unnamed, unmatched communicators given a group by what they run (fingerprint)."""
+def _from_fingerprints(work: pl.DataFrame, layout: Layout,
+                       candidates: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Unnamed, unmatched communicators given the layout group that what they run implies (fingerprint)."""
+    pg_of = {tuple(r): pg for pg, r in candidates.select("pg", "ranks").iter_rows()}
     todo = work.filter(pl.col("pg").is_null() & pl.col("stream").is_not_null()).group_by("rank", "stream").agg(
         pl.col("op").unique().alias("ops"), pl.col("group_size").drop_nulls().unique().alias("sizes"))
     rows = []
     for rank, stream, ops, sizes in todo.iter_rows():
         ranks = _fingerprint(layout, rank, set(ops), set(sizes))
         if ranks is not None:
-            rows.append({"rank": rank, "stream": stream, "_fpg": f"stream:{rank}:{stream}", "ranks": ranks})
+            rows.append({"rank": rank, "stream": stream, "_fpg": pg_of[tuple(ranks)], "ranks": ranks})
     if not rows:
         return work, pl.DataFrame(schema=_GROUP_SCHEMA)
     found = pl.DataFrame(rows, schema={"rank": pl.Int32(), "stream": pl.Int64(), "_fpg": pl.String(),
@@ -151,8 +153,7 @@ def _from_fingerprints(work: pl.DataFrame, layout: Layout) -> tuple[pl.DataFrame
         pl.when(take).then(pl.col("_fpg")).otherwise(pl.col("pg")).alias("pg"),
         pl.when(take).then(pl.lit("fingerprint")).otherwise(pl.col("evidence")).alias("evidence"),
     ).drop("_fpg")
-    groups = found.select(pl.col("_fpg").alias("pg"), "ranks").with_columns(
-        pl.Series("dim", [layout.dim_of(r)[0] for r in found["ranks"].to_list()], dtype=pl.String()),
+    groups = candidates.filter(pl.col("pg").is_in(found["_fpg"].to_list())).with_columns(
         pl.lit(None, pl.String()).alias("name"), pl.lit("fingerprint").alias("source"))
     return work, groups.select(list(_GROUP_SCHEMA))
 
@@ -178,6 +179,16 @@ def _op_dims(work: pl.DataFrame, groups: pl.DataFrame, layout: Layout | None) ->
         pl.when(refine).then(implied).otherwise(dim).alias("dim"),
         pl.when(refine).then(pl.lit("fingerprint")).otherwise(pl.col("evidence")).alias("evidence"),
     ).drop("_gdim", "_kinds")
+
+
+def _pair_peers(work: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
+    """A Send or Recv without a stated peer, in a group of two ranks: the peer is the other one."""
+    pairs = groups.filter(pl.col("ranks").list.len() == 2).select("pg", pl.col("ranks").alias("_pair"))
+    work = work.join(pairs, on="pg", how="left")
+    other = pl.when(pl.col("_pair").list.first() == pl.col("rank")).then(pl.col("_pair").list.last()).otherwise(
+        pl.col("_pair").list.first())
+    guess = pl.when(pl.col("op").is_in(["Send", "Recv"]) & pl.col("_pair").is_not_null()).then(other)
+    return work.with_columns(pl.coalesce("peer", guess).cast(pl.Int32).alias("peer")).drop("_pair")
 
 
 def _streams(work: pl.DataFrame) -> pl.DataFrame:
