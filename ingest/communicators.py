@@ -13,8 +13,8 @@ stronger one (a collective that already has a group keeps it):
    rank (:data:`FINGERPRINTS`), narrowed by the group size the trace states or implies when it does.
 
 A group whose rank set several dims share (EP and DP over the same ranks) gives each op the dim its op implies
-(:data:`OP_DIM`): all-to-all is expert traffic, all-reduce gradient sync. A communicator none of these resolves
-keeps no group (pg NULL, dim UNKNOWN), and one note says how much that is and what would resolve it.
+(:data:`OP_DIM`): all-to-all is expert traffic, reductions and gathers gradient and parameter sync. A communicator
+none of these resolves keeps no group (pg NULL, dim UNKNOWN); one note says how much that is and what would help.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import polars as pl
 
 from traceana.ingest.group_match import match_communicators
-from traceana.layout import Layout, dim_from_name
+from traceana.layout import GROUP_PRIORITY, Layout, dim_from_name
 
 P2P = ("Send", "Recv", "SendRecv")
 _REDUCTIONS = frozenset({"AllReduce", "ReduceScatter", "AllGather", "Broadcast", "Reduce"})
@@ -38,8 +38,10 @@ FINGERPRINTS: tuple[tuple[str, frozenset[str], tuple[str, ...]], ...] = (
     ("reductions and gathers", _REDUCTIONS, ("TP", "CP", "DP")),
 )
 
-# Equal rank sets: the dim an op means when its group's ranks are the group of several dims.
-OP_DIM = {"AllToAll": "EP", "AllReduce": "DP", "Send": "PP", "Recv": "PP"}
+# Equal rank sets: the dim an op means when its group's ranks are the group of several dims. All-to-all is EP's own
+# op; reductions and gathers on ranks EP shares with DP are gradient and parameter sync. Ops the trace does not
+# identify (a bare SendRecv kernel) keep the group's dim.
+OP_DIM = {"AllToAll": "EP", "Send": "PP", "Recv": "PP", **dict.fromkeys(_REDUCTIONS, "DP")}
 
 _GROUP_SCHEMA = {"pg": pl.String(), "dim": pl.String(), "ranks": pl.List(pl.Int32()), "name": pl.String(),
                  "source": pl.String()}
@@ -61,7 +63,7 @@ def attribute(coll: pl.DataFrame, events: pl.DataFrame, groups: pl.DataFrame, la
     new_groups = []
     if layout is not None:
         candidates = _layout_groups(layout, world_size)
-        work, matched = _from_matching(work, candidates)
+        work, matched = _from_matching(work, candidates, world_size)
         work, fingerprinted = _from_fingerprints(work, layout, candidates)
         new_groups = [matched, fingerprinted.filter(~pl.col("pg").is_in(matched["pg"].to_list()))]
     groups = pl.concat([groups.select(list(_GROUP_SCHEMA)).cast(_GROUP_SCHEMA),  # type: ignore[arg-type]
@@ -88,8 +90,8 @@ def _from_stream(work: pl.DataFrame) -> pl.DataFrame:
 def _layout_groups(layout: Layout, world_size: int) -> pl.DataFrame:
     """pg, dim, ranks of every distinct rank set (two or more ranks) the layout generates, plus the world."""
     seen: dict[tuple[int, ...], str] = {}
-    for kind, sets in layout.groups.items():
-        for index, ranks in enumerate(sets):
+    for kind in GROUP_PRIORITY:  # a rank set several kinds share is named after the one its dim is
+        for index, ranks in enumerate(layout.groups[kind]):
             if len(ranks) > 1:
                 seen.setdefault(tuple(ranks), f"{kind}:{index}")
     seen.setdefault(tuple(range(world_size)), "world")
@@ -98,15 +100,16 @@ def _layout_groups(layout: Layout, world_size: int) -> pl.DataFrame:
         schema={"pg": pl.String(), "dim": pl.String(), "ranks": pl.List(pl.Int32())})
 
 
-def _from_matching(work: pl.DataFrame, candidates: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Unnamed communicators matched across ranks against the layout's groups (timing-match)."""
+def _from_matching(work: pl.DataFrame, candidates: pl.DataFrame,
+                   world_size: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Unnamed communicators matched across ranks against the layout's groups (timing-match).
+
+    Only with every rank ingested: two ranks of a larger job run the same collectives at the same time (they share
+    its DP or world group), so with the others missing any small group of theirs would match just as well."""
     todo = work.filter(pl.col("pg").is_null() & ~pl.col("op").is_in(P2P) & pl.col("stream").is_not_null())
     empty = pl.DataFrame(schema=_GROUP_SCHEMA)
-    if todo["rank"].n_unique() < 2:
+    if todo.is_empty() or work["rank"].n_unique() < max(world_size, 2):
         return work, empty
-    ingested = set(work["rank"].unique().to_list())
-    candidates = candidates.filter(pl.col("ranks").map_elements(lambda r: set(r) <= ingested,
-                                                                 return_dtype=pl.Boolean()))
     found = match_communicators(todo, candidates).rename({"pg": "_mpg"})
     if found.is_empty():
         return work, empty

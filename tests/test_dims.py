@@ -194,3 +194,26 @@ def test_info_reads_a_store_written_before_process_groups_had_streams(tmp_path: 
     info = json.loads(run_cli("info", "--db", db, "--json").stdout)
     assert info["process_groups"] == [{"pg": "0", "dim": "DP", "name": "default_pg", "ranks": [0, 1],
                                        "source": "trace"}]
+
+
+def test_two_ranks_of_a_larger_job_are_not_matched_to_a_group_of_their_own(tmp_path: Path) -> None:
+    """hta_sampled ranks 0 and 1 of 128 run the same collectives at the same time; with 126 ranks missing, timing
+    would pair them as a group of two (TP [0, 1]). They are fingerprinted instead: the all-gather's shapes say 64
+    ranks (DP under tp=2,dp=64,ep=64, whose DP and EP share ranks), all-to-all on the all-reduce stream says EP."""
+    names = ("hta_sampled_rank0of128", "hta_sampled_rank1of128")
+    for name in names:
+        gathers = [e for e in raw(name)["traceEvents"] if e.get("name") == "c10d::_allgather_base_"]
+        assert gathers and all(d[0][0] == 64 * d[1][0] for d in (e["args"]["Input Dims"] for e in gathers))
+    db = tmp_path / "t.duckdb"
+    run_cli("ingest", *(KINETO / f"{n}.json.gz" for n in names), "--layout", LAYOUTS[names[0]], "--db", db)
+    got = Counter({(r, op, dim, ev): n for r, op, dim, ev, n in query(
+        db, "SELECT rank, op, dim, evidence, count(*) FROM collectives GROUP BY ALL")})
+    expected: Counter = Counter()
+    op_of = {"nccl:all_to_all": ("AllToAll", "EP"), "nccl:all_reduce": ("AllReduce", "DP"),
+             "nccl:_all_gather_base": ("AllGather", "DP")}
+    for rank, name in enumerate(names):
+        for _kernel, launcher in comm_kernels(name):
+            expected[(rank, *op_of[launcher], "fingerprint")] += 1
+    assert got == expected
+    assert query(db, "SELECT pg, ranks[:3] FROM process_groups ORDER BY pg") == [("EP:0", [0, 2, 4]),
+                                                                                 ("EP:1", [1, 3, 5])]
