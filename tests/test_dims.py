@@ -217,3 +217,18 @@ def test_two_ranks_of_a_larger_job_are_not_matched_to_a_group_of_their_own(tmp_p
     assert got == expected
     assert query(db, "SELECT pg, ranks[:3] FROM process_groups ORDER BY pg") == [("EP:0", [0, 2, 4]),
                                                                                  ("EP:1", [1, 3, 5])]
+
+
+@pytest.mark.parametrize("export", sorted((TRACES / "nsys").glob("*.sqlite")), ids=lambda p: p.stem)
+def test_shared_nsys_exports_hold_no_collectives(export: Path) -> None:
+    """The >= 95% rule has nothing to measure on the shared nsys exports: none ran an NCCL kernel (raw SQLite)."""
+    import sqlite3
+
+    from traceana.ingest.dispatch import IngestOptions, read_run
+
+    with sqlite3.connect(f"file:{export}?mode=ro", uri=True) as con:
+        nccl = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s "
+                           "ON s.id = k.shortName WHERE s.value LIKE '%nccl%'").fetchone()[0]
+    assert nccl == 0
+    data = read_run([export], "auto", IngestOptions(cache_dir=Path("/nonexistent")))
+    assert data.table("collectives").is_empty()
