@@ -41,7 +41,7 @@ _EVENT = (
     '"In msg nelems" JSON, "Out msg nelems" JSON, dtype VARCHAR, "Process Group Name" VARCHAR, '
     '"Process Group Ranks" JSON, "Process Group Description" VARCHAR, "Seq" JSON, "Input Dims" JSON, '
     '"Input type" JSON, "Concrete Inputs" JSON, "dst rank" JSON, "src rank" JSON, "Total Allocated" JSON, '
-    '"Total Reserved" JSON, "Device Type" JSON))[]'
+    '"Total Reserved" JSON, "Device Type" JSON, "Group size" JSON))[]'
 )
 
 
@@ -101,7 +101,8 @@ def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
             TRY_CAST(coalesce(e.args."dst rank", e.args."src rank")->>'$' AS INTEGER) AS peer,
             TRY_CAST(e.args."Total Allocated"->>'$' AS BIGINT) AS mem_allocated,
             TRY_CAST(e.args."Total Reserved"->>'$' AS BIGINT) AS mem_reserved,
-            TRY_CAST(e.args."Device Type"->>'$' AS INTEGER) AS mem_device_type
+            TRY_CAST(e.args."Device Type"->>'$' AS INTEGER) AS mem_device_type,
+            TRY_CAST(e.args."Group size"->>'$' AS INTEGER) AS group_size
         FROM (SELECT unnest(traceEvents) AS e FROM {reader}) WHERE e.ph = 'X' OR e.name = '[memory]'"""
     )
     return info
@@ -189,6 +190,17 @@ _COMM_CPU_OPS = r"^(record_param_comms|nccl:|c10d::|gloo:)"
 
 # Elements of an op's first input tensor (Input Dims [[65536, 384], ...]): the payload when args lack msg nelems.
 FIRST_INPUT_NELEMS = "list_reduce(TRY_CAST(input_dims->0 AS BIGINT[]), lambda x, y: x * y, 1)"
+_SECOND_INPUT_NELEMS = FIRST_INPUT_NELEMS.replace("->0", "->1")
+
+# The group size an op states ("Group size" args), else the one its shapes imply: the c10d base ops take
+# (output, input), and a reduce-scatter's input or an all-gather's output is group size x the other.
+_GROUP_SIZE = f"""coalesce(group_size, CASE
+    WHEN name IN ('c10d::_reduce_scatter_base_', 'c10d::reduce_scatter_tensor')
+         AND {FIRST_INPUT_NELEMS} > 0 AND {_SECOND_INPUT_NELEMS} % {FIRST_INPUT_NELEMS} = 0
+        THEN {_SECOND_INPUT_NELEMS} // {FIRST_INPUT_NELEMS}
+    WHEN name IN ('c10d::_allgather_base_', 'c10d::all_gather_into_tensor')
+         AND {_SECOND_INPUT_NELEMS} > 0 AND {FIRST_INPUT_NELEMS} % {_SECOND_INPUT_NELEMS} = 0
+        THEN {FIRST_INPUT_NELEMS} // {_SECOND_INPUT_NELEMS} END)"""
 
 _LAUNCHERS_SQL = f"""
 -- For each communication kernel: the innermost comm CPU op around the runtime call that launched it.
@@ -196,7 +208,7 @@ WITH runtime AS (
     SELECT f, corr, pid, tid, start_ns FROM ev
     WHERE cat IN ('cuda_runtime', 'cuda_driver') AND corr IS NOT NULL
 ), host AS (
-    SELECT f, pid, tid, start_ns, end_ns, name, coll_name, pg_name, seq,
+    SELECT f, pid, tid, start_ns, end_ns, name, coll_name, pg_name, seq, {_GROUP_SIZE} AS group_size,
            coalesce(in_nelems, {FIRST_INPUT_NELEMS}) AS in_nelems, coalesce(dtype, input_type->>0) AS dtype FROM ev
     WHERE cat IN ('cpu_op', 'user_annotation') AND regexp_matches(name, '{_COMM_CPU_OPS}')
 ), linked AS (
@@ -206,11 +218,12 @@ WITH runtime AS (
     JOIN host h ON h.f = r.f AND h.pid = r.pid AND h.tid = r.tid AND h.start_ns <= r.start_ns AND h.end_ns >= r.start_ns
     WHERE k.cat = 'kernel' AND k.corr IS NOT NULL
 )
-SELECT f, k_start, corr,
-    max(name) FILTER (WHERE name <> 'record_param_comms') AS launcher,
-    max(coll_name) AS l_coll_name, max(in_nelems) AS l_in_nelems, max(dtype) AS l_dtype,
-    max(pg_name) AS l_pg_name, max(seq) AS l_seq
-FROM linked WHERE depth = 1 GROUP BY ALL
+SELECT f, k_start, corr,  -- the innermost ops (depth 1) say what ran; any enclosing op may state the group size
+    max(name) FILTER (WHERE name <> 'record_param_comms' AND depth = 1) AS launcher,
+    max(coll_name) FILTER (WHERE depth = 1) AS l_coll_name, max(in_nelems) FILTER (WHERE depth = 1) AS l_in_nelems,
+    max(dtype) FILTER (WHERE depth = 1) AS l_dtype, max(pg_name) FILTER (WHERE depth = 1) AS l_pg_name,
+    max(seq) FILTER (WHERE depth = 1) AS l_seq, max(group_size) AS l_group_size
+FROM linked GROUP BY ALL
 """
 
 
@@ -221,7 +234,7 @@ def _device_frames(con: duckdb.DuckDBPyConnection, options: IngestOptions) -> tu
         SELECT k.f, row_number() OVER (PARTITION BY k.f ORDER BY k.start_ns, k.end_ns, k.name) - 1 AS event_id,
                coalesce(k.stream, TRY_CAST(k.tid AS BIGINT)) AS stream, k.start_ns, k.end_ns, k.name, k.cat,
                k.coll_name, k.in_nelems, k.dtype, k.pg_name, k.seq, k.peer, l.launcher, l.l_coll_name,
-               l.l_in_nelems, l.l_dtype, l.l_pg_name, l.l_seq
+               l.l_in_nelems, l.l_dtype, l.l_pg_name, l.l_seq, coalesce(k.group_size, l.l_group_size) AS group_size
         FROM ev k LEFT JOIN launchers l ON l.f = k.f AND l.corr = k.corr AND l.k_start = k.start_ns
         WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
     ).pl()
@@ -269,7 +282,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         "start_ns BIGINT, end_ns BIGINT, ext_id BIGINT, corr BIGINT, stream BIGINT, coll_name VARCHAR, "
         "in_nelems BIGINT, dtype VARCHAR, pg_name VARCHAR, pg_ranks VARCHAR, pg_desc VARCHAR, seq BIGINT, "
         "input_dims JSON, input_type JSON, concrete JSON, peer INTEGER, mem_allocated BIGINT, mem_reserved BIGINT, "
-        "mem_device_type INTEGER)"
+        "mem_device_type INTEGER, group_size INTEGER)"
     )
     infos = []
     for index, file in enumerate(files):

@@ -9,10 +9,8 @@ host side of communication (``c10d::*``) and autograd bookkeeping are not comput
 (Python and dispatcher overhead) is host time, IDLE. Communication is the ``gloo:*`` ranges that gloo's worker
 threads record. Those ranges carry op and shape but no process group, so the group is inferred:
 
-- collectives (evidence ``timing-match``): every gloo worker thread serves one group, and a collective cannot end
-  on one member before it has started on every other member. For each worker thread and each candidate group of its
-  rank, count the thread's ops whose partners (same op and size) overlap them on all other members; the group with
-  the most such ops wins, closest end times breaking ties;
+- collectives (evidence ``timing-match``): every gloo worker thread serves one group; which one is found by
+  :mod:`traceana.ingest.group_match`, the matching every format shares (candidates: pg_config's groups);
 - point-to-point (evidence ``cpu-op``): send/recv run on the calling thread, right after the ``c10d::send`` /
   ``c10d::recv_`` op whose third concrete input is the peer's rank *within the group*. A Send from a to group-rank k
   of group G is real only if G[k] has a Recv from a's own group-rank with the same size; the group where most of a
@@ -26,6 +24,7 @@ import polars as pl
 
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op
 from traceana.ingest.dispatch import IngestOptions
+from traceana.ingest.group_match import match_communicators
 from traceana.ingest.kineto import FIRST_INPUT_NELEMS
 
 _STEP = r"^ProfilerStep#(\d+)$"
@@ -86,7 +85,7 @@ def cpu_frames(con: duckdb.DuckDBPyConnection, file_rank: pl.DataFrame, groups: 
     )
     comm = comm.join(file_rank, on="f")
     is_p2p = pl.col("op").is_in(["Send", "Recv"])
-    comm = pl.concat([_collective_groups(con, comm.filter(~is_p2p)), _p2p_groups(con, comm.filter(is_p2p))],
+    comm = pl.concat([_collective_groups(comm.filter(~is_p2p), groups), _p2p_groups(con, comm.filter(is_p2p))],
                      how="diagonal_relaxed")
     steps = con.sql(f"""
         SELECT e.f, CAST(regexp_extract(e.name, '{_STEP}', 1) AS INTEGER) AS step, e.start_ns, e.end_ns
@@ -95,86 +94,11 @@ def cpu_frames(con: duckdb.DuckDBPyConnection, file_rank: pl.DataFrame, groups: 
     return events, comm, steps
 
 
-def _collective_groups(con: duckdb.DuckDBPyConnection, comm: pl.DataFrame) -> pl.DataFrame:
-    """Give each gloo collective its group by the worker-thread timing rule in the module docstring."""
-    con.register("gloo_ops", comm.select("rank", "stream", "event_id", "op", "nelems", "start_ns", "end_ns",
-                                         "peer").to_arrow())
-    partners = con.sql("""
-        WITH members AS (  -- (group, member rank) pairs, so partners are found by equality, not by list scans
-            SELECT pg, len(ranks) AS size, unnest(ranks) AS member FROM groups
-        ), cand AS (  -- every group of a rank is a candidate for each of its worker threads
-            SELECT DISTINCT o.rank, o.stream, m.pg, m.size FROM gloo_ops o JOIN members m ON m.member = o.rank
-        )  -- for each op and candidate group: ops of other members that match it and overlap it in time
-        SELECT o.rank, o.stream, o.event_id, c.pg, c.size, p.rank AS member, p.stream AS member_stream,
-               CAST(min(abs(p.end_ns - o.end_ns)) AS DOUBLE) AS gap
-        FROM gloo_ops o JOIN cand c ON c.rank = o.rank AND c.stream = o.stream
-        JOIN members m ON m.pg = c.pg AND m.member <> o.rank
-        JOIN gloo_ops p ON p.rank = m.member AND p.op = o.op
-             AND (p.nelems IS NOT DISTINCT FROM o.nelems OR o.op = 'AllToAll')  -- a2a splits vary
-             AND p.start_ns <= o.end_ns AND o.start_ns <= p.end_ns
-        GROUP BY ALL
-    """).pl()
-    assignment = _pick_thread_groups(_score(partners, None))
-    for _ in range(8):  # a partner counts only if its own thread serves the same group: iterate to a fixed point
-        refined = _pick_thread_groups(_score(partners, assignment))
-        if refined.sort("rank", "stream").equals(assignment.sort("rank", "stream")):
-            break
-        assignment = refined
+def _collective_groups(comm: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
+    """Give each gloo collective its group: the group its worker thread serves (group_match, by timing)."""
+    assignment = match_communicators(comm, groups.filter(pl.col("ranks").list.len() > 1))
     return comm.join(assignment, on=["rank", "stream"], how="left").with_columns(
         pl.lit("timing-match").alias("evidence"), pl.lit(None, dtype=pl.Int64).alias("seq"))
-
-
-def _score(partners: pl.DataFrame, assignment: pl.DataFrame | None) -> pl.DataFrame:
-    """(rank, stream, pg, hits, gap): ops of the thread matched on every other member of pg, and their end gaps.
-
-    Given the current assignment, an op whose partners all sit on threads assigned the same group counts 1, one
-    matched only through threads assigned elsewhere counts 0.1: consistent evidence outweighs coincidence.
-    """
-    if assignment is None:
-        partners = partners.with_columns(consistent=pl.lit(True))
-    else:
-        partners = partners.join(
-            assignment.rename({"rank": "member", "stream": "member_stream", "pg": "member_pg"}),
-            on=["member", "member_stream"], how="left").with_columns(consistent=pl.col("member_pg") == pl.col("pg"))
-    per_op = partners.group_by("rank", "stream", "event_id", "pg", "size").agg(
-        pl.col("member").n_unique().alias("members"),
-        pl.col("member").filter(pl.col("consistent")).n_unique().alias("consistent"),
-        pl.col("gap").min().over("member").sum().alias("gap"))
-    matched = per_op.filter(pl.col("members") == pl.col("size") - 1).with_columns(
-        pl.when(pl.col("consistent") == pl.col("members")).then(1.0).otherwise(0.1).alias("weight"))
-    return matched.group_by("rank", "stream", "pg").agg(pl.col("weight").sum().alias("hits"), pl.col("gap").sum())
-
-
-def _pick_thread_groups(score: pl.DataFrame) -> pl.DataFrame:
-    """(rank, stream, pg): each worker thread's group, by timing hits under the creation-order constraint.
-
-    Timing alone is ambiguous when two groups run same-size collectives at once (and on an oversubscribed CPU the
-    true partner can end milliseconds later). Creation order is not: torch names groups "0", "1", ... as it creates
-    them and gloo starts a group's worker threads inside that call, so along a rank's thread ids the groups' names
-    never decrease. Each rank's threads therefore get the non-decreasing assignment with the most hits (closest end
-    times breaking ties): a small dynamic programme over threads x candidate groups, not a loop over events.
-    """
-    def order(pg: str) -> int:
-        head = pg.split("/")[0]
-        return int(head) if head.isdigit() else 1 << 30
-
-    picks = []
-    for (rank,), rows in score.group_by(["rank"], maintain_order=True):
-        threads = sorted(set(rows["stream"].to_list()))
-        groups = sorted(set(rows["pg"].to_list()), key=order)
-        value = {(t, g): h * 1e12 - (gap or 0) for t, g, h, gap in rows.select("stream", "pg", "hits", "gap")
-                 .iter_rows()}
-        # best[j] = (total, assignment) for the threads so far with the last thread in group j or earlier
-        best: list[tuple[float, list[str]]] = [(0.0, [])] * len(groups)
-        for thread in threads:
-            row, running = [], (float("-inf"), [])
-            for j, group in enumerate(groups):
-                if best[j][0] > running[0]:
-                    running = best[j]
-                row.append((running[0] + value.get((thread, group), -1e18), [*running[1], group]))
-            best = [max(row[: j + 1], key=lambda item: item[0]) for j in range(len(groups))]
-        picks += [(rank, t, g) for t, g in zip(threads, best[-1][1], strict=True)]
-    return pl.DataFrame(picks, schema={"rank": pl.Int32(), "stream": pl.Int64(), "pg": pl.String()}, orient="row")
 
 
 def _p2p_groups(con: duckdb.DuckDBPyConnection, p2p: pl.DataFrame) -> pl.DataFrame:

@@ -13,6 +13,7 @@ from pathlib import Path
 import polars as pl
 
 from traceana.errors import TraceanaError
+from traceana.ingest.communicators import attribute
 from traceana.layout import Layout, dim_from_name
 
 # Column name -> Polars dtype, per table, in store order (run_id is added by the store).
@@ -24,7 +25,7 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     },
     "process_groups": {
         "pg": pl.String(), "dim": pl.String(), "ranks": pl.List(pl.Int32()), "name": pl.String(),
-        "source": pl.String(),
+        "source": pl.String(), "streams": pl.String(),
     },
     "device_events": {
         "rank": pl.Int32(), "event_id": pl.Int64(), "stream": pl.Int64(), "start_ns": pl.Int64(),
@@ -75,7 +76,8 @@ class RunData:
 
 
 def finish(data: RunData, layout: Layout | None) -> RunData:
-    """Coordinates, group dimensions, collective dims and instance numbers: the steps every format shares.
+    """Coordinates, group dimensions, collective groups and dims (communicators.attribute), instance numbers: the
+    steps every format shares.
 
     ``layout`` is the user's; without it, a layout the trace itself states is used."""
     layout = data.layout = layout or data.layout
@@ -87,8 +89,14 @@ def finish(data: RunData, layout: Layout | None) -> RunData:
         ranks = ranks.drop("tp", "cp", "ep", "dp", "pp").join(coords, on="rank", how="left").select(ranks.columns)
     data.frames["ranks"] = ranks
     groups = group_dims(data.table("process_groups"), layout)
-    data.frames["process_groups"] = groups
-    data.frames["collectives"] = number_instances(_collective_dims(data.table("collectives"), groups))
+    coll = data.table("collectives")
+    stated = data.frames.get("collectives")
+    if stated is not None and "group_size" in stated.columns:  # kept for the fingerprints, not stored
+        coll = coll.with_columns(stated["group_size"].cast(pl.Int64))
+    coll, data.frames["process_groups"], notes = attribute(coll, data.table("device_events"), groups, layout,
+                                                           data.world_size)
+    data.frames["collectives"] = number_instances(coll)
+    data.notes += notes
     align_hosts(data)
     align_ranks(data)
     return data
@@ -190,17 +198,6 @@ def group_dims(groups: pl.DataFrame, layout: Layout | None) -> pl.DataFrame:
         for ranks, name, dim in zip(groups["ranks"].to_list(), groups["name"].to_list(), known, strict=True)
     ]
     return groups.with_columns(pl.Series("dim", dims, dtype=pl.String()))
-
-
-def _collective_dims(coll: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
-    """A collective's dim is its process group's, unless the ingester decided it by other evidence."""
-    joined = coll.join(groups.select("pg", pl.col("dim").alias("_gdim")), on="pg", how="left")
-    return joined.with_columns(
-        pl.when(pl.col("dim").is_null() | (pl.col("dim") == "UNKNOWN"))
-        .then(pl.coalesce("_gdim", pl.lit("UNKNOWN")))
-        .otherwise(pl.col("dim"))
-        .alias("dim")
-    ).drop("_gdim")
 
 
 def number_instances(coll: pl.DataFrame, starts: pl.DataFrame | None = None) -> pl.DataFrame:

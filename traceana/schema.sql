@@ -28,9 +28,11 @@ CREATE TABLE IF NOT EXISTS process_groups (
     dim     VARCHAR NOT NULL,   -- TP, CP, EP, DP, PP, a combined group (DP-CP, EP-TP, DP-EP ...) or UNKNOWN
     ranks   INTEGER[] NOT NULL, -- global ranks, sorted
     name    VARCHAR,            -- the framework's own name ('tp', 'TENSOR_MODEL_PARALLEL_GROUP', HCCL communicator)
-    source  VARCHAR NOT NULL,   -- trace / layout / inferred
+    source  VARCHAR NOT NULL,   -- what gave the members: trace, timing-match (across ranks), fingerprint (layout)
+    streams VARCHAR,            -- where its collectives ran, 'rank:stream ...' (CUDA/Ascend stream, gloo thread)
     PRIMARY KEY (run_id, pg)
 );
+ALTER TABLE process_groups ADD COLUMN IF NOT EXISTS streams VARCHAR;  -- stores written before the column existed
 CREATE TABLE IF NOT EXISTS device_events (
     run_id   VARCHAR NOT NULL,
     rank     INTEGER NOT NULL,
@@ -54,7 +56,7 @@ CREATE TABLE IF NOT EXISTS collectives (
     seq       BIGINT,           -- the trace's own sequence number / comms id, when it has one
     instance  BIGINT,           -- same value on every rank that took part in one collective
     peer      INTEGER,          -- global peer rank for Send/Recv
-    evidence  VARCHAR NOT NULL  -- pg-args, nvtx, cpu-op, comm-name, layout-match, timing-match, name-rule
+    evidence  VARCHAR NOT NULL  -- pg-args, nvtx, cpu-op, comm-name, layout-match, stream, timing-match, fingerprint, name-rule
 );
 CREATE TABLE IF NOT EXISTS annotations (
     run_id   VARCHAR NOT NULL,
