@@ -12,12 +12,17 @@ The kernels between the matmuls (layer norms, bias-dropout-add, activation funct
 the softmax and dropout over the s x s scores) do few FLOPs but stream their tensors through HBM, so they are
 priced by the bytes they move (:func:`layer_traffic`) at the device's memory bandwidth, as Calculon does. Their
 share of a layer grows as 1/hidden, which is why small models reach a lower fraction of peak.
+
+With a hardware profile (estimator.hardware) time comes from shapes instead: each matrix product of the layer at its
+(m, n, k) — the forward's, the input gradient's (m, k, n) and the weight gradient's (k, n, m) — the attention core
+from the profile's attention table, and the elementwise bytes at the bandwidth measured for their size.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from traceana.estimator import hardware
 from traceana.estimator.config import Config
 
 
@@ -125,6 +130,110 @@ def layer_traffic(cfg: Config, index: int) -> Work:
 def head(cfg: Config) -> Work:
     """The output projection to the vocabulary (split by TP); the embedding lookup costs no FLOPs."""
     return _matmul(2 * tokens(cfg) * cfg.model.hidden * cfg.model.vocab / cfg.parallel.tp)
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """``count`` products of (m x k)·(k x n) on one GPU for one micro-batch's forward."""
+
+    m: float
+    n: float
+    k: float
+    count: float = 1.0
+
+    @property
+    def flops(self) -> float:
+        return 2 * self.m * self.n * self.k * self.count
+
+
+def layer_gemms(cfg: Config, index: int) -> list[Gemm]:
+    """The weight matrix products of one layer's forward on one GPU: their FLOPs add up to :func:`layer` less the
+    attention core (tokens are the rows; TP splits the output width of column-parallel and the input width of
+    row-parallel layers; routed experts: each of the experts/ep local experts takes tokens x top-k x capacity x
+    ep x etp / (experts x tp) rows, so the GPU does :func:`moe_parts`'s share)."""
+    m, p, t = cfg.model, cfg.parallel, tokens(cfg)
+    tp, gates = p.tp, 2 if m.gated_mlp else 1
+    result = []
+    if m.attention and m.mla:
+        qk, v = m.hd + m.qk_rope_head_dim, m.v_head_dim or m.hd
+        if m.q_lora_rank:
+            result += [Gemm(t, m.q_lora_rank / tp, m.hidden), Gemm(t, m.heads * qk / tp, m.q_lora_rank)]
+        else:
+            result.append(Gemm(t, m.heads * qk / tp, m.hidden))
+        result += [Gemm(t, (m.kv_lora_rank + m.qk_rope_head_dim) / tp, m.hidden),
+                   Gemm(t, m.heads * (m.hd + v) / tp, m.kv_lora_rank), Gemm(t, m.hidden, m.heads * v / tp)]
+    elif m.attention:
+        result += [Gemm(t, (m.heads + 2 * m.kv) * m.hd / tp, m.hidden), Gemm(t, m.hidden, m.heads * m.hd / tp)]
+
+    def mlp_gemms(rows: float, ffn: float, count: float = 1.0) -> list[Gemm]:
+        return [Gemm(rows, gates * ffn, m.hidden, count), Gemm(rows, m.hidden, ffn, count)] if ffn else []
+
+    if m.is_moe(index):
+        local = m.experts / p.ep
+        rows = t * m.moe_topk * m.capacity_factor * p.ep * p.expert_tp / (m.experts * tp)
+        result += [Gemm(t, m.experts, m.hidden), *mlp_gemms(rows, m.expert_ffn / p.expert_tp, local),
+                   *mlp_gemms(t, m.expert_ffn * m.shared_experts / tp)]
+    else:
+        result += mlp_gemms(t, m.ffn_hidden / tp)
+    return result
+
+
+def head_gemms(cfg: Config) -> list[Gemm]:
+    return [Gemm(tokens(cfg), cfg.model.vocab / cfg.parallel.tp, cfg.model.hidden)]
+
+
+def gemm_seconds(gemms: list[Gemm], cfg: Config) -> Work:
+    """Seconds of the products' forward, input gradient and weight gradient on the profiled device."""
+    hw, profile = cfg.hardware, cfg.profile
+    assert profile is not None
+    peak, eff, hbm = hw.peak_tflops_bf16 * 1e12, cfg.calibration.matmul_efficiency, hw.hbm_bandwidth_gb_per_s
+
+    def one(m: float, n: float, k: float) -> float:
+        return hardware.gemm_seconds(m, n, k, peak, eff, hbm and hbm * 1e9, profile)
+
+    return Work(sum(g.count * one(g.m, g.n, g.k) for g in gemms), sum(g.count * one(g.m, g.k, g.n) for g in gemms),
+                sum(g.count * one(g.k, g.n, g.m) for g in gemms))
+
+
+def core_seconds(cfg: Config) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's attention core from the profile's attention table (its FLOPs at
+    the achieved rate for this sequence, heads and head width), or its FLOPs at the matmul efficiency."""
+    m, p = cfg.model, cfg.parallel
+    core = attention(cfg)[1]
+    assert cfg.profile is not None
+    rate = {part: cfg.profile.attention_rate(p.micro_batch * m.heads / p.tp, m.seq_len / p.cp, m.hd,
+                                             m.flash_attention, part) for part in ("fwd", "bwd")}
+    if rate["fwd"] is None or rate["bwd"] is None or not m.flash_attention:
+        return seconds(core, cfg), seconds(2 * core, cfg)
+    scale = cfg.profile.matmul_efficiency / cfg.calibration.matmul_efficiency
+    return core / rate["fwd"] * scale, 2.5 * core / rate["bwd"] * scale
+
+
+def layer_seconds(cfg: Config, index: int) -> Work:
+    """Seconds of one layer's forward, input gradient, weight gradient and recompute for one micro-batch: FLOPs at
+    the matmul efficiency plus bytes at the memory bandwidth, or with a profile, per product and per kernel size."""
+    work, traffic = layer(cfg, index), layer_traffic(cfg, index)
+    if cfg.profile is None:
+        return Work(*(seconds(w, cfg) + traffic_seconds(b, cfg) for w, b in
+                      zip((work.forward, work.backward, work.wgrad, work.recompute),
+                          (traffic.forward, traffic.backward, traffic.wgrad, traffic.recompute), strict=True)))
+    weights = gemm_seconds(layer_gemms(cfg, index), cfg)
+    core_f, core_b = core_seconds(cfg) if cfg.model.attention else (0.0, 0.0)
+    kernel = tokens(cfg) * cfg.model.hidden * cfg.precision.activation_bytes * 2  # a layer norm's read + write
+    rate = cfg.profile.memory_rate(kernel)
+    memory = traffic * (1 / rate) if rate else Work(*(traffic_seconds(b, cfg) for b in (
+        traffic.forward, traffic.backward, traffic.wgrad, traffic.recompute)))
+    kind = cfg.schedule.recompute.kind_of(index)
+    again = weights.forward + core_f if kind == "full" else core_f if kind == "selective" else 0.0
+    return Work(weights.forward + core_f, weights.backward + core_b, weights.wgrad, again) + Work(
+        memory.forward, memory.backward, memory.wgrad, memory.recompute)
+
+
+def head_seconds(cfg: Config) -> Work:
+    head_flops = head(cfg)
+    if cfg.profile is None:
+        return Work(*(seconds(x, cfg) for x in (head_flops.forward, head_flops.backward, head_flops.wgrad)))
+    return gemm_seconds(head_gemms(cfg), cfg)
 
 
 def seconds(flops: float, cfg: Config) -> float:

@@ -18,11 +18,13 @@ import yaml
 
 from traceana.errors import TraceanaError
 from traceana.estimator import balance
+from traceana.estimator.hardware import Profile
 from traceana.estimator.pipeline import schedule_problem
 from traceana.layout import Layout
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe")
 RECOMPUTE_KINDS = ("none", "selective", "full")
+PROFILES = Path(__file__).parent / "profiles"  # built-in hardware profiles, by file stem
 CP_ALGOS = ("ring", "allgather", "ulysses")
 
 
@@ -141,6 +143,8 @@ class Hardware:
     bandwidth_gb_per_s: Links = field(default_factory=lambda: Links(intra=150.0, inter=25.0))  # bus bandwidth
     latency_us: Links = field(default_factory=lambda: Links(intra=5.0, inter=10.0))
     hbm_bandwidth_gb_per_s: float | None = None  # for memory-bound work (elementwise ops, optimizer step)
+    profile: str | None = None               # a built-in profile (a100, h100, h200) or a profile YAML file
+    peak_tflops_fp8: float | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,7 @@ class Calibration:
     memory_efficiency: float = 0.7           # of hbm_bandwidth_gb_per_s that elementwise kernels reach
     step_overhead_ms: float = 0.0            # per step, host/launch time no kernel covers
     host_us_per_layer: float = 0.0           # host time to issue one layer's forward (eager PyTorch launch cost)
+    host_us_per_backward_layer: float | None = None  # its backward; default twice the forward
     host_us_per_collective: float = 0.0      # host time of each TP / EP collective call
 
 
@@ -186,6 +191,7 @@ class Config:
     calibration: Calibration = field(default_factory=Calibration)
     precision: Precision = field(default_factory=Precision)
     source: str = "config"                   # where it came from, for error messages
+    profile: Profile | None = field(default=None, compare=False)  # hardware.profile, read (shape-aware times)
 
     @property
     def micro_batches(self) -> int:
@@ -205,7 +211,7 @@ def load(path: str | Path) -> Config:
     """Read and validate a job YAML (its ``runs:`` list, if any, is read by :func:`load_runs`)."""
     raw = read_yaml(path)
     raw.pop("runs", None)
-    return from_dict(raw, str(path))
+    return from_dict(raw, str(path), Path(path).parent)
 
 
 def load_runs(path: str | Path) -> list[Run]:
@@ -224,30 +230,60 @@ def load_runs(path: str | Path) -> list[Run]:
         entry = dict(entry)
         name, measured = str(entry.pop("name")), entry.pop("measured", None) or {}
         source = f"{path} runs[{name}]"
-        base = raw
+        base, where = raw, Path(path).parent
         if "config" in entry:
-            base = read_yaml(Path(path).parent / str(entry.pop("config")))
+            base_path = where / str(entry.pop("config"))
+            base, where = read_yaml(base_path), base_path.parent
             base.pop("runs", None)
         if not isinstance(measured, dict):
             raise TraceanaError(f"{source}: measured: must map quantities to numbers, e.g. {{TOTAL_ms: 123.4}}")
         for key, value in measured.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TraceanaError(f"{source}: measured.{key}={value!r}: expected a number")
-        result.append(Run(name, from_dict(_merge(base, entry), source),
+        result.append(Run(name, from_dict(_merge(base, entry), source, where),
                           {str(k): float(v) for k, v in measured.items()}))
     return result
 
 
-def from_dict(raw: dict[str, Any], source: str = "config") -> Config:
-    """Build and validate a Config from parsed YAML."""
+def from_dict(raw: dict[str, Any], source: str = "config", where: Path = Path(".")) -> Config:
+    """Build and validate a Config from parsed YAML; a hardware.profile file is looked up relative to ``where``."""
     if not isinstance(raw, dict):
         raise TraceanaError(f"{source}: expected a mapping of sections (model, parallel, hardware, ...)")
     for required in ("model", "parallel", "hardware"):
         if required not in raw:
             raise TraceanaError(f"{source}: missing section {required!r}")
+    if "profile" in raw:
+        raise TraceanaError(f"{source}: profile: belongs in the hardware section (hardware: {{profile: h100}})")
+    raw, profile = _with_profile(raw, source, where)
     cfg = _build(Config, {**raw, "source": source}, source, "")
+    if profile is not None:
+        cfg = dataclasses.replace(cfg, profile=profile)
     validate(cfg)
     return cfg
+
+
+def _with_profile(raw: dict[str, Any], source: str, where: Path) -> tuple[dict[str, Any], Profile | None]:
+    """The config with its hardware profile's hardware and calibration defaults under what it writes itself, and
+    the profile (None when hardware.profile is not given)."""
+    name = raw["hardware"].get("profile") if isinstance(raw["hardware"], dict) else None
+    if name is None:
+        return raw, None
+    if not isinstance(name, str):
+        raise TraceanaError(f"{source}: hardware.profile: expected a built-in name or a file, got {name!r}")
+    builtin = PROFILES / f"{name.lower()}.yaml"
+    path = builtin if "/" not in name and not name.endswith((".yaml", ".yml")) else where / name
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PROFILES.glob("*.yaml")))
+        raise TraceanaError(f"{source}: hardware.profile={name!r}: no built-in profile of that name ({known}) "
+                            f"and no file {path}")
+    data = read_yaml(path)
+    defaults = {section: data.pop(section, None) or {} for section in ("hardware", "calibration")}
+    efficiency = defaults["calibration"].get("matmul_efficiency", Calibration.matmul_efficiency)
+    profile = _build(Profile, {**data, "matmul_efficiency": efficiency}, str(path), "")
+    merged = dict(raw)
+    for section, values in defaults.items():
+        merged[section] = _merge(values, raw.get(section) or {})
+    return merged, profile
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -307,7 +343,8 @@ def _convert(hint: Any, value: Any, source: str, where: str) -> Any:
     if origin is tuple:
         if not isinstance(value, list | tuple):
             raise TraceanaError(f"{source}: {where}: expected a list, got {value!r}")
-        return tuple(_convert(int, v, source, f"{where}[{i}]") for i, v in enumerate(value))
+        item = typing.get_args(hint)[0]
+        return tuple(_convert(item, v, source, f"{where}[{i}]") for i, v in enumerate(value))
     if hint is bool:
         if not isinstance(value, bool):
             raise TraceanaError(f"{source}: {where}: expected true or false, got {value!r}")
@@ -393,8 +430,8 @@ def validate(cfg: Config) -> None:
     if not 0 <= c.ep_bubble_overlap_ratio <= 1:
         _fail(cfg, f"calibration.ep_bubble_overlap_ratio={c.ep_bubble_overlap_ratio}: must be between 0 and 1")
     for name in ("safety_buffer_mb", "tp_shardable_overhead_mb", "step_overhead_ms", "host_us_per_layer",
-                 "host_us_per_collective"):
-        if getattr(c, name) < 0:
+                 "host_us_per_collective", "host_us_per_backward_layer"):
+        if (getattr(c, name) or 0) < 0:
             _fail(cfg, f"calibration.{name}={getattr(c, name)}: must be >= 0")
 
 

@@ -73,10 +73,8 @@ def _exposed_ep(cfg: Config, shared_flops: float) -> Pass:
 def layer_cost(cfg: Config, index: int) -> ChunkCost:
     """One layer's cost for one micro-batch."""
     moe = cfg.model.is_moe(index)
-    work, traffic = compute.layer(cfg, index), compute.layer_traffic(cfg, index)
-    sec = [compute.seconds(w, cfg) + compute.traffic_seconds(b, cfg) for w, b in
-           zip((work.forward, work.backward, work.wgrad, work.recompute),
-               (traffic.forward, traffic.backward, traffic.wgrad, traffic.recompute), strict=True)]
+    work = compute.layer_seconds(cfg, index)
+    sec = [work.forward, work.backward, work.wgrad, work.recompute]
     overlap = cfg.calibration.overlap
     tp = comm.tp_layer(cfg, moe) * (1 - overlap.tp)
     cp = comm.cp_layer(cfg) * (1 - overlap.cp)
@@ -93,13 +91,17 @@ def layer_cost(cfg: Config, index: int) -> ChunkCost:
 
 def _host_wait(cfg: Config, index: int, device: Pass) -> Pass:
     """How long the device starves while the host issues a layer: PyTorch launches kernels asynchronously, so a
-    pass takes max(device time, host time). Host time is calibration.host_us_per_layer for a forward (twice for a
-    backward, once more for a recompute) plus host_us_per_collective for each TP / EP collective call."""
+    pass takes max(device time, host time), not their sum. Host time is calibration.host_us_per_layer for a forward
+    and host_us_per_backward_layer for a backward (default twice the forward; a hardware profile gives measured
+    ones), a forward more for a full recompute, plus host_us_per_collective for each TP / EP collective call."""
     cal, p = cfg.calibration, cfg.parallel
     calls = 2 * (p.tp > 1) + 2 * (p.ep > 1 and cfg.model.is_moe(index))
-    forward = (cal.host_us_per_layer + calls * cal.host_us_per_collective) * 1e-6
-    again = cfg.schedule.recompute.kind_of(index) == "full"
-    return Pass(max(0.0, forward - device.forward), max(0.0, (2 + again) * forward - device.backward))
+    collectives = calls * cal.host_us_per_collective
+    forward = (cal.host_us_per_layer + collectives) * 1e-6
+    backward = (2 * cal.host_us_per_layer if cal.host_us_per_backward_layer is None
+                else cal.host_us_per_backward_layer) * 1e-6 + collectives * 1e-6
+    again = forward if cfg.schedule.recompute.kind_of(index) == "full" else 0.0
+    return Pass(max(0.0, forward - device.forward), max(0.0, backward + again - device.backward))
 
 
 def chunk_costs(cfg: Config, chunks: list[range]) -> list[ChunkCost]:
@@ -116,12 +118,11 @@ def chunk_costs(cfg: Config, chunks: list[range]) -> list[ChunkCost]:
             first = memory.layer_params(cfg, layers[0])
             total = total + ChunkCost(dp=Pass(comm.zero3_layer(cfg, first.dense + first.expert).forward, 0.0))
         result.append(total)
-    head = compute.head(cfg)
+    head = compute.head_seconds(cfg)
     embedding_tp, head_tp = comm.tp_embedding_head(cfg)
     overlap_tp = 1 - cfg.calibration.overlap.tp
     result[0] = result[0] + ChunkCost(tp=embedding_tp * overlap_tp)
-    result[-1] = result[-1] + ChunkCost(*(compute.seconds(x, cfg) for x in (head.forward, head.backward,
-                                                                              head.wgrad)), tp=head_tp * overlap_tp)
+    result[-1] = result[-1] + ChunkCost(head.forward, head.backward, head.wgrad, tp=head_tp * overlap_tp)
     return result
 
 
