@@ -280,6 +280,7 @@ def _with_profile(raw: dict[str, Any], source: str, where: Path) -> tuple[dict[s
     defaults = {section: data.pop(section, None) or {} for section in ("hardware", "calibration")}
     efficiency = defaults["calibration"].get("matmul_efficiency", Calibration.matmul_efficiency)
     profile = _build(Profile, {**data, "matmul_efficiency": efficiency}, str(path), "")
+    profile = dataclasses.replace(profile, name=str(data.get("name")), source=str(data.get("source")))  # as written
     merged = dict(raw)
     for section, values in defaults.items():
         merged[section] = _merge(values, raw.get(section) or {})
@@ -453,15 +454,20 @@ def _validate_schedule(cfg: Config) -> None:
     if s.stage_layers == "ppb" and (s.kind not in ("gpipe", "1f1b", "zb-h1")):
         _fail(cfg, f"schedule.stage_layers=ppb balances one model chunk per stage (gpipe, 1f1b, zb-h1), not {s.kind}")
     chunks = p.pp * (2 if s.kind == "zb-v" else p.vpp)
+    if chunks > m.layers and not isinstance(s.stage_layers, tuple):
+        what = f"parallel.pp={p.pp}" + (f" x parallel.vpp={p.vpp} = {chunks} model chunks" if chunks > p.pp
+                                         else " stages")
+        _fail(cfg, f"{what} but model.layers={m.layers}: give schedule.stage_layers, one count per chunk, with "
+                   f"empty chunks (0) where there are fewer layers than chunks")
     try:
         balance.recompute_mask(s.recompute.layers, m.layers)
-        if isinstance(s.stage_layers, tuple):
-            counts = balance.from_stage_layers(s.stage_layers, m.layers, len(s.stage_layers))
+        if isinstance(s.stage_layers, tuple):  # one count per chunk may leave a chunk empty (Llama 3's first, last)
+            per_chunk = len(s.stage_layers) == chunks > p.pp
+            counts = balance.from_stage_layers(s.stage_layers, m.layers, len(s.stage_layers), allow_empty=per_chunk)
         elif s.layer_offset is not None:
             counts = balance.from_layer_offset(s.layer_offset, m.layers, p.pp)
         else:
             counts = None
-            balance.check_stages(m.layers, chunks)
     except TraceanaError as exc:
         _fail(cfg, str(exc))
     if counts is not None and len(counts) not in (p.pp, chunks):

@@ -222,14 +222,33 @@ def _vpp(cfg: Config) -> int:
     return 2 if cfg.schedule.kind == "zb-v" else cfg.parallel.vpp
 
 
-def model_flops(cfg: Config) -> float:
-    """FLOPs of one step over all GPUs without recompute: the numerator of MFU."""
+def model_flops(cfg: Config, causal_halved: bool = True, recompute: bool = False) -> float:
+    """FLOPs of one step over all GPUs: the numerator of MFU. Papers differ in two ways, so both are choices:
+    ``causal_halved`` counts the causal attention core at the half FlashAttention computes (else the whole s x s
+    score matrix, as Megatron's and PaLM's 6N + 12·L·h·s formulas do); ``recompute`` adds the repeated forward work
+    (hardware FLOPs, HFU) instead of counting each useful FLOP once (model FLOPs, MFU)."""
     p = cfg.parallel
     per_gpu = compute.Work(0.0, 0.0, 0.0)
     for i in range(cfg.model.layers):
         per_gpu = per_gpu + compute.layer(cfg, i)
+        if not causal_halved and cfg.model.flash_attention:
+            core = compute.attention(cfg)[1]  # the halved core: add the masked half back, forward and backward
+            again = {"full": core, "selective": core}.get(cfg.schedule.recompute.kind_of(i), 0.0)
+            per_gpu = per_gpu + compute.Work(core, 2 * core, 0.0, again)
     per_gpu = per_gpu + compute.head(cfg)
-    return (per_gpu.forward + per_gpu.backward + per_gpu.wgrad) * p.micro_batches * p.tp * p.cp * p.dp
+    flops = per_gpu.total if recompute else per_gpu.forward + per_gpu.backward + per_gpu.wgrad
+    return flops * p.micro_batches * p.tp * p.cp * p.dp
+
+
+def utilization(est: Estimate) -> dict[str, float]:
+    """The step's FLOP utilization of the bf16 peak in the conventions papers use, each named by what it counts."""
+    cfg = est.config
+    capacity = est.step_s * cfg.parallel.world_size * cfg.hardware.peak_tflops_bf16 * 1e12
+    return {
+        "mfu_causal_attention_halved": model_flops(cfg) / capacity,
+        "mfu_full_attention": model_flops(cfg, causal_halved=False) / capacity,
+        "hfu_with_recompute_causal_attention_halved": model_flops(cfg, recompute=True) / capacity,
+    }
 
 
 def ppb(cfg: Config) -> balance.Partition:
