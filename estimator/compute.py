@@ -102,8 +102,13 @@ def layer(cfg: Config, index: int) -> Work:
     else:
         ffn = mlp(cfg, cfg.model.ffn_hidden)
     weights = projection + ffn
-    kind = cfg.schedule.recompute.kind_of(index)
-    again = weights + core if kind == "full" else core if kind == "selective" else 0.0
+    recompute = cfg.schedule.recompute
+    if recompute.kind_of(index) == "full":
+        again = weights + core
+    else:
+        again = (core if recompute.recomputes(index, "core_attn") else 0.0) + (
+            sum(g.flops for g in layer_gemms(cfg, index) if g.group == "mla_up_proj")
+            if recompute.recomputes(index, "mla_up_proj") else 0.0)
     return _matmul(weights) + Work(core, 2 * core, 0.0, again)
 
 
@@ -117,13 +122,17 @@ def layer_traffic(cfg: Config, index: int) -> Work:
     t = tokens(cfg)
     blocks = 2 if m.attention else 1  # a layer norm and a bias-dropout-add per block, per token x hidden
     replicated = blocks * (2 * a + 3 * a + 1)
-    rows = replicated * t * m.hidden / (p.tp if p.sequence_parallel else 1)
+    per_row = t * m.hidden / (p.tp if p.sequence_parallel else 1)
+    rows = replicated * per_row
     ffn = m.expert_ffn * (m.moe_topk * m.capacity_factor + m.shared_experts) if m.is_moe(index) else m.ffn_hidden
     activation = (3 if m.gated_mlp else 2) * a * t * ffn / p.tp  # SwiGLU reads gate and up, writes the product
     scores = 0.0 if m.flash_attention or not m.attention else (6 * a + 1) * t * m.seq_len * m.heads / p.tp
     forward = rows + activation + scores
-    kind = cfg.schedule.recompute.kind_of(index)
-    again = forward if kind == "full" else scores if kind == "selective" else 0.0
+    recompute = cfg.schedule.recompute
+    again = forward if recompute.kind_of(index) == "full" else (
+        scores * recompute.recomputes(index, "core_attn")
+        + blocks * 2 * a * per_row * recompute.recomputes(index, "layernorm")
+        + activation * recompute.recomputes(index, "activation"))
     return Work(forward, 2 * forward, 0.0, again)
 
 
@@ -140,6 +149,8 @@ class Gemm:
     n: float
     k: float
     count: float = 1.0
+    group: str = "attention"  # attention, mla_up_proj (MLA's up-projections, part of attention), mlp, experts,
+    # router, head: what precision.fp8 and recompute modules name
 
     @property
     def flops(self) -> float:
@@ -157,29 +168,48 @@ def layer_gemms(cfg: Config, index: int) -> list[Gemm]:
     if m.attention and m.mla:
         qk, v = m.hd + m.qk_rope_head_dim, m.v_head_dim or m.hd
         if m.q_lora_rank:
-            result += [Gemm(t, m.q_lora_rank / tp, m.hidden), Gemm(t, m.heads * qk / tp, m.q_lora_rank)]
+            result += [Gemm(t, m.q_lora_rank / tp, m.hidden),
+                       Gemm(t, m.heads * qk / tp, m.q_lora_rank, group="mla_up_proj")]
         else:
             result.append(Gemm(t, m.heads * qk / tp, m.hidden))
         result += [Gemm(t, (m.kv_lora_rank + m.qk_rope_head_dim) / tp, m.hidden),
-                   Gemm(t, m.heads * (m.hd + v) / tp, m.kv_lora_rank), Gemm(t, m.hidden, m.heads * v / tp)]
+                   Gemm(t, m.heads * (m.hd + v) / tp, m.kv_lora_rank, group="mla_up_proj"),
+                   Gemm(t, m.hidden, m.heads * v / tp)]
     elif m.attention:
         result += [Gemm(t, (m.heads + 2 * m.kv) * m.hd / tp, m.hidden), Gemm(t, m.hidden, m.heads * m.hd / tp)]
 
-    def mlp_gemms(rows: float, ffn: float, count: float = 1.0) -> list[Gemm]:
-        return [Gemm(rows, gates * ffn, m.hidden, count), Gemm(rows, m.hidden, ffn, count)] if ffn else []
+    def mlp_gemms(rows: float, ffn: float, group: str, count: float = 1.0) -> list[Gemm]:
+        return [Gemm(rows, gates * ffn, m.hidden, count, group), Gemm(rows, m.hidden, ffn, count, group)] if ffn \
+            else []
 
     if m.is_moe(index):
         local = m.experts / p.ep
         rows = t * m.moe_topk * m.capacity_factor * p.ep * p.expert_tp / (m.experts * tp)
-        result += [Gemm(t, m.experts, m.hidden), *mlp_gemms(rows, m.expert_ffn / p.expert_tp, local),
-                   *mlp_gemms(t, m.expert_ffn * m.shared_experts / tp)]
+        result += [Gemm(t, m.experts, m.hidden, group="router"),
+                   *mlp_gemms(rows, m.expert_ffn / p.expert_tp, "experts", local),
+                   *mlp_gemms(t, m.expert_ffn * m.shared_experts / tp, "experts")]
     else:
-        result += mlp_gemms(t, m.ffn_hidden / tp)
+        result += mlp_gemms(t, m.ffn_hidden / tp, "mlp")
     return result
 
 
 def head_gemms(cfg: Config) -> list[Gemm]:
-    return [Gemm(tokens(cfg), cfg.model.vocab / cfg.parallel.tp, cfg.model.hidden)]
+    return [Gemm(tokens(cfg), cfg.model.vocab / cfg.parallel.tp, cfg.model.hidden, group="head")]
+
+
+def fp8_speedup(cfg: Config, gemm: Gemm) -> float:
+    """How much faster this product runs than in bf16: the FP8 peak over the bf16 one when precision.fp8 names
+    its group (an MLA up-projection is part of attention), else 1."""
+    group = "attention" if gemm.group == "mla_up_proj" else gemm.group
+    fp8 = cfg.hardware.peak_tflops_fp8
+    return fp8 / cfg.hardware.peak_tflops_bf16 if fp8 and group in cfg.precision.fp8 else 1.0
+
+
+def _fp8_saving(cfg: Config, gemms: list[Gemm], recomputed: bool) -> Work:
+    """The FLOPs FP8 saves on these products, as bf16-equivalent FLOPs to take off (each pass, and the recompute
+    when the layer is recomputed whole)."""
+    saved = sum(g.flops * (1 - 1 / fp8_speedup(cfg, g)) for g in gemms)
+    return Work(-saved, -saved, -saved, -saved if recomputed else 0.0)
 
 
 def gemm_seconds(gemms: list[Gemm], cfg: Config) -> Work:
@@ -188,11 +218,11 @@ def gemm_seconds(gemms: list[Gemm], cfg: Config) -> Work:
     assert profile is not None
     peak, eff, hbm = hw.peak_tflops_bf16 * 1e12, cfg.calibration.matmul_efficiency, hw.hbm_bandwidth_gb_per_s
 
-    def one(m: float, n: float, k: float) -> float:
-        return hardware.gemm_seconds(m, n, k, peak, eff, hbm and hbm * 1e9, profile)
+    def one(g: Gemm, m: float, n: float, k: float) -> float:
+        return g.count * hardware.gemm_seconds(m, n, k, peak, eff, hbm and hbm * 1e9, profile) / fp8_speedup(cfg, g)
 
-    return Work(sum(g.count * one(g.m, g.n, g.k) for g in gemms), sum(g.count * one(g.m, g.k, g.n) for g in gemms),
-                sum(g.count * one(g.k, g.n, g.m) for g in gemms))
+    return Work(sum(one(g, g.m, g.n, g.k) for g in gemms), sum(one(g, g.m, g.k, g.n) for g in gemms),
+                sum(one(g, g.k, g.n, g.m) for g in gemms))
 
 
 def core_seconds(cfg: Config) -> tuple[float, float]:
@@ -213,7 +243,10 @@ def layer_seconds(cfg: Config, index: int) -> Work:
     """Seconds of one layer's forward, input gradient, weight gradient and recompute for one micro-batch: FLOPs at
     the matmul efficiency plus bytes at the memory bandwidth, or with a profile, per product and per kernel size."""
     work, traffic = layer(cfg, index), layer_traffic(cfg, index)
+    recompute = cfg.schedule.recompute
     if cfg.profile is None:
+        if cfg.precision.fp8:
+            work = work + _fp8_saving(cfg, layer_gemms(cfg, index), recompute.kind_of(index) == "full")
         return Work(*(seconds(w, cfg) + traffic_seconds(b, cfg) for w, b in
                       zip((work.forward, work.backward, work.wgrad, work.recompute),
                           (traffic.forward, traffic.backward, traffic.wgrad, traffic.recompute), strict=True)))
@@ -223,14 +256,16 @@ def layer_seconds(cfg: Config, index: int) -> Work:
     rate = cfg.profile.memory_rate(kernel)
     memory = traffic * (1 / rate) if rate else Work(*(traffic_seconds(b, cfg) for b in (
         traffic.forward, traffic.backward, traffic.wgrad, traffic.recompute)))
-    kind = cfg.schedule.recompute.kind_of(index)
-    again = weights.forward + core_f if kind == "full" else core_f if kind == "selective" else 0.0
+    again = weights.forward + core_f if recompute.kind_of(index) == "full" else (
+        core_f * recompute.recomputes(index, "core_attn")
+        + gemm_seconds([g for g in layer_gemms(cfg, index) if g.group == "mla_up_proj"], cfg).forward
+        * recompute.recomputes(index, "mla_up_proj"))
     return Work(weights.forward + core_f, weights.backward + core_b, weights.wgrad, again) + Work(
         memory.forward, memory.backward, memory.wgrad, memory.recompute)
 
 
 def head_seconds(cfg: Config) -> Work:
-    head_flops = head(cfg)
+    head_flops = head(cfg) + _fp8_saving(cfg, head_gemms(cfg), False)
     if cfg.profile is None:
         return Work(*(seconds(x, cfg) for x in (head_flops.forward, head_flops.backward, head_flops.wgrad)))
     return gemm_seconds(head_gemms(cfg), cfg)

@@ -26,6 +26,8 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe")
 RECOMPUTE_KINDS = ("none", "selective", "full")
 PROFILES = Path(__file__).parent / "profiles"  # built-in hardware profiles, by file stem
 CP_ALGOS = ("ring", "allgather", "ulysses")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "activation", "mla_up_proj")
+FP8_MATMULS = ("attention", "mlp", "experts", "head")
 
 
 @dataclass(frozen=True)
@@ -112,11 +114,21 @@ class Parallel:
 
 @dataclass(frozen=True)
 class Recompute:
+    """What the backward recomputes instead of keeping: nothing, the whole layer (full), or for ``selective`` the
+    ``modules`` listed (default the attention core, Korthikanti et al. 2022; Megatron-Core's --recompute-modules
+    also offers layer norms, the MLP activation (SwiGLU / GeLU) and MLA's up-projections, as DeepSeek-V3 does)."""
+
     kind: str = "none"
     layers: tuple[int, ...] | None = None  # None: every layer
+    modules: tuple[str, ...] | None = None  # with selective; default ("core_attn",)
 
     def kind_of(self, layer: int) -> str:
         return self.kind if self.layers is None or layer in self.layers else "none"
+
+    def recomputes(self, layer: int, module: str) -> bool:
+        """Whether ``module`` of ``layer`` runs again in the backward (a fully recomputed layer: every module)."""
+        kind = self.kind_of(layer)
+        return kind == "full" or (kind == "selective" and module in (self.modules or ("core_attn",)))
 
 
 @dataclass(frozen=True)
@@ -180,6 +192,8 @@ class Precision:
     grad_bytes: int = 4
     optimizer_bytes: int = 12
     activation_bytes: int = 2
+    fp8: tuple[str, ...] = ()       # matmuls run in FP8 (attention, mlp, experts, head), at hardware.peak_tflops_fp8
+    fp8_activations: bool = False   # linear layers keep their saved inputs in FP8 (1 byte; DeepSeek-V3 §3.3)
 
 
 @dataclass(frozen=True)
@@ -422,6 +436,11 @@ def validate(cfg: Config) -> None:
         _fail(cfg, f"{p.world_size} devices do not fill whole nodes of hardware.devices_per_node="
                    f"{h.devices_per_node}")
     _validate_schedule(cfg)
+    for name in cfg.precision.fp8:
+        if name not in FP8_MATMULS:
+            _fail(cfg, f"precision.fp8: {name!r}: choose from {', '.join(FP8_MATMULS)}")
+    if cfg.precision.fp8 and h.peak_tflops_fp8 is None:
+        _fail(cfg, "precision.fp8 needs hardware.peak_tflops_fp8 (or a hardware.profile that has it)")
     for name in ("dp", "tp", "ep", "cp"):
         if not 0 <= getattr(c.overlap, name) <= 1:
             _fail(cfg, f"calibration.overlap.{name}={getattr(c.overlap, name)}: must be between 0 and 1")
@@ -447,6 +466,13 @@ def _validate_schedule(cfg: Config) -> None:
         _fail(cfg, problem)
     if s.recompute.kind not in RECOMPUTE_KINDS:
         _fail(cfg, f"schedule.recompute.kind={s.recompute.kind!r}: choose one of {', '.join(RECOMPUTE_KINDS)}")
+    for module in s.recompute.modules or ():
+        if module not in RECOMPUTE_MODULES:
+            _fail(cfg, f"schedule.recompute.modules: {module!r}: choose from {', '.join(RECOMPUTE_MODULES)}")
+    if s.recompute.modules is not None and s.recompute.kind != "selective":
+        _fail(cfg, f"schedule.recompute.modules needs kind: selective (kind is {s.recompute.kind})")
+    if "mla_up_proj" in (s.recompute.modules or ()) and not m.mla:
+        _fail(cfg, "schedule.recompute.modules: mla_up_proj needs an MLA model (model.kv_lora_rank)")
     if s.stage_layers is not None and s.layer_offset is not None:
         _fail(cfg, "schedule.stage_layers and schedule.layer_offset both given; use one")
     if isinstance(s.stage_layers, str) and s.stage_layers != "ppb":
