@@ -172,14 +172,37 @@ def cp_layer(cfg: Config) -> Pass:
 
 def ep_layer(cfg: Config) -> Pass:
     """Dispatch and combine all-to-alls of one MoE layer, forward and again backward. A rank sends its tokens x top-k
-    copies x hidden (the capacity factor pads them); with sequence parallelism its tokens are 1/tp of the sequence."""
+    copies x hidden (the capacity factor pads them); with sequence parallelism its tokens are 1/tp of the sequence.
+    When the experts run in FP8 the forward dispatch sends FP8 (1 byte; DeepSeek-V3 §3.3.2), the combine and the
+    backward's gradients stay in the activation precision."""
     p, m = cfg.parallel, cfg.model
     if p.ep <= 1:
         return Pass()
     local = tokens(cfg) / (p.tp if p.sequence_parallel else 1)
-    payload = local * m.moe_topk * m.capacity_factor * m.hidden * cfg.precision.activation_bytes
-    one = collective("all_to_all", payload, span(cfg, ("ep",), expert=True), cfg)
-    return Pass(2 * one, 2 * one)
+    elements = local * m.moe_topk * m.capacity_factor * m.hidden
+    where = span(cfg, ("ep",), expert=True)
+
+    def a2a(element_bytes: float) -> float:
+        if m.moe_max_nodes is None or where.nodes == 1:
+            return collective("all_to_all", elements * element_bytes, where, cfg)
+        return _node_limited(cfg, local * m.hidden * element_bytes, where)
+
+    one = a2a(cfg.precision.activation_bytes)
+    dispatch = a2a(1) if "experts" in cfg.precision.fp8 else one
+    return Pass(dispatch + one, 2 * one)
+
+
+def _node_limited(cfg: Config, token_bytes: float, where: Span) -> float:
+    """An all-to-all under node-limited routing (DeepSeek-V3 §3.2.2, M = model.moe_max_nodes): a token's copies
+    bound for one node cross the network once, through the sender's NIC, and NVLink forwards them to the experts'
+    GPUs; its experts lie on at most M of the group's nodes (each a remote one with probability (nodes-1)/nodes)."""
+    m, hw, eff = cfg.model, cfg.hardware, cfg.calibration.a2a_efficiency
+    assert m.moe_max_nodes is not None
+    remote = min(m.moe_max_nodes, m.moe_topk, where.nodes) * (where.nodes - 1) / where.nodes
+    inter = token_bytes * remote / (hw.bandwidth_gb_per_s.inter * 1e9 * eff.inter)
+    intra = token_bytes * m.moe_topk * m.capacity_factor * (where.per_node - 1) / where.per_node / (
+        hw.bandwidth_gb_per_s.intra * 1e9 * eff.intra)
+    return max(inter, intra) + (where.size - 1) * hw.latency_us.inter * 1e-6
 
 
 def pp_p2p(cfg: Config) -> float:

@@ -212,17 +212,23 @@ def _fp8_saving(cfg: Config, gemms: list[Gemm], recomputed: bool) -> Work:
     return Work(-saved, -saved, -saved, -saved if recomputed else 0.0)
 
 
-def gemm_seconds(gemms: list[Gemm], cfg: Config) -> Work:
-    """Seconds of the products' forward, input gradient and weight gradient on the profiled device."""
+def gemm_times(gemms: list[Gemm], cfg: Config) -> list[Work]:
+    """Seconds of each product's forward, input gradient and weight gradient: by shape on a profiled device, else
+    its FLOPs at the matmul efficiency (FP8 ones at the FP8 peak)."""
     hw, profile = cfg.hardware, cfg.profile
-    assert profile is not None
+    if profile is None:
+        return [Work(*[seconds(g.flops / fp8_speedup(cfg, g), cfg)] * 3) for g in gemms]
     peak, eff, hbm = hw.peak_tflops_bf16 * 1e12, cfg.calibration.matmul_efficiency, hw.hbm_bandwidth_gb_per_s
 
     def one(g: Gemm, m: float, n: float, k: float) -> float:
         return g.count * hardware.gemm_seconds(m, n, k, peak, eff, hbm and hbm * 1e9, profile) / fp8_speedup(cfg, g)
 
-    return Work(sum(one(g, g.m, g.n, g.k) for g in gemms), sum(one(g, g.m, g.k, g.n) for g in gemms),
-                sum(one(g, g.k, g.n, g.m) for g in gemms))
+    return [Work(one(g, g.m, g.n, g.k), one(g, g.m, g.k, g.n), one(g, g.k, g.n, g.m)) for g in gemms]
+
+
+def gemm_seconds(gemms: list[Gemm], cfg: Config) -> Work:
+    """Seconds of the products' forward, input gradient and weight gradient together."""
+    return sum(gemm_times(gemms, cfg), Work(0.0, 0.0, 0.0))
 
 
 def core_seconds(cfg: Config) -> tuple[float, float]:

@@ -48,6 +48,7 @@ class Model:
     shared_experts: int = 0
     first_dense_layers: int = 0
     capacity_factor: float = 1.0         # tokens an expert may take, relative to a balanced share (1 = balanced)
+    moe_max_nodes: int | None = None     # node-limited routing: a token's experts on at most this many nodes
     gated_mlp: bool = True               # SwiGLU (3 matrices) vs GELU (2)
     flash_attention: bool = True         # False: the s x s scores are materialized (and stored: Korthikanti 5as/h)
     attention: bool = True               # False: MLP-only blocks (no attention, its layer norm or its TP reduce)
@@ -94,6 +95,10 @@ class Parallel:
     global_batch: int = 1
     order: str = "tp-cp-ep-dp-pp"
     cp_algo: str = "ring"
+    tp_comm_overlap: bool = False        # Megatron --tp-comm-overlap: sequence-parallel collectives pipelined in chunks
+    # with the matmul they feed or drain (collective matmul); needs sequence_parallel
+    overlap_grad_reduce: bool = False    # gradients reduced in buckets during the backward, parameters gathered
+    # during the forward (Megatron --overlap-grad-reduce / --overlap-param-gather, PyTorch DDP buckets)
 
     @property
     def layout(self) -> Layout:
@@ -161,12 +166,19 @@ class Hardware:
 
 @dataclass(frozen=True)
 class Overlap:
-    """Fraction of each dimension's communication hidden behind compute (seed 001's defaults)."""
+    """Fraction of each dimension's communication hidden behind compute, when given: an override. Unset, the
+    mechanism the job runs decides (parallel.tp_comm_overlap, parallel.overlap_grad_reduce; DualPipe's pairs and
+    the shared experts for EP), and without one seed 001's defaults (:meth:`of`)."""
 
-    dp: float = 0.9
-    tp: float = 0.0
-    ep: float = 0.0
-    cp: float = 0.5
+    dp: float | None = None
+    tp: float | None = None
+    ep: float | None = None
+    cp: float | None = None
+
+    def of(self, dim: str) -> float:
+        """The fraction to apply: the one given, else seed 001's default (dp 0.9, tp 0, ep 0, cp 0.5)."""
+        value = getattr(self, dim)
+        return {"dp": 0.9, "tp": 0.0, "ep": 0.0, "cp": 0.5}[dim] if value is None else value
 
 
 @dataclass(frozen=True)
@@ -441,8 +453,10 @@ def validate(cfg: Config) -> None:
             _fail(cfg, f"precision.fp8: {name!r}: choose from {', '.join(FP8_MATMULS)}")
     if cfg.precision.fp8 and h.peak_tflops_fp8 is None:
         _fail(cfg, "precision.fp8 needs hardware.peak_tflops_fp8 (or a hardware.profile that has it)")
+    if p.tp_comm_overlap and not (p.sequence_parallel and p.tp > 1):
+        _fail(cfg, "parallel.tp_comm_overlap needs parallel.sequence_parallel and parallel.tp > 1")
     for name in ("dp", "tp", "ep", "cp"):
-        if not 0 <= getattr(c.overlap, name) <= 1:
+        if not 0 <= c.overlap.of(name) <= 1:
             _fail(cfg, f"calibration.overlap.{name}={getattr(c.overlap, name)}: must be between 0 and 1")
     for name in ("matmul_efficiency", "memory_efficiency"):
         if not 0 < getattr(c, name) <= 1:

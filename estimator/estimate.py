@@ -67,7 +67,38 @@ def _exposed_ep(cfg: Config, shared_flops: float) -> Pass:
     shared_f = compute.seconds(shared_flops, cfg)
     hidden_f = min(raw.forward / 2, shared_f)
     hidden_b = min(raw.backward / 2, 2 * shared_f)
-    return Pass(raw.forward - hidden_f, raw.backward - hidden_b) * (1 - cfg.calibration.overlap.ep)
+    return Pass(raw.forward - hidden_f, raw.backward - hidden_b) * (1 - cfg.calibration.overlap.of("ep"))
+
+
+def _exposed_tp(cfg: Config, index: int, moe: bool) -> Pass:
+    """A layer's tensor-parallel communication left exposed. calibration.overlap.tp, when given, hides that
+    fraction. Else, with parallel.tp_comm_overlap, each block's sequence-parallel all-gather runs in tp chunks
+    beside the column-parallel matmul it feeds and its reduce-scatter beside the row-parallel matmul it drains
+    (forward; the input-gradient matmuls backward), so a collective of c seconds beside a matmul of g leaves
+    max(c / tp, c - g): the first chunk, or what the matmul cannot cover (Wang et al. 2023, "Overlap
+    communication with dependent computation via decomposition"; Megatron-Core / Transformer Engine userbuffers).
+    A MoE block's expert-TP reduction is not overlapped."""
+    raw = comm.tp_layer(cfg, moe)
+    if cfg.calibration.overlap.tp is not None or not cfg.parallel.tp_comm_overlap:
+        return raw * (1 - cfg.calibration.overlap.of("tp"))
+    tp = cfg.parallel.tp
+    gemms = compute.layer_gemms(cfg, index)
+    times = compute.gemm_times(gemms, cfg)
+    half = comm.tp_layer(cfg, False).forward / (2 * (1 + cfg.model.attention))  # one AG or RS of one block
+    blocks = [("attention", "mla_up_proj")] if cfg.model.attention else []
+    if not moe:
+        blocks.append(("mlp",))
+    exposed = Pass()
+    for groups in blocks:
+        mine = [t for g, t in zip(gemms, times, strict=True) if g.group in groups]
+        first, last = mine[0], mine[-1]
+        exposed = exposed + Pass(max(half / tp, half - first.forward) + max(half / tp, half - last.forward),
+                                 max(half / tp, half - last.backward) + max(half / tp, half - first.backward))
+    if moe:
+        expert = comm.tp_layer(cfg, True)
+        exposed = exposed + Pass(expert.forward - 2 * half * cfg.model.attention,
+                                 expert.backward - 2 * half * cfg.model.attention)
+    return exposed
 
 
 def layer_cost(cfg: Config, index: int) -> ChunkCost:
@@ -75,9 +106,8 @@ def layer_cost(cfg: Config, index: int) -> ChunkCost:
     moe = cfg.model.is_moe(index)
     work = compute.layer_seconds(cfg, index)
     sec = [work.forward, work.backward, work.wgrad, work.recompute]
-    overlap = cfg.calibration.overlap
-    tp = comm.tp_layer(cfg, moe) * (1 - overlap.tp)
-    cp = comm.cp_layer(cfg) * (1 - overlap.cp)
+    tp = _exposed_tp(cfg, index, moe)
+    cp = comm.cp_layer(cfg) * (1 - cfg.calibration.overlap.of("cp"))
     ep = _exposed_ep(cfg, compute.moe_parts(cfg)[1]) if moe else Pass()
     if cfg.schedule.recompute.kind_of(index) == "full":
         tp, cp, ep = (Pass(x.forward, x.backward + x.forward) for x in (tp, cp, ep))
@@ -120,7 +150,7 @@ def chunk_costs(cfg: Config, chunks: list[range]) -> list[ChunkCost]:
         result.append(total)
     head = compute.head_seconds(cfg)
     embedding_tp, head_tp = comm.tp_embedding_head(cfg)
-    overlap_tp = 1 - cfg.calibration.overlap.tp
+    overlap_tp = 1 - cfg.calibration.overlap.of("tp")
     result[0] = result[0] + ChunkCost(tp=embedding_tp * overlap_tp)
     result[-1] = result[-1] + ChunkCost(head.forward, head.backward, head.wgrad, tp=head_tp * overlap_tp)
     return result
@@ -145,9 +175,18 @@ def _optimizer_seconds(cfg: Config, states: memory.StageMemory) -> float:
     return touched / (hbm * 1e9 * cfg.calibration.memory_efficiency)
 
 
-def _exposed_tail(total: float, window: float, overlap: float) -> float:
-    """Once-a-step traffic beside the last micro-batch's pass: hidden up to ``overlap`` and no more than the pass."""
-    return max((1 - overlap) * total, total - window)
+MEGATRON_BUCKET_PARAMS = 40e6  # Megatron-Core DistributedDataParallelConfig: buckets of max(40M, 1M x dp) parameters
+
+
+def _exposed_tail(cfg: Config, total: float, window: float, params: float) -> float:
+    """Once-a-step DP traffic of ``params`` parameters beside the last micro-batch's pass of ``window`` seconds.
+    calibration.overlap.dp, when given, hides that fraction (no more than the pass). Else with
+    parallel.overlap_grad_reduce the traffic goes in buckets as the pass produces (or consumes) them, so what stays
+    exposed is the last bucket, or what does not fit in the pass; without it, seed 001's default fraction."""
+    if cfg.calibration.overlap.dp is None and cfg.parallel.overlap_grad_reduce:
+        bucket = max(MEGATRON_BUCKET_PARAMS, 1e6 * cfg.parallel.dp)
+        return max(total * min(1.0, bucket / params) if params else total, total - window)
+    return max((1 - cfg.calibration.overlap.of("dp")) * total, total - window)
 
 
 @dataclass(frozen=True)
@@ -320,8 +359,9 @@ def estimate(cfg: Config, per_device: list[int] | None = None) -> Estimate:
         sync = comm.dp_step(cfg, held[device].dense, held[device].expert)
         one = per_device[device]
         window_b = one.backward + one.wgrad + one.recompute
-        tails.append(_exposed_tail(sync.reduce, window_b, cal.overlap.dp)
-                     + _exposed_tail(sync.gather, one.forward, cal.overlap.dp))
+        params = held[device].dense + held[device].expert
+        tails.append(_exposed_tail(cfg, sync.reduce, window_b, params)
+                     + _exposed_tail(cfg, sync.gather, one.forward, params))
         optimizer.append(_optimizer_seconds(cfg, mem[device]))
     idle = cal.step_overhead_ms * 1e-3
     total = result.makespan_s + max(t + o for t, o in zip(tails, optimizer, strict=True)) + idle

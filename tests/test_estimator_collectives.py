@@ -4,11 +4,12 @@ published nccl-tests bus bandwidths."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 from traceana.estimator import comm
-from traceana.estimator.config import Config, from_dict
+from traceana.estimator.config import Config, from_dict, load
 
 
 def job(tp: int, dp: int, inter: float = 25.0) -> Config:
@@ -71,3 +72,22 @@ def test_tree_latency_grows_with_log_nodes() -> None:
         where = comm.span(cfg, ("dp",))
         tree = 2 * (math.ceil(math.log2(nodes)) * 20e-6 + 7 * 10e-6)
         assert comm.collective("all_reduce", small, where, cfg) == pytest.approx(tree, rel=1e-3)
+
+
+def test_node_limited_fp8_dispatch_by_hand() -> None:
+    """DeepSeek-V3's all-to-all (examples/deepseek_v3_dualpipe.yaml): EP 64 over 8 nodes, a token's 8 experts on at
+    most 4 nodes, so 4 x 7/8 network copies a token through the sender's 50 GB/s NIC, and 8 x 7/8 NVLink
+    forwards at 160 GB/s; the dispatch in FP8 (1 byte), the combine and the backward in BF16; 63 latency steps."""
+    cfg = load(Path(__file__).resolve().parents[1] / "examples" / "deepseek_v3_dualpipe.yaml")
+    where = comm.span(cfg, ("ep",), expert=True)
+    assert (where.size, where.nodes) == (64, 8)
+    t, h = 4096, 7168
+
+    def one(element_bytes: int) -> float:
+        inter = t * h * element_bytes * 4 * 7 / 8 / 50e9
+        intra = t * h * element_bytes * 8 * 7 / 8 / 160e9
+        return max(inter, intra) + 63 * 10e-6
+
+    ep = comm.ep_layer(cfg)
+    assert ep.forward == pytest.approx(one(1) + one(2), rel=1e-12)
+    assert ep.backward == pytest.approx(2 * one(2), rel=1e-12)
