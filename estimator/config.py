@@ -193,6 +193,8 @@ class Calibration:
     step_overhead_ms: float = 0.0            # per step, host/launch time no kernel covers
     host_us_per_layer: float = 0.0           # host time to issue one layer's forward (eager PyTorch launch cost)
     host_us_per_backward_layer: float | None = None  # its backward; default twice the forward
+    host_overlap: str = "micro_batch"        # the stretch host and device overlap over: a chunk's forward and backward
+    # of a micro-batch (eager PyTorch), or each layer's pass on its own ("pass": the framework synchronizes)
     host_us_per_collective: float = 0.0      # host time of each TP / EP collective call
 
 
@@ -461,6 +463,8 @@ def validate(cfg: Config) -> None:
     for name in ("matmul_efficiency", "memory_efficiency"):
         if not 0 < getattr(c, name) <= 1:
             _fail(cfg, f"calibration.{name}={getattr(c, name)}: must be in (0, 1]")
+    if c.host_overlap not in ("micro_batch", "pass"):
+        _fail(cfg, f"calibration.host_overlap={c.host_overlap!r}: choose micro_batch or pass")
     if not 0 <= c.ep_bubble_overlap_ratio <= 1:
         _fail(cfg, f"calibration.ep_bubble_overlap_ratio={c.ep_bubble_overlap_ratio}: must be between 0 and 1")
     for name in ("safety_buffer_mb", "tp_shardable_overhead_mb", "step_overhead_ms", "host_us_per_layer",

@@ -114,46 +114,66 @@ def layer_cost(cfg: Config, index: int) -> ChunkCost:
     params = memory.layer_params(cfg, index)
     zero3 = comm.zero3_layer(cfg, params.dense + params.expert)  # prefetched behind the layer's own compute
     dp = Pass(max(0.0, zero3.forward - sec[0]), max(0.0, zero3.backward - sec[1] - sec[2]))
-    device = Pass(sec[0] + tp.forward + cp.forward + ep.forward + dp.forward,
-                  sum(sec[1:]) + tp.backward + cp.backward + ep.backward + dp.backward)
-    return ChunkCost(*sec, tp=tp, cp=cp, ep=ep, dp=dp, idle=_host_wait(cfg, index, device))
+    cost = ChunkCost(*sec, tp=tp, cp=cp, ep=ep, dp=dp)
+    if cfg.calibration.host_overlap == "pass":
+        return cost + ChunkCost(idle=_host_wait(host_seconds(cfg, index), cost, per_pass=True))
+    return cost
 
 
-def _host_wait(cfg: Config, index: int, device: Pass) -> Pass:
-    """How long the device starves while the host issues a layer: PyTorch launches kernels asynchronously, so a
-    pass takes max(device time, host time), not their sum. Host time is calibration.host_us_per_layer for a forward
-    and host_us_per_backward_layer for a backward (default twice the forward; a hardware profile gives measured
-    ones), a forward more for a full recompute, plus host_us_per_collective for each TP / EP collective call."""
+def host_seconds(cfg: Config, index: int) -> Pass:
+    """Host time to issue one layer's forward and backward for one micro-batch: calibration.host_us_per_layer for
+    the forward and host_us_per_backward_layer for the backward (default twice the forward; a hardware profile
+    gives measured ones), a forward more for a full recompute, plus host_us_per_collective for each TP / EP
+    collective call each way."""
     cal, p = cfg.calibration, cfg.parallel
     calls = 2 * (p.tp > 1) + 2 * (p.ep > 1 and cfg.model.is_moe(index))
-    collectives = calls * cal.host_us_per_collective
-    forward = (cal.host_us_per_layer + collectives) * 1e-6
+    forward = cal.host_us_per_layer + calls * cal.host_us_per_collective
     backward = (2 * cal.host_us_per_layer if cal.host_us_per_backward_layer is None
-                else cal.host_us_per_backward_layer) * 1e-6 + collectives * 1e-6
+                else cal.host_us_per_backward_layer) + calls * cal.host_us_per_collective
     again = forward if cfg.schedule.recompute.kind_of(index) == "full" else 0.0
-    return Pass(max(0.0, forward - device.forward), max(0.0, backward + again - device.backward))
+    return Pass(forward * 1e-6, (backward + again) * 1e-6)
+
+
+def _host_wait(host: Pass, cost: ChunkCost, per_pass: bool) -> Pass:
+    """How long the device starves while the host issues work: PyTorch launches kernels asynchronously, so a
+    stretch of work with no synchronization inside takes the longer of the host's and the device's time, not their
+    sum. calibration.host_overlap says what a stretch is: a chunk's forward and backward of one micro-batch (plain
+    eager PyTorch: nothing waits between them; the wait shows up in the backward, where autograd's host time
+    dominates, ../shared/hardware/h200/launch.csv: 220 us forward, ~1250 backward), or each layer's forward and
+    backward pass on their own (a framework that synchronizes between passes)."""
+    device_f = cost.forward + cost.tp.forward + cost.cp.forward + cost.ep.forward + cost.dp.forward
+    device_b = (cost.backward + cost.wgrad + cost.recompute + cost.tp.backward + cost.cp.backward + cost.ep.backward
+                + cost.dp.backward)
+    if per_pass:
+        return Pass(max(0.0, host.forward - device_f), max(0.0, host.backward - device_b))
+    return Pass(0.0, max(0.0, host.forward + host.backward - device_f - device_b))
 
 
 def chunk_costs(cfg: Config, chunks: list[range]) -> list[ChunkCost]:
     """Per model chunk (model order): its layers, the embedding on the first, the output layer on the last."""
     kinds: dict[int, ChunkCost] = {}
-    result = []
+    result, host = [], []
     for layers in chunks:
-        total = ChunkCost()
+        total, issue = ChunkCost(), Pass()
         for i, n in memory.layer_kinds(cfg, layers).items():
             if i not in kinds:
                 kinds[i] = layer_cost(cfg, i)
             total = total + kinds[i] * n
+            issue = issue + host_seconds(cfg, i) * n
         if cfg.parallel.zero == 3 and layers:  # the chunk's first gather has nothing to hide behind
             first = memory.layer_params(cfg, layers[0])
             total = total + ChunkCost(dp=Pass(comm.zero3_layer(cfg, first.dense + first.expert).forward, 0.0))
         result.append(total)
+        host.append(issue)
     head = compute.head_seconds(cfg)
     embedding_tp, head_tp = comm.tp_embedding_head(cfg)
     overlap_tp = 1 - cfg.calibration.overlap.of("tp")
     result[0] = result[0] + ChunkCost(tp=embedding_tp * overlap_tp)
     result[-1] = result[-1] + ChunkCost(head.forward, head.backward, head.wgrad, tp=head_tp * overlap_tp)
-    return result
+    if cfg.calibration.host_overlap == "pass":  # layer_cost has the waits already
+        return result
+    return [cost + ChunkCost(idle=_host_wait(issue, cost, per_pass=False))
+            for cost, issue in zip(result, host, strict=True)]
 
 
 def _device_shares(cfg: Config, chunk: int) -> list[tuple[int, float]]:
