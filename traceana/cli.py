@@ -152,3 +152,6 @@ app.command()(search)
 from traceana.compare_cli import compare  # noqa: E402
 
 app.command()(compare)
+from traceana.trace_profile_cli import calibrate  # noqa: E402
+
+app.command()(calibrate)
