@@ -10,7 +10,7 @@ import typer
 
 from traceana.estimator import config, memory, record, timeline
 from traceana.estimator import search as searching
-from traceana.estimator.estimate import Estimate, model_flops
+from traceana.estimator.estimate import Estimate, model_flops, utilization
 from traceana.estimator.estimate import estimate as run_estimate
 from traceana.output import emit, emit_json, progress
 
@@ -23,6 +23,8 @@ def _summary(est: Estimate) -> dict[str, object]:
     return {
         "step_ms": est.step_s * 1e3,
         "mfu": model_flops(cfg) / (est.step_s * cfg.parallel.world_size * cfg.hardware.peak_tflops_bf16 * 1e12),
+        "utilization": utilization(est),
+        "hardware_profile": None if cfg.profile is None else {"name": cfg.profile.name, "source": cfg.profile.source},
         "tokens_per_s": cfg.parallel.global_batch * cfg.model.seq_len / est.step_s,
         "world_size": cfg.parallel.world_size,
         "layout": cfg.parallel.layout.spec,

@@ -3,8 +3,10 @@
 Payloads follow seed 002: a TP collective moves activations (tokens x hidden x dtype), never parameter bytes; EP
 moves the routed tokens (tokens x top-k x hidden); PP the boundary activation; DP the gradients of the parameters a
 GPU holds. Times use the NCCL-tests bus-bandwidth factors (all-reduce 2(n-1)/n, reduce-scatter / all-gather /
-all-to-all (n-1)/n) against the bus bandwidth of the slowest level a group spans, plus a latency per ring step
-(Thakur et al. 2005). Every function returns seconds: a byte count is never added to a time (seed 000, P4).
+all-to-all (n-1)/n) against the bus bandwidth of the group (NVLink in a node; across nodes, one NIC per rank, so
+the NICs of the group's ranks on a node together), plus a latency per ring step (Thakur et al. 2005) or tree
+level. ``bandwidth_gb_per_s.inter`` is one NIC's. Every function returns seconds: a byte count is never added to
+a time (seed 000, P4).
 
 Where a group sits comes from the layout (Megatron RankGenerator order, traceana.layout): consecutive ranks fill a
 node of ``devices_per_node`` first, so a dimension's stride in the order decides whether it crosses nodes.
@@ -12,6 +14,7 @@ node of ``devices_per_node`` first, so a dimension's stride in the order decides
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -62,24 +65,45 @@ def span(cfg: Config, dims: tuple[str, ...], expert: bool = False, **limit: tupl
     return _span(cfg.parallel, cfg.hardware.devices_per_node, dims, expert, tuple(sorted(limit.items())))
 
 
+def bus_bandwidth(where: Span, cfg: Config) -> float:
+    """Bytes/s of bus bandwidth a ring or tree collective over ``where`` reaches: NVLink inside a node; across nodes
+    each rank drives its own NIC (one per GPU, rail-optimized as in DGX / HGX systems), and NCCL runs one channel
+    per NIC, so a node moves ``per_node`` NICs' worth and the group's bus bandwidth is per_node x the NIC bandwidth,
+    capped by NVLink. Published nccl-tests agree: 8 A100 + 4 HDR NICs a node (100 GB/s a node) measure 84.8 GB/s
+    average and 96 peak on 3 nodes (NVIDIA/nccl-tests#119), 86 GB/s on 2 (NVIDIA/nccl-tests#175, where the same
+    node measures 232.5 GB/s alone); a single NIC reaches its 24 GB/s line rate."""
+    hw = cfg.hardware.bandwidth_gb_per_s
+    if where.nodes == 1:
+        return hw.intra * 1e9
+    return min(hw.intra, where.per_node * hw.inter) * 1e9
+
+
 def collective(op: str, nbytes: float, where: Span, cfg: Config) -> float:
-    """Seconds for one collective of ``nbytes`` (the full buffer; a rank's total send for all-to-all)."""
+    """Seconds for one collective of ``nbytes`` (the full buffer; a rank's total send for all-to-all).
+
+    Ring (Thakur et al. 2005): all-reduce 2(n-1)/n x S at the bus bandwidth plus 2(n-1) latency steps, reduce-scatter
+    and all-gather half of that; across nodes an all-reduce may instead take NCCL's double binary tree between
+    nodes with a chain inside each, 2 x (log2(nodes) inter-node + (per_node - 1) NVLink) latencies, same bandwidth:
+    NCCL picks the faster. An all-to-all sends (per_node - 1)/n of the buffer over NVLink and (n - per_node)/n
+    through the rank's own NIC, the slower of the two bounding it."""
     n = where.size
     if n <= 1 or nbytes <= 0:
         return 0.0
     hw = cfg.hardware
-    level = "intra" if where.nodes == 1 else "inter"
-    bw = getattr(hw.bandwidth_gb_per_s, level) * 1e9
-    alpha = getattr(hw.latency_us, level) * 1e-6
+    inter = where.nodes > 1
+    alpha = (hw.latency_us.inter if inter else hw.latency_us.intra) * 1e-6
+    bw = bus_bandwidth(where, cfg)
     if op == "all_reduce":
-        return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * alpha
+        ring = 2 * (n - 1) * alpha
+        tree = 2 * (math.ceil(math.log2(where.nodes)) * alpha + (where.per_node - 1) * hw.latency_us.intra * 1e-6)
+        return 2 * (n - 1) / n * nbytes / bw + (min(ring, tree) if inter else ring)
     if op in ("reduce_scatter", "all_gather"):
         return (n - 1) / n * nbytes / bw + (n - 1) * alpha
     if op == "all_to_all":
         eff = cfg.calibration.a2a_efficiency
         intra = nbytes * (where.per_node - 1) / n / (hw.bandwidth_gb_per_s.intra * 1e9 * eff.intra)
-        inter = nbytes * (n - where.per_node) / n / (hw.bandwidth_gb_per_s.inter * 1e9 * eff.inter)
-        return max(intra, inter) + (n - 1) * alpha
+        inter_s = nbytes * (n - where.per_node) / n / (hw.bandwidth_gb_per_s.inter * 1e9 * eff.inter)
+        return max(intra, inter_s) + (n - 1) * alpha
     raise ValueError(f"unknown collective {op!r}")
 
 
@@ -148,14 +172,37 @@ def cp_layer(cfg: Config) -> Pass:
 
 def ep_layer(cfg: Config) -> Pass:
     """Dispatch and combine all-to-alls of one MoE layer, forward and again backward. A rank sends its tokens x top-k
-    copies x hidden (the capacity factor pads them); with sequence parallelism its tokens are 1/tp of the sequence."""
+    copies x hidden (the capacity factor pads them); with sequence parallelism its tokens are 1/tp of the sequence.
+    When the experts run in FP8 the forward dispatch sends FP8 (1 byte; DeepSeek-V3 §3.3.2), the combine and the
+    backward's gradients stay in the activation precision."""
     p, m = cfg.parallel, cfg.model
     if p.ep <= 1:
         return Pass()
     local = tokens(cfg) / (p.tp if p.sequence_parallel else 1)
-    payload = local * m.moe_topk * m.capacity_factor * m.hidden * cfg.precision.activation_bytes
-    one = collective("all_to_all", payload, span(cfg, ("ep",), expert=True), cfg)
-    return Pass(2 * one, 2 * one)
+    elements = local * m.moe_topk * m.capacity_factor * m.hidden
+    where = span(cfg, ("ep",), expert=True)
+
+    def a2a(element_bytes: float) -> float:
+        if m.moe_max_nodes is None or where.nodes == 1:
+            return collective("all_to_all", elements * element_bytes, where, cfg)
+        return _node_limited(cfg, local * m.hidden * element_bytes, where)
+
+    one = a2a(cfg.precision.activation_bytes)
+    dispatch = a2a(1) if "experts" in cfg.precision.fp8 else one
+    return Pass(dispatch + one, 2 * one)
+
+
+def _node_limited(cfg: Config, token_bytes: float, where: Span) -> float:
+    """An all-to-all under node-limited routing (DeepSeek-V3 §3.2.2, M = model.moe_max_nodes): a token's copies
+    bound for one node cross the network once, through the sender's NIC, and NVLink forwards them to the experts'
+    GPUs; its experts lie on at most M of the group's nodes (each a remote one with probability (nodes-1)/nodes)."""
+    m, hw, eff = cfg.model, cfg.hardware, cfg.calibration.a2a_efficiency
+    assert m.moe_max_nodes is not None
+    remote = min(m.moe_max_nodes, m.moe_topk, where.nodes) * (where.nodes - 1) / where.nodes
+    inter = token_bytes * remote / (hw.bandwidth_gb_per_s.inter * 1e9 * eff.inter)
+    intra = token_bytes * m.moe_topk * m.capacity_factor * (where.per_node - 1) / where.per_node / (
+        hw.bandwidth_gb_per_s.intra * 1e9 * eff.intra)
+    return max(inter, intra) + (where.size - 1) * hw.latency_us.inter * 1e-6
 
 
 def pp_p2p(cfg: Config) -> float:

@@ -12,12 +12,17 @@ The kernels between the matmuls (layer norms, bias-dropout-add, activation funct
 the softmax and dropout over the s x s scores) do few FLOPs but stream their tensors through HBM, so they are
 priced by the bytes they move (:func:`layer_traffic`) at the device's memory bandwidth, as Calculon does. Their
 share of a layer grows as 1/hidden, which is why small models reach a lower fraction of peak.
+
+With a hardware profile (estimator.hardware) time comes from shapes instead: each matrix product of the layer at its
+(m, n, k) — the forward's, the input gradient's (m, k, n) and the weight gradient's (k, n, m) — the attention core
+from the profile's attention table, and the elementwise bytes at the bandwidth measured for their size.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from traceana.estimator import hardware
 from traceana.estimator.config import Config
 
 
@@ -97,8 +102,13 @@ def layer(cfg: Config, index: int) -> Work:
     else:
         ffn = mlp(cfg, cfg.model.ffn_hidden)
     weights = projection + ffn
-    kind = cfg.schedule.recompute.kind_of(index)
-    again = weights + core if kind == "full" else core if kind == "selective" else 0.0
+    recompute = cfg.schedule.recompute
+    if recompute.kind_of(index) == "full":
+        again = weights + core
+    else:
+        again = (core if recompute.recomputes(index, "core_attn") else 0.0) + (
+            sum(g.flops for g in layer_gemms(cfg, index) if g.group == "mla_up_proj")
+            if recompute.recomputes(index, "mla_up_proj") else 0.0)
     return _matmul(weights) + Work(core, 2 * core, 0.0, again)
 
 
@@ -112,19 +122,159 @@ def layer_traffic(cfg: Config, index: int) -> Work:
     t = tokens(cfg)
     blocks = 2 if m.attention else 1  # a layer norm and a bias-dropout-add per block, per token x hidden
     replicated = blocks * (2 * a + 3 * a + 1)
-    rows = replicated * t * m.hidden / (p.tp if p.sequence_parallel else 1)
+    per_row = t * m.hidden / (p.tp if p.sequence_parallel else 1)
+    rows = replicated * per_row
     ffn = m.expert_ffn * (m.moe_topk * m.capacity_factor + m.shared_experts) if m.is_moe(index) else m.ffn_hidden
     activation = (3 if m.gated_mlp else 2) * a * t * ffn / p.tp  # SwiGLU reads gate and up, writes the product
     scores = 0.0 if m.flash_attention or not m.attention else (6 * a + 1) * t * m.seq_len * m.heads / p.tp
     forward = rows + activation + scores
-    kind = cfg.schedule.recompute.kind_of(index)
-    again = forward if kind == "full" else scores if kind == "selective" else 0.0
+    recompute = cfg.schedule.recompute
+    again = forward if recompute.kind_of(index) == "full" else (
+        scores * recompute.recomputes(index, "core_attn")
+        + blocks * 2 * a * per_row * recompute.recomputes(index, "layernorm")
+        + activation * recompute.recomputes(index, "activation"))
     return Work(forward, 2 * forward, 0.0, again)
 
 
 def head(cfg: Config) -> Work:
     """The output projection to the vocabulary (split by TP); the embedding lookup costs no FLOPs."""
     return _matmul(2 * tokens(cfg) * cfg.model.hidden * cfg.model.vocab / cfg.parallel.tp)
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """``count`` products of (m x k)·(k x n) on one GPU for one micro-batch's forward."""
+
+    m: float
+    n: float
+    k: float
+    count: float = 1.0
+    group: str = "attention"  # attention, mla_up_proj (MLA's up-projections, part of attention), mlp, experts,
+    # router, head: what precision.fp8 and recompute modules name
+
+    @property
+    def flops(self) -> float:
+        return 2 * self.m * self.n * self.k * self.count
+
+
+def layer_gemms(cfg: Config, index: int) -> list[Gemm]:
+    """The weight matrix products of one layer's forward on one GPU: their FLOPs add up to :func:`layer` less the
+    attention core (tokens are the rows; TP splits the output width of column-parallel and the input width of
+    row-parallel layers; routed experts: each of the experts/ep local experts takes tokens x top-k x capacity x
+    ep x etp / (experts x tp) rows, so the GPU does :func:`moe_parts`'s share)."""
+    m, p, t = cfg.model, cfg.parallel, tokens(cfg)
+    tp, gates = p.tp, 2 if m.gated_mlp else 1
+    result = []
+    if m.attention and m.mla:
+        qk, v = m.hd + m.qk_rope_head_dim, m.v_head_dim or m.hd
+        if m.q_lora_rank:
+            result += [Gemm(t, m.q_lora_rank / tp, m.hidden),
+                       Gemm(t, m.heads * qk / tp, m.q_lora_rank, group="mla_up_proj")]
+        else:
+            result.append(Gemm(t, m.heads * qk / tp, m.hidden))
+        result += [Gemm(t, (m.kv_lora_rank + m.qk_rope_head_dim) / tp, m.hidden),
+                   Gemm(t, m.heads * (m.hd + v) / tp, m.kv_lora_rank, group="mla_up_proj"),
+                   Gemm(t, m.hidden, m.heads * v / tp)]
+    elif m.attention:
+        result += [Gemm(t, (m.heads + 2 * m.kv) * m.hd / tp, m.hidden), Gemm(t, m.hidden, m.heads * m.hd / tp)]
+
+    def mlp_gemms(rows: float, ffn: float, group: str, count: float = 1.0) -> list[Gemm]:
+        return [Gemm(rows, gates * ffn, m.hidden, count, group), Gemm(rows, m.hidden, ffn, count, group)] if ffn \
+            else []
+
+    if m.is_moe(index):
+        local = m.experts / p.ep
+        rows = t * m.moe_topk * m.capacity_factor * p.ep * p.expert_tp / (m.experts * tp)
+        result += [Gemm(t, m.experts, m.hidden, group="router"),
+                   *mlp_gemms(rows, m.expert_ffn / p.expert_tp, "experts", local),
+                   *mlp_gemms(t, m.expert_ffn * m.shared_experts / tp, "experts")]
+    else:
+        result += mlp_gemms(t, m.ffn_hidden / tp, "mlp")
+    return result
+
+
+def head_gemms(cfg: Config) -> list[Gemm]:
+    return [Gemm(tokens(cfg), cfg.model.vocab / cfg.parallel.tp, cfg.model.hidden, group="head")]
+
+
+def fp8_speedup(cfg: Config, gemm: Gemm) -> float:
+    """How much faster this product runs than in bf16: the FP8 peak over the bf16 one when precision.fp8 names
+    its group (an MLA up-projection is part of attention), else 1."""
+    group = "attention" if gemm.group == "mla_up_proj" else gemm.group
+    fp8 = cfg.hardware.peak_tflops_fp8
+    return fp8 / cfg.hardware.peak_tflops_bf16 if fp8 and group in cfg.precision.fp8 else 1.0
+
+
+def _fp8_saving(cfg: Config, gemms: list[Gemm], recomputed: bool) -> Work:
+    """The FLOPs FP8 saves on these products, as bf16-equivalent FLOPs to take off (each pass, and the recompute
+    when the layer is recomputed whole)."""
+    saved = sum(g.flops * (1 - 1 / fp8_speedup(cfg, g)) for g in gemms)
+    return Work(-saved, -saved, -saved, -saved if recomputed else 0.0)
+
+
+def gemm_times(gemms: list[Gemm], cfg: Config) -> list[Work]:
+    """Seconds of each product's forward, input gradient and weight gradient: by shape on a profiled device, else
+    its FLOPs at the matmul efficiency (FP8 ones at the FP8 peak)."""
+    hw, profile = cfg.hardware, cfg.profile
+    if profile is None:
+        return [Work(*[seconds(g.flops / fp8_speedup(cfg, g), cfg)] * 3) for g in gemms]
+    peak, eff, hbm = hw.peak_tflops_bf16 * 1e12, cfg.calibration.matmul_efficiency, hw.hbm_bandwidth_gb_per_s
+
+    def one(g: Gemm, m: float, n: float, k: float) -> float:
+        return g.count * hardware.gemm_seconds(m, n, k, peak, eff, hbm and hbm * 1e9, profile) / fp8_speedup(cfg, g)
+
+    return [Work(one(g, g.m, g.n, g.k), one(g, g.m, g.k, g.n), one(g, g.k, g.n, g.m)) for g in gemms]
+
+
+def gemm_seconds(gemms: list[Gemm], cfg: Config) -> Work:
+    """Seconds of the products' forward, input gradient and weight gradient together."""
+    return sum(gemm_times(gemms, cfg), Work(0.0, 0.0, 0.0))
+
+
+def core_seconds(cfg: Config) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's attention core from the profile's attention table (its FLOPs at
+    the achieved rate for this sequence, heads and head width), or its FLOPs at the matmul efficiency."""
+    m, p = cfg.model, cfg.parallel
+    core = attention(cfg)[1]
+    assert cfg.profile is not None
+    rate = {part: cfg.profile.attention_rate(p.micro_batch * m.heads / p.tp, m.seq_len / p.cp, m.hd,
+                                             m.flash_attention, part) for part in ("fwd", "bwd")}
+    if rate["fwd"] is None or rate["bwd"] is None or not m.flash_attention:
+        return seconds(core, cfg), seconds(2 * core, cfg)
+    scale = cfg.profile.matmul_efficiency / cfg.calibration.matmul_efficiency
+    return core / rate["fwd"] * scale, 2.5 * core / rate["bwd"] * scale
+
+
+def layer_seconds(cfg: Config, index: int) -> Work:
+    """Seconds of one layer's forward, input gradient, weight gradient and recompute for one micro-batch: FLOPs at
+    the matmul efficiency plus bytes at the memory bandwidth, or with a profile, per product and per kernel size."""
+    work, traffic = layer(cfg, index), layer_traffic(cfg, index)
+    recompute = cfg.schedule.recompute
+    if cfg.profile is None:
+        if cfg.precision.fp8:
+            work = work + _fp8_saving(cfg, layer_gemms(cfg, index), recompute.kind_of(index) == "full")
+        return Work(*(seconds(w, cfg) + traffic_seconds(b, cfg) for w, b in
+                      zip((work.forward, work.backward, work.wgrad, work.recompute),
+                          (traffic.forward, traffic.backward, traffic.wgrad, traffic.recompute), strict=True)))
+    weights = gemm_seconds(layer_gemms(cfg, index), cfg)
+    core_f, core_b = core_seconds(cfg) if cfg.model.attention else (0.0, 0.0)
+    kernel = tokens(cfg) * cfg.model.hidden * cfg.precision.activation_bytes * 2  # a layer norm's read + write
+    rate = cfg.profile.memory_rate(kernel)
+    memory = traffic * (1 / rate) if rate else Work(*(traffic_seconds(b, cfg) for b in (
+        traffic.forward, traffic.backward, traffic.wgrad, traffic.recompute)))
+    again = weights.forward + core_f if recompute.kind_of(index) == "full" else (
+        core_f * recompute.recomputes(index, "core_attn")
+        + gemm_seconds([g for g in layer_gemms(cfg, index) if g.group == "mla_up_proj"], cfg).forward
+        * recompute.recomputes(index, "mla_up_proj"))
+    return Work(weights.forward + core_f, weights.backward + core_b, weights.wgrad, again) + Work(
+        memory.forward, memory.backward, memory.wgrad, memory.recompute)
+
+
+def head_seconds(cfg: Config) -> Work:
+    head_flops = head(cfg) + _fp8_saving(cfg, head_gemms(cfg), False)
+    if cfg.profile is None:
+        return Work(*(seconds(x, cfg) for x in (head_flops.forward, head_flops.backward, head_flops.wgrad)))
+    return gemm_seconds(head_gemms(cfg), cfg)
 
 
 def seconds(flops: float, cfg: Config) -> float:

@@ -18,12 +18,16 @@ import yaml
 
 from traceana.errors import TraceanaError
 from traceana.estimator import balance
+from traceana.estimator.hardware import Profile
 from traceana.estimator.pipeline import schedule_problem
 from traceana.layout import Layout
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe")
 RECOMPUTE_KINDS = ("none", "selective", "full")
+PROFILES = Path(__file__).parent / "profiles"  # built-in hardware profiles, by file stem
 CP_ALGOS = ("ring", "allgather", "ulysses")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "activation", "mla_up_proj")
+FP8_MATMULS = ("attention", "mlp", "experts", "head")
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class Model:
     shared_experts: int = 0
     first_dense_layers: int = 0
     capacity_factor: float = 1.0         # tokens an expert may take, relative to a balanced share (1 = balanced)
+    moe_max_nodes: int | None = None     # node-limited routing: a token's experts on at most this many nodes
     gated_mlp: bool = True               # SwiGLU (3 matrices) vs GELU (2)
     flash_attention: bool = True         # False: the s x s scores are materialized (and stored: Korthikanti 5as/h)
     attention: bool = True               # False: MLP-only blocks (no attention, its layer norm or its TP reduce)
@@ -90,6 +95,10 @@ class Parallel:
     global_batch: int = 1
     order: str = "tp-cp-ep-dp-pp"
     cp_algo: str = "ring"
+    tp_comm_overlap: bool = False        # Megatron --tp-comm-overlap: sequence-parallel collectives pipelined in chunks
+    # with the matmul they feed or drain (collective matmul); needs sequence_parallel
+    overlap_grad_reduce: bool = False    # gradients reduced in buckets during the backward, parameters gathered
+    # during the forward (Megatron --overlap-grad-reduce / --overlap-param-gather, PyTorch DDP buckets)
 
     @property
     def layout(self) -> Layout:
@@ -110,11 +119,21 @@ class Parallel:
 
 @dataclass(frozen=True)
 class Recompute:
+    """What the backward recomputes instead of keeping: nothing, the whole layer (full), or for ``selective`` the
+    ``modules`` listed (default the attention core, Korthikanti et al. 2022; Megatron-Core's --recompute-modules
+    also offers layer norms, the MLP activation (SwiGLU / GeLU) and MLA's up-projections, as DeepSeek-V3 does)."""
+
     kind: str = "none"
     layers: tuple[int, ...] | None = None  # None: every layer
+    modules: tuple[str, ...] | None = None  # with selective; default ("core_attn",)
 
     def kind_of(self, layer: int) -> str:
         return self.kind if self.layers is None or layer in self.layers else "none"
+
+    def recomputes(self, layer: int, module: str) -> bool:
+        """Whether ``module`` of ``layer`` runs again in the backward (a fully recomputed layer: every module)."""
+        kind = self.kind_of(layer)
+        return kind == "full" or (kind == "selective" and module in (self.modules or ("core_attn",)))
 
 
 @dataclass(frozen=True)
@@ -141,16 +160,25 @@ class Hardware:
     bandwidth_gb_per_s: Links = field(default_factory=lambda: Links(intra=150.0, inter=25.0))  # bus bandwidth
     latency_us: Links = field(default_factory=lambda: Links(intra=5.0, inter=10.0))
     hbm_bandwidth_gb_per_s: float | None = None  # for memory-bound work (elementwise ops, optimizer step)
+    profile: str | None = None               # a built-in profile (a100, h100, h200) or a profile YAML file
+    peak_tflops_fp8: float | None = None
 
 
 @dataclass(frozen=True)
 class Overlap:
-    """Fraction of each dimension's communication hidden behind compute (seed 001's defaults)."""
+    """Fraction of each dimension's communication hidden behind compute, when given: an override. Unset, the
+    mechanism the job runs decides (parallel.tp_comm_overlap, parallel.overlap_grad_reduce; DualPipe's pairs and
+    the shared experts for EP), and without one seed 001's defaults (:meth:`of`)."""
 
-    dp: float = 0.9
-    tp: float = 0.0
-    ep: float = 0.0
-    cp: float = 0.5
+    dp: float | None = None
+    tp: float | None = None
+    ep: float | None = None
+    cp: float | None = None
+
+    def of(self, dim: str) -> float:
+        """The fraction to apply: the one given, else seed 001's default (dp 0.9, tp 0, ep 0, cp 0.5)."""
+        value = getattr(self, dim)
+        return {"dp": 0.9, "tp": 0.0, "ep": 0.0, "cp": 0.5}[dim] if value is None else value
 
 
 @dataclass(frozen=True)
@@ -164,6 +192,9 @@ class Calibration:
     memory_efficiency: float = 0.7           # of hbm_bandwidth_gb_per_s that elementwise kernels reach
     step_overhead_ms: float = 0.0            # per step, host/launch time no kernel covers
     host_us_per_layer: float = 0.0           # host time to issue one layer's forward (eager PyTorch launch cost)
+    host_us_per_backward_layer: float | None = None  # its backward; default twice the forward
+    host_overlap: str = "micro_batch"        # the stretch host and device overlap over: a chunk's forward and backward
+    # of a micro-batch (eager PyTorch), or each layer's pass on its own ("pass": the framework synchronizes)
     host_us_per_collective: float = 0.0      # host time of each TP / EP collective call
 
 
@@ -175,6 +206,8 @@ class Precision:
     grad_bytes: int = 4
     optimizer_bytes: int = 12
     activation_bytes: int = 2
+    fp8: tuple[str, ...] = ()       # matmuls run in FP8 (attention, mlp, experts, head), at hardware.peak_tflops_fp8
+    fp8_activations: bool = False   # linear layers keep their saved inputs in FP8 (1 byte; DeepSeek-V3 §3.3)
 
 
 @dataclass(frozen=True)
@@ -186,6 +219,7 @@ class Config:
     calibration: Calibration = field(default_factory=Calibration)
     precision: Precision = field(default_factory=Precision)
     source: str = "config"                   # where it came from, for error messages
+    profile: Profile | None = field(default=None, compare=False)  # hardware.profile, read (shape-aware times)
 
     @property
     def micro_batches(self) -> int:
@@ -205,7 +239,7 @@ def load(path: str | Path) -> Config:
     """Read and validate a job YAML (its ``runs:`` list, if any, is read by :func:`load_runs`)."""
     raw = read_yaml(path)
     raw.pop("runs", None)
-    return from_dict(raw, str(path))
+    return from_dict(raw, str(path), Path(path).parent)
 
 
 def load_runs(path: str | Path) -> list[Run]:
@@ -224,30 +258,61 @@ def load_runs(path: str | Path) -> list[Run]:
         entry = dict(entry)
         name, measured = str(entry.pop("name")), entry.pop("measured", None) or {}
         source = f"{path} runs[{name}]"
-        base = raw
+        base, where = raw, Path(path).parent
         if "config" in entry:
-            base = read_yaml(Path(path).parent / str(entry.pop("config")))
+            base_path = where / str(entry.pop("config"))
+            base, where = read_yaml(base_path), base_path.parent
             base.pop("runs", None)
         if not isinstance(measured, dict):
             raise TraceanaError(f"{source}: measured: must map quantities to numbers, e.g. {{TOTAL_ms: 123.4}}")
         for key, value in measured.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TraceanaError(f"{source}: measured.{key}={value!r}: expected a number")
-        result.append(Run(name, from_dict(_merge(base, entry), source),
+        result.append(Run(name, from_dict(_merge(base, entry), source, where),
                           {str(k): float(v) for k, v in measured.items()}))
     return result
 
 
-def from_dict(raw: dict[str, Any], source: str = "config") -> Config:
-    """Build and validate a Config from parsed YAML."""
+def from_dict(raw: dict[str, Any], source: str = "config", where: Path = Path(".")) -> Config:
+    """Build and validate a Config from parsed YAML; a hardware.profile file is looked up relative to ``where``."""
     if not isinstance(raw, dict):
         raise TraceanaError(f"{source}: expected a mapping of sections (model, parallel, hardware, ...)")
     for required in ("model", "parallel", "hardware"):
         if required not in raw:
             raise TraceanaError(f"{source}: missing section {required!r}")
+    if "profile" in raw:
+        raise TraceanaError(f"{source}: profile: belongs in the hardware section (hardware: {{profile: h100}})")
+    raw, profile = _with_profile(raw, source, where)
     cfg = _build(Config, {**raw, "source": source}, source, "")
+    if profile is not None:
+        cfg = dataclasses.replace(cfg, profile=profile)
     validate(cfg)
     return cfg
+
+
+def _with_profile(raw: dict[str, Any], source: str, where: Path) -> tuple[dict[str, Any], Profile | None]:
+    """The config with its hardware profile's hardware and calibration defaults under what it writes itself, and
+    the profile (None when hardware.profile is not given)."""
+    name = raw["hardware"].get("profile") if isinstance(raw["hardware"], dict) else None
+    if name is None:
+        return raw, None
+    if not isinstance(name, str):
+        raise TraceanaError(f"{source}: hardware.profile: expected a built-in name or a file, got {name!r}")
+    builtin = PROFILES / f"{name.lower()}.yaml"
+    path = builtin if "/" not in name and not name.endswith((".yaml", ".yml")) else where / name
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PROFILES.glob("*.yaml")))
+        raise TraceanaError(f"{source}: hardware.profile={name!r}: no built-in profile of that name ({known}) "
+                            f"and no file {path}")
+    data = read_yaml(path)
+    defaults = {section: data.pop(section, None) or {} for section in ("hardware", "calibration")}
+    efficiency = defaults["calibration"].get("matmul_efficiency", Calibration.matmul_efficiency)
+    profile = _build(Profile, {**data, "matmul_efficiency": efficiency}, str(path), "")
+    profile = dataclasses.replace(profile, name=str(data.get("name")), source=str(data.get("source")))  # as written
+    merged = dict(raw)
+    for section, values in defaults.items():
+        merged[section] = _merge(values, raw.get(section) or {})
+    return merged, profile
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -307,7 +372,8 @@ def _convert(hint: Any, value: Any, source: str, where: str) -> Any:
     if origin is tuple:
         if not isinstance(value, list | tuple):
             raise TraceanaError(f"{source}: {where}: expected a list, got {value!r}")
-        return tuple(_convert(int, v, source, f"{where}[{i}]") for i, v in enumerate(value))
+        item = typing.get_args(hint)[0]
+        return tuple(_convert(item, v, source, f"{where}[{i}]") for i, v in enumerate(value))
     if hint is bool:
         if not isinstance(value, bool):
             raise TraceanaError(f"{source}: {where}: expected true or false, got {value!r}")
@@ -384,17 +450,26 @@ def validate(cfg: Config) -> None:
         _fail(cfg, f"{p.world_size} devices do not fill whole nodes of hardware.devices_per_node="
                    f"{h.devices_per_node}")
     _validate_schedule(cfg)
+    for name in cfg.precision.fp8:
+        if name not in FP8_MATMULS:
+            _fail(cfg, f"precision.fp8: {name!r}: choose from {', '.join(FP8_MATMULS)}")
+    if cfg.precision.fp8 and h.peak_tflops_fp8 is None:
+        _fail(cfg, "precision.fp8 needs hardware.peak_tflops_fp8 (or a hardware.profile that has it)")
+    if p.tp_comm_overlap and not (p.sequence_parallel and p.tp > 1):
+        _fail(cfg, "parallel.tp_comm_overlap needs parallel.sequence_parallel and parallel.tp > 1")
     for name in ("dp", "tp", "ep", "cp"):
-        if not 0 <= getattr(c.overlap, name) <= 1:
+        if not 0 <= c.overlap.of(name) <= 1:
             _fail(cfg, f"calibration.overlap.{name}={getattr(c.overlap, name)}: must be between 0 and 1")
     for name in ("matmul_efficiency", "memory_efficiency"):
         if not 0 < getattr(c, name) <= 1:
             _fail(cfg, f"calibration.{name}={getattr(c, name)}: must be in (0, 1]")
+    if c.host_overlap not in ("micro_batch", "pass"):
+        _fail(cfg, f"calibration.host_overlap={c.host_overlap!r}: choose micro_batch or pass")
     if not 0 <= c.ep_bubble_overlap_ratio <= 1:
         _fail(cfg, f"calibration.ep_bubble_overlap_ratio={c.ep_bubble_overlap_ratio}: must be between 0 and 1")
     for name in ("safety_buffer_mb", "tp_shardable_overhead_mb", "step_overhead_ms", "host_us_per_layer",
-                 "host_us_per_collective"):
-        if getattr(c, name) < 0:
+                 "host_us_per_collective", "host_us_per_backward_layer"):
+        if (getattr(c, name) or 0) < 0:
             _fail(cfg, f"calibration.{name}={getattr(c, name)}: must be >= 0")
 
 
@@ -409,6 +484,13 @@ def _validate_schedule(cfg: Config) -> None:
         _fail(cfg, problem)
     if s.recompute.kind not in RECOMPUTE_KINDS:
         _fail(cfg, f"schedule.recompute.kind={s.recompute.kind!r}: choose one of {', '.join(RECOMPUTE_KINDS)}")
+    for module in s.recompute.modules or ():
+        if module not in RECOMPUTE_MODULES:
+            _fail(cfg, f"schedule.recompute.modules: {module!r}: choose from {', '.join(RECOMPUTE_MODULES)}")
+    if s.recompute.modules is not None and s.recompute.kind != "selective":
+        _fail(cfg, f"schedule.recompute.modules needs kind: selective (kind is {s.recompute.kind})")
+    if "mla_up_proj" in (s.recompute.modules or ()) and not m.mla:
+        _fail(cfg, "schedule.recompute.modules: mla_up_proj needs an MLA model (model.kv_lora_rank)")
     if s.stage_layers is not None and s.layer_offset is not None:
         _fail(cfg, "schedule.stage_layers and schedule.layer_offset both given; use one")
     if isinstance(s.stage_layers, str) and s.stage_layers != "ppb":
@@ -416,15 +498,20 @@ def _validate_schedule(cfg: Config) -> None:
     if s.stage_layers == "ppb" and (s.kind not in ("gpipe", "1f1b", "zb-h1")):
         _fail(cfg, f"schedule.stage_layers=ppb balances one model chunk per stage (gpipe, 1f1b, zb-h1), not {s.kind}")
     chunks = p.pp * (2 if s.kind == "zb-v" else p.vpp)
+    if chunks > m.layers and not isinstance(s.stage_layers, tuple):
+        what = f"parallel.pp={p.pp}" + (f" x parallel.vpp={p.vpp} = {chunks} model chunks" if chunks > p.pp
+                                         else " stages")
+        _fail(cfg, f"{what} but model.layers={m.layers}: give schedule.stage_layers, one count per chunk, with "
+                   f"empty chunks (0) where there are fewer layers than chunks")
     try:
         balance.recompute_mask(s.recompute.layers, m.layers)
-        if isinstance(s.stage_layers, tuple):
-            counts = balance.from_stage_layers(s.stage_layers, m.layers, len(s.stage_layers))
+        if isinstance(s.stage_layers, tuple):  # one count per chunk may leave a chunk empty (Llama 3's first, last)
+            per_chunk = len(s.stage_layers) == chunks > p.pp
+            counts = balance.from_stage_layers(s.stage_layers, m.layers, len(s.stage_layers), allow_empty=per_chunk)
         elif s.layer_offset is not None:
             counts = balance.from_layer_offset(s.layer_offset, m.layers, p.pp)
         else:
             counts = None
-            balance.check_stages(m.layers, chunks)
     except TraceanaError as exc:
         _fail(cfg, str(exc))
     if counts is not None and len(counts) not in (p.pp, chunks):

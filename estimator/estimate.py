@@ -67,62 +67,113 @@ def _exposed_ep(cfg: Config, shared_flops: float) -> Pass:
     shared_f = compute.seconds(shared_flops, cfg)
     hidden_f = min(raw.forward / 2, shared_f)
     hidden_b = min(raw.backward / 2, 2 * shared_f)
-    return Pass(raw.forward - hidden_f, raw.backward - hidden_b) * (1 - cfg.calibration.overlap.ep)
+    return Pass(raw.forward - hidden_f, raw.backward - hidden_b) * (1 - cfg.calibration.overlap.of("ep"))
+
+
+def _exposed_tp(cfg: Config, index: int, moe: bool) -> Pass:
+    """A layer's tensor-parallel communication left exposed. calibration.overlap.tp, when given, hides that
+    fraction. Else, with parallel.tp_comm_overlap, each block's sequence-parallel all-gather runs in tp chunks
+    beside the column-parallel matmul it feeds and its reduce-scatter beside the row-parallel matmul it drains
+    (forward; the input-gradient matmuls backward), so a collective of c seconds beside a matmul of g leaves
+    max(c / tp, c - g): the first chunk, or what the matmul cannot cover (Wang et al. 2023, "Overlap
+    communication with dependent computation via decomposition"; Megatron-Core / Transformer Engine userbuffers).
+    A MoE block's expert-TP reduction is not overlapped."""
+    raw = comm.tp_layer(cfg, moe)
+    if cfg.calibration.overlap.tp is not None or not cfg.parallel.tp_comm_overlap:
+        return raw * (1 - cfg.calibration.overlap.of("tp"))
+    tp = cfg.parallel.tp
+    gemms = compute.layer_gemms(cfg, index)
+    times = compute.gemm_times(gemms, cfg)
+    half = comm.tp_layer(cfg, False).forward / (2 * (1 + cfg.model.attention))  # one AG or RS of one block
+    blocks = [("attention", "mla_up_proj")] if cfg.model.attention else []
+    if not moe:
+        blocks.append(("mlp",))
+    exposed = Pass()
+    for groups in blocks:
+        mine = [t for g, t in zip(gemms, times, strict=True) if g.group in groups]
+        first, last = mine[0], mine[-1]
+        exposed = exposed + Pass(max(half / tp, half - first.forward) + max(half / tp, half - last.forward),
+                                 max(half / tp, half - last.backward) + max(half / tp, half - first.backward))
+    if moe:
+        expert = comm.tp_layer(cfg, True)
+        exposed = exposed + Pass(expert.forward - 2 * half * cfg.model.attention,
+                                 expert.backward - 2 * half * cfg.model.attention)
+    return exposed
 
 
 def layer_cost(cfg: Config, index: int) -> ChunkCost:
     """One layer's cost for one micro-batch."""
     moe = cfg.model.is_moe(index)
-    work, traffic = compute.layer(cfg, index), compute.layer_traffic(cfg, index)
-    sec = [compute.seconds(w, cfg) + compute.traffic_seconds(b, cfg) for w, b in
-           zip((work.forward, work.backward, work.wgrad, work.recompute),
-               (traffic.forward, traffic.backward, traffic.wgrad, traffic.recompute), strict=True)]
-    overlap = cfg.calibration.overlap
-    tp = comm.tp_layer(cfg, moe) * (1 - overlap.tp)
-    cp = comm.cp_layer(cfg) * (1 - overlap.cp)
+    work = compute.layer_seconds(cfg, index)
+    sec = [work.forward, work.backward, work.wgrad, work.recompute]
+    tp = _exposed_tp(cfg, index, moe)
+    cp = comm.cp_layer(cfg) * (1 - cfg.calibration.overlap.of("cp"))
     ep = _exposed_ep(cfg, compute.moe_parts(cfg)[1]) if moe else Pass()
     if cfg.schedule.recompute.kind_of(index) == "full":
         tp, cp, ep = (Pass(x.forward, x.backward + x.forward) for x in (tp, cp, ep))
     params = memory.layer_params(cfg, index)
     zero3 = comm.zero3_layer(cfg, params.dense + params.expert)  # prefetched behind the layer's own compute
     dp = Pass(max(0.0, zero3.forward - sec[0]), max(0.0, zero3.backward - sec[1] - sec[2]))
-    device = Pass(sec[0] + tp.forward + cp.forward + ep.forward + dp.forward,
-                  sum(sec[1:]) + tp.backward + cp.backward + ep.backward + dp.backward)
-    return ChunkCost(*sec, tp=tp, cp=cp, ep=ep, dp=dp, idle=_host_wait(cfg, index, device))
+    cost = ChunkCost(*sec, tp=tp, cp=cp, ep=ep, dp=dp)
+    if cfg.calibration.host_overlap == "pass":
+        return cost + ChunkCost(idle=_host_wait(host_seconds(cfg, index), cost, per_pass=True))
+    return cost
 
 
-def _host_wait(cfg: Config, index: int, device: Pass) -> Pass:
-    """How long the device starves while the host issues a layer: PyTorch launches kernels asynchronously, so a
-    pass takes max(device time, host time). Host time is calibration.host_us_per_layer for a forward (twice for a
-    backward, once more for a recompute) plus host_us_per_collective for each TP / EP collective call."""
+def host_seconds(cfg: Config, index: int) -> Pass:
+    """Host time to issue one layer's forward and backward for one micro-batch: calibration.host_us_per_layer for
+    the forward and host_us_per_backward_layer for the backward (default twice the forward; a hardware profile
+    gives measured ones), a forward more for a full recompute, plus host_us_per_collective for each TP / EP
+    collective call each way."""
     cal, p = cfg.calibration, cfg.parallel
     calls = 2 * (p.tp > 1) + 2 * (p.ep > 1 and cfg.model.is_moe(index))
-    forward = (cal.host_us_per_layer + calls * cal.host_us_per_collective) * 1e-6
-    again = cfg.schedule.recompute.kind_of(index) == "full"
-    return Pass(max(0.0, forward - device.forward), max(0.0, (2 + again) * forward - device.backward))
+    forward = cal.host_us_per_layer + calls * cal.host_us_per_collective
+    backward = (2 * cal.host_us_per_layer if cal.host_us_per_backward_layer is None
+                else cal.host_us_per_backward_layer) + calls * cal.host_us_per_collective
+    again = forward if cfg.schedule.recompute.kind_of(index) == "full" else 0.0
+    return Pass(forward * 1e-6, (backward + again) * 1e-6)
+
+
+def _host_wait(host: Pass, cost: ChunkCost, per_pass: bool) -> Pass:
+    """How long the device starves while the host issues work: PyTorch launches kernels asynchronously, so a
+    stretch of work with no synchronization inside takes the longer of the host's and the device's time, not their
+    sum. calibration.host_overlap says what a stretch is: a chunk's forward and backward of one micro-batch (plain
+    eager PyTorch: nothing waits between them; the wait shows up in the backward, where autograd's host time
+    dominates, ../shared/hardware/h200/launch.csv: 220 us forward, ~1250 backward), or each layer's forward and
+    backward pass on their own (a framework that synchronizes between passes)."""
+    device_f = cost.forward + cost.tp.forward + cost.cp.forward + cost.ep.forward + cost.dp.forward
+    device_b = (cost.backward + cost.wgrad + cost.recompute + cost.tp.backward + cost.cp.backward + cost.ep.backward
+                + cost.dp.backward)
+    if per_pass:
+        return Pass(max(0.0, host.forward - device_f), max(0.0, host.backward - device_b))
+    return Pass(0.0, max(0.0, host.forward + host.backward - device_f - device_b))
 
 
 def chunk_costs(cfg: Config, chunks: list[range]) -> list[ChunkCost]:
     """Per model chunk (model order): its layers, the embedding on the first, the output layer on the last."""
     kinds: dict[int, ChunkCost] = {}
-    result = []
+    result, host = [], []
     for layers in chunks:
-        total = ChunkCost()
+        total, issue = ChunkCost(), Pass()
         for i, n in memory.layer_kinds(cfg, layers).items():
             if i not in kinds:
                 kinds[i] = layer_cost(cfg, i)
             total = total + kinds[i] * n
+            issue = issue + host_seconds(cfg, i) * n
         if cfg.parallel.zero == 3 and layers:  # the chunk's first gather has nothing to hide behind
             first = memory.layer_params(cfg, layers[0])
             total = total + ChunkCost(dp=Pass(comm.zero3_layer(cfg, first.dense + first.expert).forward, 0.0))
         result.append(total)
-    head = compute.head(cfg)
+        host.append(issue)
+    head = compute.head_seconds(cfg)
     embedding_tp, head_tp = comm.tp_embedding_head(cfg)
-    overlap_tp = 1 - cfg.calibration.overlap.tp
+    overlap_tp = 1 - cfg.calibration.overlap.of("tp")
     result[0] = result[0] + ChunkCost(tp=embedding_tp * overlap_tp)
-    result[-1] = result[-1] + ChunkCost(*(compute.seconds(x, cfg) for x in (head.forward, head.backward,
-                                                                              head.wgrad)), tp=head_tp * overlap_tp)
-    return result
+    result[-1] = result[-1] + ChunkCost(head.forward, head.backward, head.wgrad, tp=head_tp * overlap_tp)
+    if cfg.calibration.host_overlap == "pass":  # layer_cost has the waits already
+        return result
+    return [cost + ChunkCost(idle=_host_wait(issue, cost, per_pass=False))
+            for cost, issue in zip(result, host, strict=True)]
 
 
 def _device_shares(cfg: Config, chunk: int) -> list[tuple[int, float]]:
@@ -144,9 +195,18 @@ def _optimizer_seconds(cfg: Config, states: memory.StageMemory) -> float:
     return touched / (hbm * 1e9 * cfg.calibration.memory_efficiency)
 
 
-def _exposed_tail(total: float, window: float, overlap: float) -> float:
-    """Once-a-step traffic beside the last micro-batch's pass: hidden up to ``overlap`` and no more than the pass."""
-    return max((1 - overlap) * total, total - window)
+MEGATRON_BUCKET_PARAMS = 40e6  # Megatron-Core DistributedDataParallelConfig: buckets of max(40M, 1M x dp) parameters
+
+
+def _exposed_tail(cfg: Config, total: float, window: float, params: float) -> float:
+    """Once-a-step DP traffic of ``params`` parameters beside the last micro-batch's pass of ``window`` seconds.
+    calibration.overlap.dp, when given, hides that fraction (no more than the pass). Else with
+    parallel.overlap_grad_reduce the traffic goes in buckets as the pass produces (or consumes) them, so what stays
+    exposed is the last bucket, or what does not fit in the pass; without it, seed 001's default fraction."""
+    if cfg.calibration.overlap.dp is None and cfg.parallel.overlap_grad_reduce:
+        bucket = max(MEGATRON_BUCKET_PARAMS, 1e6 * cfg.parallel.dp)
+        return max(total * min(1.0, bucket / params) if params else total, total - window)
+    return max((1 - cfg.calibration.overlap.of("dp")) * total, total - window)
 
 
 @dataclass(frozen=True)
@@ -221,14 +281,33 @@ def _vpp(cfg: Config) -> int:
     return 2 if cfg.schedule.kind == "zb-v" else cfg.parallel.vpp
 
 
-def model_flops(cfg: Config) -> float:
-    """FLOPs of one step over all GPUs without recompute: the numerator of MFU."""
+def model_flops(cfg: Config, causal_halved: bool = True, recompute: bool = False) -> float:
+    """FLOPs of one step over all GPUs: the numerator of MFU. Papers differ in two ways, so both are choices:
+    ``causal_halved`` counts the causal attention core at the half FlashAttention computes (else the whole s x s
+    score matrix, as Megatron's and PaLM's 6N + 12·L·h·s formulas do); ``recompute`` adds the repeated forward work
+    (hardware FLOPs, HFU) instead of counting each useful FLOP once (model FLOPs, MFU)."""
     p = cfg.parallel
     per_gpu = compute.Work(0.0, 0.0, 0.0)
     for i in range(cfg.model.layers):
         per_gpu = per_gpu + compute.layer(cfg, i)
+        if not causal_halved and cfg.model.flash_attention:
+            core = compute.attention(cfg)[1]  # the halved core: add the masked half back, forward and backward
+            again = {"full": core, "selective": core}.get(cfg.schedule.recompute.kind_of(i), 0.0)
+            per_gpu = per_gpu + compute.Work(core, 2 * core, 0.0, again)
     per_gpu = per_gpu + compute.head(cfg)
-    return (per_gpu.forward + per_gpu.backward + per_gpu.wgrad) * p.micro_batches * p.tp * p.cp * p.dp
+    flops = per_gpu.total if recompute else per_gpu.forward + per_gpu.backward + per_gpu.wgrad
+    return flops * p.micro_batches * p.tp * p.cp * p.dp
+
+
+def utilization(est: Estimate) -> dict[str, float]:
+    """The step's FLOP utilization of the bf16 peak in the conventions papers use, each named by what it counts."""
+    cfg = est.config
+    capacity = est.step_s * cfg.parallel.world_size * cfg.hardware.peak_tflops_bf16 * 1e12
+    return {
+        "mfu_causal_attention_halved": model_flops(cfg) / capacity,
+        "mfu_full_attention": model_flops(cfg, causal_halved=False) / capacity,
+        "hfu_with_recompute_causal_attention_halved": model_flops(cfg, recompute=True) / capacity,
+    }
 
 
 def ppb(cfg: Config) -> balance.Partition:
@@ -300,8 +379,9 @@ def estimate(cfg: Config, per_device: list[int] | None = None) -> Estimate:
         sync = comm.dp_step(cfg, held[device].dense, held[device].expert)
         one = per_device[device]
         window_b = one.backward + one.wgrad + one.recompute
-        tails.append(_exposed_tail(sync.reduce, window_b, cal.overlap.dp)
-                     + _exposed_tail(sync.gather, one.forward, cal.overlap.dp))
+        params = held[device].dense + held[device].expert
+        tails.append(_exposed_tail(cfg, sync.reduce, window_b, params)
+                     + _exposed_tail(cfg, sync.gather, one.forward, params))
         optimizer.append(_optimizer_seconds(cfg, mem[device]))
     idle = cal.step_overhead_ms * 1e-3
     total = result.makespan_s + max(t + o for t, o in zip(tails, optimizer, strict=True)) + idle

@@ -102,28 +102,37 @@ def device_params(cfg: Config, chunk_layers: list[range]) -> list[Params]:
 
 
 def layer_activation_bytes(cfg: Config, index: int) -> float:
-    """Bytes one layer keeps from its forward until its backward, for one micro-batch on one GPU."""
+    """Bytes one layer keeps from its forward until its backward, for one micro-batch on one GPU. A linear layer's
+    saved input takes 1 byte with precision.fp8_activations; what the recompute modules recompute is not kept."""
     m, p = cfg.model, cfg.parallel
     t, h, a = tokens(cfg), m.hidden, cfg.precision.activation_bytes
     replicated_div = p.tp if p.sequence_parallel else 1
-    kind = cfg.schedule.recompute.kind_of(index)
-    if kind == "full":
+    recompute = cfg.schedule.recompute
+    if recompute.kind_of(index) == "full":
         return a * t * h / replicated_div
+    linear = 1 if cfg.precision.fp8_activations else a  # a linear layer's saved input
     q = m.heads * (m.hd + m.qk_rope_head_dim) / p.tp
     kv = (m.heads * (2 * m.hd + m.qk_rope_head_dim) / p.tp if m.mla
           else 2 * max(1, m.kv // p.tp) * m.hd if m.kv < p.tp else 2 * m.kv * m.hd / p.tp)
-    # per block (attention, MLP): its layer norm's input and its own input, a bytes each, and a 1-byte dropout mask
-    replicated = t * h * (2 * a + 1) * (2 if m.attention else 1) / replicated_div
-    attention = a * t * (2 * q + kv) if m.attention else 0.0  # Q, K, V, and the output projection's input
-    if m.attention and not m.flash_attention and kind != "selective":
+    # per block (attention, MLP): its layer norm's input (a bytes), the norm's output (the block's first linear
+    # layer's input) and a 1-byte dropout mask
+    norm_out = 0.0 if recompute.recomputes(index, "layernorm") else linear
+    replicated = t * h * (a + norm_out + 1) * (2 if m.attention else 1) / replicated_div
+    if recompute.recomputes(index, "mla_up_proj"):  # Q, K, V come again from the kept latents
+        qkv = a * t * ((m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim)
+    else:
+        qkv = a * t * (q + kv)
+    attention = qkv + linear * t * q if m.attention else 0.0  # Q, K, V, and the output projection's input
+    if m.attention and not m.flash_attention and not recompute.recomputes(index, "core_attn"):
         attention += (2 * a + 1) * (m.heads / p.tp) * t * m.seq_len  # softmax out, dropout mask, dropout out
-    intermediates = 3 if m.gated_mlp else 2  # gate and up outputs and their product / fc1 output and GeLU output
+    # per FFN unit: gate and up outputs (fc1's output for GeLU) and the activation's output, fc2's input
+    per_ffn = (2 if m.gated_mlp else 1) * a + (0.0 if recompute.recomputes(index, "activation") else linear)
     if m.is_moe(index):
         copies = t * m.moe_topk * m.capacity_factor / p.tp
-        routed = copies * (2 * a * h * p.expert_tp + intermediates * a * m.expert_ffn)
-        mlp = routed + intermediates * a * t * m.expert_ffn * m.shared_experts / p.tp
+        routed = copies * ((a + linear) * h * p.expert_tp + per_ffn * m.expert_ffn)
+        mlp = routed + per_ffn * t * m.expert_ffn * m.shared_experts / p.tp
     else:
-        mlp = intermediates * a * t * m.ffn_hidden / p.tp
+        mlp = per_ffn * t * m.ffn_hidden / p.tp
     return replicated + attention + mlp
 
 

@@ -17,8 +17,9 @@ Conventions:
 - ``ep_exposed_s`` is spread over F and B in proportion to their durations. When a stage waits for its input,
   up to ``ep_bubble_overlap_ratio`` of the next operation's EP exposure runs inside that wait (seed 000 §4.3.2:
   the all-to-all fills the pipeline bubble), so the stage's PP wait shrinks and its EP time stays. DualPipe's
-  overlapped forward+backward pairs also hide one chunk's EP exposure under the other chunk's compute
-  (``ep_overlapped_s``).
+  overlapped forward+backward pairs hide each chunk's EP under the other chunk's compute: DeepSeek-V3 §3.2.1
+  splits both into attention, dispatch, MLP and combine and interleaves them, so a pair takes the longer of its
+  compute and its all-to-alls, max(F + B + W - EP, EP) (``ep_overlapped_s``).
 - Per stage, exactly: makespan_s == busy_s + bubble_s + p2p_exposed_s. ``busy_s`` is the time the stage runs
   F/B/W (EP exposure included, minus what DualPipe's pairs overlapped); ``p2p_exposed_s`` is waiting while an
   activation or gradient is on the wire; ``bubble_s`` is every other idle moment up to the step's end.
@@ -207,7 +208,7 @@ def simulate(kind: str, costs: Sequence[StageCost], micro_batches: int, p2p_s: f
         else:  # FBW: F of one chunk overlapped with B+W of another; each one's EP hides under the other's compute
             b = cost[1]
             f_total, b_total, ep = fwd[c], bwd[b] + wgt[b], ep_f[c] + ep_b[b]
-            d, absorbable = max(f_total + b_total - ep, ep, f_total, b_total), 0.0
+            d, absorbable = max(f_total + b_total - ep, ep), 0.0
             overlapped[s] += f_total + b_total - d
         ready, transfer = 0.0, 0.0
         for dep, crosses, _ in deps:

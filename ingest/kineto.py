@@ -45,6 +45,16 @@ _EVENT = (
 )
 
 
+# The table _load fills (also read by traceana calibrate, which needs the operators' input shapes).
+EVENT_TABLE = (
+    "CREATE TABLE ev (f INTEGER, ph VARCHAR, cat VARCHAR, name VARCHAR, pid VARCHAR, tid VARCHAR, "
+    "start_ns BIGINT, end_ns BIGINT, ext_id BIGINT, corr BIGINT, stream BIGINT, coll_name VARCHAR, "
+    "in_nelems BIGINT, dtype VARCHAR, pg_name VARCHAR, pg_ranks VARCHAR, pg_desc VARCHAR, seq BIGINT, "
+    "input_dims JSON, input_type JSON, concrete JSON, peer INTEGER, mem_allocated BIGINT, mem_reserved BIGINT, "
+    "mem_device_type INTEGER, group_size INTEGER)"
+)
+
+
 def _trace_files(path: Path) -> list[Path]:
     if path.is_dir():
         return sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_SUFFIXES))
@@ -277,13 +287,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     options.progress.files(files)
     con = duckdb.connect()
     con.execute("SET threads TO 2")
-    con.execute(
-        "CREATE TABLE ev (f INTEGER, ph VARCHAR, cat VARCHAR, name VARCHAR, pid VARCHAR, tid VARCHAR, "
-        "start_ns BIGINT, end_ns BIGINT, ext_id BIGINT, corr BIGINT, stream BIGINT, coll_name VARCHAR, "
-        "in_nelems BIGINT, dtype VARCHAR, pg_name VARCHAR, pg_ranks VARCHAR, pg_desc VARCHAR, seq BIGINT, "
-        "input_dims JSON, input_type JSON, concrete JSON, peer INTEGER, mem_allocated BIGINT, mem_reserved BIGINT, "
-        "mem_device_type INTEGER, group_size INTEGER)"
-    )
+    con.execute(EVENT_TABLE)
     infos = []
     for index, file in enumerate(files):
         infos.append(_load(con, file, index))

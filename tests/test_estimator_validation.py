@@ -69,8 +69,7 @@ def _vtrain_rows() -> list[list[str]]:
         return list(csv.reader(handle))[1:]
 
 
-def test_vtrain_single_node_one_calibration() -> None:
-    base = load(EXAMPLES / "vtrain_calibrated.yaml")
+def _vtrain_predictions(base: Config) -> tuple[list[float], list[float]]:
     pred, meas = [], []
     for row in _vtrain_rows():
         _gpus, gb, mb, h, heads, layers, seq, tp, dp, pp = map(int, row[:10])
@@ -78,6 +77,22 @@ def test_vtrain_single_node_one_calibration() -> None:
                     {"tp": tp, "pp": pp, "dp": dp, "micro_batch": mb, "global_batch": gb}, {})
         pred.append(estimate(cfg).step_s * 1e3)
         meas.append(float(row[10]))
+    return pred, meas
+
+
+def test_vtrain_single_node_with_the_a100_profile() -> None:
+    """Shape-aware compute (the built-in A100 profile) and four calibrated host / latency knobs (the example says
+    which): the issue's bar is MAPE <= 8% with r >= 0.97, on all rows and on the held-out half."""
+    pred, meas = _vtrain_predictions(load(EXAMPLES / "vtrain_a100_profile.yaml"))
+    held_out = (pred[1::2], meas[1::2])
+    print(f"\nvTrain, A100 profile: MAPE {_mape(pred, meas):.2f}%, r {_pearson(pred, meas):.4f}; held-out MAPE "
+          f"{_mape(*held_out):.2f}%, r {_pearson(*held_out):.4f}")
+    assert _mape(pred, meas) <= 8 and _pearson(pred, meas) >= 0.97
+    assert _mape(*held_out) <= 8 and _pearson(*held_out) >= 0.97
+
+
+def test_vtrain_single_node_one_calibration() -> None:
+    pred, meas = _vtrain_predictions(load(EXAMPLES / "vtrain_calibrated.yaml"))
     held_out = (pred[1::2], meas[1::2])  # the calibration was chosen on the even rows
     print(f"\nvTrain: {len(pred)} rows, MAPE {_mape(pred, meas):.2f}%, r {_pearson(pred, meas):.4f}; held-out rows "
           f"MAPE {_mape(*held_out):.2f}%, r {_pearson(*held_out):.4f}")

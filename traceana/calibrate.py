@@ -88,6 +88,12 @@ class Fit:
     trials: int                   # Levenberg–Marquardt trial steps
 
 
+def _current(cfg: Config, path: tuple[str, ...]) -> float:
+    """A knob's value in force: an unset overlap fraction is the default it stands for (Overlap.of)."""
+    value = get_path(cfg, path)
+    return cfg.calibration.overlap.of(path[-1]) if value is None and path[:2] == ("calibration", "overlap") else value
+
+
 def split(rows: list[Row]) -> tuple[list[Row], list[Row]]:
     """(fit, held out): the 1st, 3rd, 5th ... rows and the 2nd, 4th ...; a single row is fitted and nothing held."""
     return (rows, []) if len(rows) < 2 else (rows[0::2], rows[1::2])
@@ -110,7 +116,7 @@ def fit(rows: list[Row], progress: Callable[[str], None] = lambda _: None) -> Fi
     """Fit the knobs on the fit half of ``rows`` and evaluate them on the held-out half; ``progress`` is called
     once per pass of estimates over the fit rows."""
     train, held = split(rows)
-    start = np.array([float(get_path(train[0].config, k.path)) for k in KNOBS])
+    start = np.array([float(_current(train[0].config, k.path)) for k in KNOBS])
     scale = np.maximum(np.abs(start), [k.floor for k in KNOBS])
     rate = np.array([k.rate for k in KNOBS])
     lo = (np.where(rate, np.maximum([k.lo for k in KNOBS], start / MAX_FACTOR), [k.lo for k in KNOBS]) - start) / scale
@@ -278,6 +284,6 @@ def calibration_yaml(result: Fit, base: Config, header: str) -> str:
         if len(parent) == 1:
             target.setdefault(parent[0], {})[path[-1]] = result.values[path]
         else:
-            target[parent[-1]] = {k: float(v) for k, v in vars(block).items()}
+            target[parent[-1]] = {k: float(v) for k, v in vars(block).items() if v is not None}
     comment = "".join(f"# {line}\n" for line in header.splitlines())
     return comment + yaml.safe_dump(sections, sort_keys=False)

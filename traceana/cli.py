@@ -161,3 +161,6 @@ app.command()(export)
 from traceana.report_html_cli import report  # noqa: E402
 
 app.command()(report)
+from traceana.trace_profile_cli import calibrate  # noqa: E402
+
+app.command()(calibrate)

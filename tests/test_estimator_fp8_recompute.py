@@ -1,0 +1,115 @@
+"""FP8 matmuls and activations, and recompute module lists, against hand-computed FLOPs, seconds and bytes."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from traceana.errors import TraceanaError
+from traceana.estimator import compute, memory
+from traceana.estimator.config import from_dict, load
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT: dict[str, Any] = {
+    "model": {"layers": 4, "hidden": 4096, "ffn_hidden": 16384, "heads": 32, "vocab": 51200, "seq_len": 2048,
+              "gated_mlp": False},
+    "parallel": {"tp": 2, "micro_batch": 1, "global_batch": 8, "sequence_parallel": True},
+    "hardware": {"peak_tflops_bf16": 1000, "peak_tflops_fp8": 2000, "hbm_gb": 80},
+    "calibration": {"matmul_efficiency": 0.5},
+}
+
+
+def gpt(**sections: dict[str, Any]) -> compute.Config:
+    raw = copy.deepcopy(GPT)
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    return from_dict(raw, "gpt.yaml")
+
+
+def test_fp8_mlp_runs_at_the_fp8_peak() -> None:
+    base, fp8 = gpt(), gpt(precision={"fp8": ["mlp"]})
+    t, h, tp = 2048, 4096, 2
+    mlp_flops = 2 * 2 * t * h * 4 * h / tp  # fc1 and fc2 forward on one GPU
+    # by hand: the MLP's FLOPs take half as long at 2000 TFLOP/s, in the forward, input and weight gradients
+    for part in ("forward", "backward", "wgrad"):
+        saved = getattr(compute.layer_seconds(base, 0), part) - getattr(compute.layer_seconds(fp8, 0), part)
+        assert saved == pytest.approx(mlp_flops / 2 / (1000e12 * 0.5), rel=1e-9)
+    # FLOPs (MFU's numerator) do not change with the precision
+    assert compute.layer(fp8, 0) == compute.layer(base, 0)
+
+
+def test_fp8_with_a_profile_halves_the_products_it_names() -> None:
+    h100 = {"profile": "h100", "peak_tflops_bf16": 989, "peak_tflops_fp8": 1979, "hbm_gb": 80}
+    base = gpt(hardware=h100)
+    fp8 = gpt(hardware=h100, precision={"fp8": ["attention", "mlp", "head"]})
+    ratio = 989 / 1979
+    assert compute.gemm_seconds(compute.layer_gemms(fp8, 0), fp8).forward == pytest.approx(
+        ratio * compute.gemm_seconds(compute.layer_gemms(base, 0), base).forward, rel=1e-9)
+    assert compute.head_seconds(fp8).wgrad == pytest.approx(ratio * compute.head_seconds(base).wgrad, rel=1e-9)
+
+
+def test_fp8_activations_keep_linear_inputs_in_one_byte() -> None:
+    base, fp8 = gpt(), gpt(precision={"fp8_activations": True})
+    t, h, tp = 2048, 4096, 2
+    # linear inputs: the two norms' outputs (t·h/tp each with sequence parallelism), the output projection's input
+    # (t·h/tp) and fc2's input (t·4h/tp), each 1 byte instead of 2
+    linear_inputs = 2 * t * h / tp + t * h / tp + t * 4 * h / tp
+    assert memory.layer_activation_bytes(base, 0) - memory.layer_activation_bytes(fp8, 0) == pytest.approx(
+        linear_inputs)
+
+
+def test_recompute_modules_trade_bytes_for_work() -> None:
+    t, h, tp, a = 2048, 4096, 2, 2
+    selective = gpt(schedule={"recompute": {"kind": "selective"}})
+    norms = gpt(schedule={"recompute": {"kind": "selective", "modules": ["layernorm"]}})
+    act = gpt(schedule={"recompute": {"kind": "selective", "modules": ["activation"]}})
+    kept = memory.layer_activation_bytes
+    # the default list is the attention core: FlashAttention keeps no scores, so only work differs from none
+    none = gpt()
+    assert kept(selective, 0) == kept(none, 0)
+    assert compute.layer(selective, 0).recompute == pytest.approx(compute.attention(selective)[1])
+    # norms: their outputs (2 per layer, t·h/tp a byte x 2 with sequence parallelism) are not kept; the recompute
+    # moves their bytes again (read + write) and repeats no FLOPs
+    assert kept(none, 0) - kept(norms, 0) == pytest.approx(2 * a * t * h / tp)
+    assert compute.layer_traffic(norms, 0).recompute == pytest.approx(2 * 2 * a * t * h / tp)
+    assert compute.layer(norms, 0).recompute == 0
+    # the GeLU output (fc2's input, t·4h/tp) is not kept; recomputing it reads fc1's output and writes it again
+    assert kept(none, 0) - kept(act, 0) == pytest.approx(a * t * 4 * h / tp)
+    assert compute.layer_traffic(act, 0).recompute == pytest.approx(2 * a * t * 4 * h / tp)
+
+
+def test_mla_up_projection_recompute() -> None:
+    raw = load(ROOT / "examples" / "deepseek_v3_reduced.yaml")
+    m, p = raw.model, raw.parallel
+    base = from_dict({"model": {k: getattr(m, k) for k in ("layers", "hidden", "ffn_hidden", "heads", "vocab",
+                                                          "seq_len", "q_lora_rank", "kv_lora_rank",
+                                                          "qk_rope_head_dim", "head_dim", "v_head_dim")},
+                      "parallel": {"tp": p.tp, "global_batch": 1},
+                      "schedule": {"recompute": {"kind": "selective", "modules": ["mla_up_proj"]}},
+                      "hardware": {"peak_tflops_bf16": 989, "hbm_gb": 80}}, "mla.yaml")
+    t, qk, v = compute.tokens(base), m.hd + m.qk_rope_head_dim, m.v_head_dim or m.hd
+    up = 2 * t * (m.q_lora_rank * m.heads * qk + m.kv_lora_rank * m.heads * (m.hd + v)) / p.tp
+    assert compute.layer(base, 0).recompute == pytest.approx(up, rel=1e-12)
+
+
+@pytest.mark.parametrize(("section", "message"), [
+    ({"schedule": {"recompute": {"kind": "full", "modules": ["layernorm"]}}},
+     "gpt.yaml: schedule.recompute.modules needs kind: selective (kind is full)"),
+    ({"schedule": {"recompute": {"kind": "selective", "modules": ["norms"]}}},
+     "gpt.yaml: schedule.recompute.modules: 'norms': choose from core_attn, layernorm, activation, mla_up_proj"),
+    ({"schedule": {"recompute": {"kind": "selective", "modules": ["mla_up_proj"]}}},
+     "gpt.yaml: schedule.recompute.modules: mla_up_proj needs an MLA model (model.kv_lora_rank)"),
+    ({"precision": {"fp8": ["everything"]}}, "gpt.yaml: precision.fp8: 'everything': choose from attention, mlp"),
+])
+def test_bad_fp8_and_recompute_fields_are_named(section: dict[str, Any], message: str) -> None:
+    with pytest.raises(TraceanaError, match=re.escape(message)):
+        gpt(**section)
+    without_fp8_peak = copy.deepcopy(GPT)
+    del without_fp8_peak["hardware"]["peak_tflops_fp8"]
+    without_fp8_peak["precision"] = {"fp8": ["mlp"]}
+    with pytest.raises(TraceanaError, match=re.escape("precision.fp8 needs hardware.peak_tflops_fp8")):
+        from_dict(without_fp8_peak, "gpt.yaml")
