@@ -152,3 +152,6 @@ app.command()(search)
 from traceana.compare_cli import compare  # noqa: E402
 
 app.command()(compare)
+from traceana.synth.cli import synth  # noqa: E402
+
+app.command()(synth)
