@@ -29,6 +29,7 @@ from traceana.synth.schedule import (
     SEND,
     Plan,
     RankTrace,
+    launch_times,
 )
 
 BASE_NS = 1_767_225_600_000_000_000  # baseTimeNanoseconds: 2026-01-01 UTC
@@ -53,17 +54,6 @@ def pid(trace: RankTrace) -> int:
     return 100_000 + trace.rank
 
 
-def _launches(ops: pl.DataFrame) -> pl.Series:
-    """Host launch times: the main thread runs ahead of its stream, at least 5 µs before each kernel and 10 µs
-    after its previous launch (a reverse running minimum); pipeline transfers launch 5 µs before they start."""
-    main = ops.filter(pl.col("code") <= COLLECTIVE).sort("start_ns", "op")
-    j = pl.int_range(pl.len(), dtype=pl.Int64)
-    launch = main.select("_i", ((pl.col("start_ns") - 10_000 * j).reverse().cum_min().reverse() + 10_000 * j - 5_000)
-                         .alias("launch_ns"))
-    side = ops.filter(pl.col("code") > COLLECTIVE).select("_i", (pl.col("start_ns") - 5_000).alias("launch_ns"))
-    return pl.concat([launch, side]).sort("_i")["launch_ns"]
-
-
 def _group_args(plan: Plan) -> dict[int, str]:
     """pg -> the Process Group fields of a collective's args."""
     return {int(g["pg"]): (f',"Process Group Name":"{g["pg"]}","Process Group Description":"{g["desc"]}",'
@@ -82,7 +72,7 @@ def write_rank(plan: Plan, trace: RankTrace, out: Path, compress: bool = False) 
         pl.col("name").map_batches(lambda s: names.gather(s), return_dtype=pl.String).alias("kname"),
         pl.col("cpu_op").map_batches(lambda s: names.gather(s), return_dtype=pl.String).alias("cname"),
     )
-    ops = ops.with_columns(_launches(ops).alias("launch") + offset)
+    ops = ops.with_columns(launch_times(trace.ops).alias("launch") + offset)
     ops = ops.with_columns(
         pl.when(pl.col("code") > COLLECTIVE).then(rank_pid + 1).otherwise(rank_pid).alias("tid"),
         pl.when(pl.col("code") == COMPUTE).then(COMPUTE_STREAM)

@@ -81,24 +81,26 @@ class Collective:
     """How one kind of collective looks in each format."""
 
     op: str           # canonical op (store spelling)
-    kernel: str       # NCCL kernel base name
+    kernel: str       # NCCL kernel, demangled
     cpu_op: str       # PyTorch ProcessGroupNCCL profiling title
     coll_name: str    # record_param_comms "Collective name"
     hccl: str         # HCCL op name stem (hcom_allReduce_ ...)
     dtype: str        # Kineto dtype spelling
 
 
+NCCL_ARGS = "(ncclDevKernelArgsStorage<4096ul>)"
 COLLECTIVES = {
-    "TP": Collective("AllReduce", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "nccl:all_reduce", "allreduce",
-                     "hcom_allReduce_", "BFloat16"),
-    "CP": Collective("AllGather", "ncclDevKernel_AllGather_RING_LL", "nccl:_all_gather_base", "_allgather_base",
-                     "hcom_allGather_", "BFloat16"),
-    "EP": Collective("AllToAll", "ncclDevKernel_SendRecv", "nccl:all_to_all", "all_to_all", "hcom_alltoall_",
-                     "BFloat16"),
-    "DP": Collective("ReduceScatter", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", "nccl:_reduce_scatter_base",
-                     "_reduce_scatter_base", "hcom_reduceScatter_", "Float"),
-    "SEND": Collective("Send", "ncclDevKernel_SendRecv", "nccl:send", "send", "hcom_send_", "BFloat16"),
-    "RECV": Collective("Recv", "ncclDevKernel_SendRecv", "nccl:recv", "recv", "hcom_receive_", "BFloat16"),
+    "TP": Collective("AllReduce", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL" + NCCL_ARGS, "nccl:all_reduce",
+                     "allreduce", "hcom_allReduce_", "BFloat16"),
+    "CP": Collective("AllGather", "ncclDevKernel_AllGather_RING_LL" + NCCL_ARGS, "nccl:_all_gather_base",
+                     "_allgather_base", "hcom_allGather_", "BFloat16"),
+    "EP": Collective("AllToAll", "ncclDevKernel_SendRecv" + NCCL_ARGS, "nccl:all_to_all", "all_to_all",
+                     "hcom_alltoall_", "BFloat16"),
+    "DP": Collective("ReduceScatter", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL" + NCCL_ARGS,
+                     "nccl:_reduce_scatter_base", "_reduce_scatter_base", "hcom_reduceScatter_", "Float"),
+    "SEND": Collective("Send", "ncclDevKernel_SendRecv" + NCCL_ARGS, "nccl:send", "send", "hcom_send_", "BFloat16"),
+    "RECV": Collective("Recv", "ncclDevKernel_SendRecv" + NCCL_ARGS, "nccl:recv", "recv", "hcom_receive_",
+                       "BFloat16"),
 }
 # Megatron-Core's group_desc for each generated group kind, and HCCL's parallel_group_info group_name.
 GROUP_DESC = {"TP": "TENSOR_MODEL_PARALLEL_GROUP", "CP": "CONTEXT_PARALLEL_GROUP", "EP": "EXPERT_MODEL_PARALLEL_GROUP",
@@ -437,3 +439,16 @@ def _simulate_stage(plan: Plan, stage: int, tpl: Template, groups: list[dict]) -
         host = plan.host_of(int(rank))
         yield RankTrace(int(rank), stage, f"node{host:04d}", host, int(rank) % options.ranks_per_host,
                         plan.host_offsets_ns[host] + plan.device_offsets_ns[rank], ops)
+
+
+def launch_times(ops: pl.DataFrame) -> pl.Series:
+    """Host launch times: the main thread runs ahead of its stream, at least 5 µs before each kernel and 10 µs
+    after its previous launch (a reverse running minimum); pipeline transfers launch 5 µs before they start, from
+    their own thread. True time, in the order of ``ops``."""
+    ops = ops.with_row_index("_i")
+    main = ops.filter(pl.col("code") <= COLLECTIVE).sort("start_ns", "op")
+    j = pl.int_range(pl.len(), dtype=pl.Int64)
+    launch = main.select("_i", ((pl.col("start_ns") - 10_000 * j).reverse().cum_min().reverse() + 10_000 * j - 5_000)
+                         .alias("launch_ns"))
+    side = ops.filter(pl.col("code") > COLLECTIVE).select("_i", (pl.col("start_ns") - 5_000).alias("launch_ns"))
+    return pl.concat([launch, side]).sort("_i")["launch_ns"]
