@@ -158,3 +158,7 @@ app.command()(compare)
 from traceana.synth.cli import synth  # noqa: E402
 
 app.command()(synth)
+from traceana.parquet_cli import export, import_parquet  # noqa: E402
+
+app.command()(export)
+app.command()(import_parquet)
