@@ -85,7 +85,7 @@ def _write_truth(plan: Plan, path: Path, rows: list[pl.DataFrame], fmt: str) -> 
 
     steps = pl.concat(rows).sort("rank", "step")
     o = plan.options
-    coords = plan.coords()
+    coords = plan.coords
     reference = plan.host_offsets_ns[plan.host_of(0)]
     data = {
         "format": fmt,

@@ -26,6 +26,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import polars as pl
@@ -182,6 +183,7 @@ class Plan:
     def world(self) -> int:
         return self.layout.world_size
 
+    @cached_property
     def coords(self) -> np.ndarray:
         """world x 5 array of tp, cp, ep, dp, pp coordinates."""
         return np.array([[c[d] for d in ("tp", "cp", "ep", "dp", "pp")] for c in map(self.layout.coords,
@@ -191,7 +193,7 @@ class Plan:
         return rank // self.options.ranks_per_host
 
     def stage_ranks(self, stage: int) -> np.ndarray:
-        return np.flatnonzero(self.coords()[:, 4] == stage) if self.layout.pp > 1 else np.arange(self.world)
+        return np.flatnonzero(self.coords[:, 4] == stage) if self.layout.pp > 1 else np.arange(self.world)
 
     def process_groups(self) -> list[dict]:
         """Every group of size > 1: pg (torch numbering from 1; 0 is the world), dim, ranks."""
@@ -258,7 +260,7 @@ def build(cfg: Config, options: Options) -> Plan:
     if options.straggler_rank is not None:
         slow[options.straggler_rank] = options.slowdown
     if options.straggler_stage is not None:
-        slow[plan.coords()[:, 4] == options.straggler_stage] = options.slowdown
+        slow[plan.coords[:, 4] == options.straggler_stage] = options.slowdown
     plan.slow = slow
     return plan
 
@@ -420,11 +422,14 @@ def _simulate_stage(plan: Plan, stage: int, tpl: Template, groups: list[dict]) -
             free = end[:, step, j - 1]
         start[:, step, side] = t_step + tpl.plan[side]
         end[:, step, side] = t_step + tpl.plan[side] + tpl.dur[side]
-    coords = plan.coords()
+    coords = plan.coords
     rank_of = {(c[0], c[1], c[3], c[4]): r for r, c in enumerate(coords)}  # (tp, cp, dp, pp) -> rank
+    stages = np.unique(tpl.peer_stage[tpl.peer_stage >= 0])
     for i, rank in enumerate(ranks):
         c = coords[rank]
-        peer = np.array([rank_of[(c[0], c[1], c[3], s)] if s >= 0 else -1 for s in tpl.peer_stage])
+        peer_of = np.full(plan.layout.pp + 1, -1)  # index -1 (no peer) reads the last entry
+        peer_of[stages] = [rank_of[(c[0], c[1], c[3], s)] for s in stages]
+        peer = peer_of[tpl.peer_stage]
         dim = tpl.dim.astype(np.int64)
         pg = np.where(dim >= 0, pg_of[np.clip(dim, 0, None), i], -1)
         ops = pl.DataFrame({
