@@ -170,3 +170,18 @@ def test_moe_all_to_all_runs_as_sendrecv_and_is_ep(tmp_path: Path) -> None:
     diff = compare(truth, db)
     assert diff.select(pl.max_horizontal(COLUMNS).max()).item() <= 1
     assert pl.DataFrame(truth["steps"])["EP_WAIT_ns"].sum() > 1e9
+
+
+@pytest.mark.xfail(strict=True, reason="follow-up: finish.align_hosts aligns a host only by collectives it shares "
+                   "with rank 0's host and never by Send/Recv; Kineto's coarse pass then pairs unrelated kernels")
+def test_hosts_linked_through_other_hosts_or_the_pipeline_are_aligned(tmp_path: Path) -> None:
+    """Megatron's default order puts pp outermost: with 4 GPUs per host, hosts 2 and 3 (stage 1) share data-parallel
+    collectives only with each other, and reach rank 0's host only through pipeline sends and receives. Measured
+    with the default --host-skew-us: offsets off by 61 µs (2 hosts of 8 GPUs) and 2.3 ms (4 hosts of 4)."""
+    out, db = tmp_path / "run", tmp_path / "run.duckdb"
+    invoke("synth", CONFIG, out, "--ranks", 16, "--steps", 2, "--kernel-us", 100, "--ranks-per-host", 4,
+           "--host-skew-us", 3000)
+    invoke("ingest", out / "traces", "--db", db, "--layout", LAYOUT)
+    truth = json.loads((out / "truth.json").read_text())
+    got = dict(views(db, "SELECT rank, clock_offset_ns FROM ranks").rows())
+    assert max(abs(got[r["rank"]] - r["expected_host_alignment_ns"]) for r in truth["ranks"]) <= 1_000
