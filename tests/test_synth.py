@@ -124,6 +124,16 @@ def test_host_clock_offsets_are_recovered(tmp_path: Path, device_skew_us: int) -
     assert worst <= 1_000 + 2 * device_skew_us * 1_000
 
 
+def test_pg_args_without_pg_config_give_every_dim(tmp_path: Path) -> None:
+    """No distributedInfo.pg_config, but each collective's args name its group (desc and ranks): the dims come from
+    the args alone, with or without a layout."""
+    out, db = tmp_path / "run", tmp_path / "run.duckdb"
+    invoke("synth", CONFIG, out, "--ranks", 16, "--steps", 3, "--kernel-us", 50, "--pg-metadata", "args")
+    invoke("ingest", out / "traces", "--db", db)
+    truth = json.loads((out / "truth.json").read_text())
+    assert compare(truth, db).select(pl.max_horizontal(COLUMNS).max()).item() <= 1
+
+
 def test_without_process_group_metadata_the_comm_time_is_kept(tmp_path: Path) -> None:
     """No pg_config and no PG args (traces like hta_rank0of16): the op still comes from the CPU op, and the
     exposed communication is all there, as OTHER until group matching (issue 10) gives it a dim."""
