@@ -420,6 +420,8 @@ def _simulate_stage(plan: Plan, stage: int, tpl: Template, groups: list[dict]) -
                 end[:, step, i + 1:j] = ends
                 start[:, step, i + 1:j] = ends - dur[:, i + 1:j]
             free = end[:, step, j - 1]
+        if (free > t_step + plan.period_ns).any():  # the period leaves 6 sigma of jitter: practically never
+            raise TraceanaError(f"stage {stage}, step {step}: the work outran the step period; lower --jitter")
         start[:, step, side] = t_step + tpl.plan[side]
         end[:, step, side] = t_step + tpl.plan[side] + tpl.dur[side]
     coords = plan.coords
