@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from traceana.estimator import config, memory, record, timeline
-from traceana.estimator import search as searching
-from traceana.estimator.estimate import Estimate, model_flops, utilization
-from traceana.estimator.estimate import estimate as run_estimate
 from traceana.output import emit, emit_json, progress
+
+if TYPE_CHECKING:  # imported where used: the CLI's fixed cost stays small
+    from traceana.estimator.estimate import Estimate
 
 ConfigArgument = Annotated[Path, typer.Argument(help="Job YAML (model, parallel, schedule, hardware, calibration).")]
 
 
 def _summary(est: Estimate) -> dict[str, object]:
+    from traceana.estimator import memory
+    from traceana.estimator.estimate import model_flops, utilization
+
     cfg = est.config
     worst = max(est.stages, key=lambda s: s.memory.peak)
     return {
@@ -48,6 +50,9 @@ def estimate(
     = None,
 ) -> None:
     """Predict one training step: per-stage time by dimension (ms) and memory by component (GiB)."""
+    from traceana.estimator import config, record, timeline
+    from traceana.estimator.estimate import estimate as run_estimate
+
     cfg = config.load(cfg_path)
     est = run_estimate(cfg)
     summary = _summary(est)
@@ -82,6 +87,9 @@ def search(
 ) -> None:
     """Rank the layouts (tp, cp, pp, dp, ep, vpp, micro-batch, recompute, schedule, partition) of the config's
     device count that fit in memory, by estimated step time."""
+    from traceana.estimator import config
+    from traceana.estimator import search as searching
+
     cfg = config.load(cfg_path)
     with progress(None, "searching") as advance:
         result = searching.search(cfg, top, advance)

@@ -157,6 +157,8 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
             "collectives": comm,
             "annotations": pl.concat([with_rank(t.annotations, t) for t in traces]),
             "steps": pl.concat([with_rank(t.steps, t) for t in traces]),
-            "memory": pl.concat([with_rank(t.memory, t) for t in traces if t.memory is not None]),
+            # None when no rank recorded memory (a database export without MEMORY_RECORD: profile_memory off)
+            "memory": pl.concat(sampled) if (sampled := [with_rank(t.memory, t) for t in traces
+                                                         if t.memory is not None]) else None,
         },
     )

@@ -10,7 +10,7 @@ import typer
 
 from traceana import store
 from traceana.errors import TraceanaError
-from traceana.output import emit, emit_json, ingest_progress
+from traceana.output import emit, emit_json, emit_rows, ingest_progress
 
 app = typer.Typer(help="Trace-driven analyzer for distributed LLM training.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -77,12 +77,15 @@ def ingest(
 @app.command()
 def runs(db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> None:
     """List the runs in the store."""
-    with store.connect(db, read_only=True) as con:
-        frame = con.sql(
+    with store.connect(db, read_only=True, views=False) as con:
+        result = con.execute(
             "SELECT run_id, source_format, world_size, layout, tool_version, rank_source, ingested_at, "
             "len(sources) AS n_sources FROM runs ORDER BY ingested_at"
-        ).pl()
-    emit(frame, title="runs", fmt="json" if json else "table")
+        )
+        columns = [c[0] for c in result.description]
+        rows = result.fetchall()
+    numeric = [c in ("world_size", "n_sources") for c in columns]
+    emit_rows(columns, rows, numeric, title="runs", fmt="json" if json else "table")
 
 
 @app.command()
@@ -164,3 +167,9 @@ app.command()(report)
 from traceana.trace_profile_cli import calibrate  # noqa: E402
 
 app.command()(calibrate)
+from traceana.synth.cli import synth  # noqa: E402
+
+app.command()(synth)
+from traceana.parquet_cli import import_parquet  # noqa: E402
+
+app.command()(import_parquet)

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import polars as pl
 import typer
 
-from traceana import breakdown as bd
-from traceana import calibrate, store, sweep
+from traceana import store
 from traceana.cli import DbOption, JsonOption
-from traceana.compare import RunComparison, compare_run
 from traceana.errors import TraceanaError
-from traceana.estimator import config
-from traceana.estimator.estimate import estimate as run_estimate
 from traceana.output import emit, emit_json, progress
+
+if TYPE_CHECKING:  # imported where used: the CLI's fixed cost stays small (`traceana --help` loads no Polars)
+    import polars as pl
+
+    from traceana import calibrate, sweep
+    from traceana.compare import RunComparison
+    from traceana.estimator import config
 
 BIG_SWEEP = 30  # rows: beyond this the text output lists only the worst rows (--json has them all)
 
@@ -37,6 +39,9 @@ def compare(
 ) -> None:
     """Estimate versus measured: per dimension and pipeline stage for one run; Pearson r, Spearman ρ and MAPE per
     quantity over a sweep; --fit calibrates on half the rows and scores the other half."""
+    from traceana import sweep
+    from traceana.estimator import config
+
     fit = fit or write_calibration is not None
     if measured is not None and runs:
         raise TraceanaError("give run ids or --measured CSV, not both")
@@ -66,6 +71,8 @@ def compare(
 
 def _traced(entries: list[config.Run], db: Path) -> list[sweep.Row]:
     """Sweep rows of ``entries``, opening the store only when some entry is measured there."""
+    from traceana import sweep
+
     if all(e.measured for e in entries):
         return sweep.traced_rows(None, entries)
     with store.connect(db, read_only=True) as con:
@@ -74,6 +81,12 @@ def _traced(entries: list[config.Run], db: Path) -> list[sweep.Row]:
 
 def _one_run(cfg: config.Config, cfg_path: Path, run: str | None, db: Path, plot: Path | None, fit: bool,
              write_calibration: Path | None, json: bool) -> None:
+    from traceana import breakdown as bd
+    from traceana import calibrate, sweep
+    from traceana.compare import compare_run
+    from traceana.estimator import config
+    from traceana.estimator.estimate import estimate as run_estimate
+
     est = run_estimate(cfg)
     with store.connect(db, read_only=True) as con:
         run_id = store.resolve_run(con, run)
@@ -126,16 +139,26 @@ def _print_run(result: RunComparison, cfg_path: Path, which: str) -> None:
 
 
 def _labelled(frame: pl.DataFrame) -> pl.DataFrame:
+    import polars as pl
+
+    from traceana import breakdown as bd
+
     return frame.with_columns(pl.col("dim").replace("MP_WAIT", bd.label("MP_WAIT")))
 
 
 def _fit(rows: list[sweep.Row]) -> calibrate.Fit:
+    from traceana import calibrate
+
     with progress(None, "fitting") as advance:
         return calibrate.fit(rows, advance)
 
 
 def _sweep(rows: list[sweep.Row], notes: list[str], base: config.Config, title: str, plot: Path | None, fit: bool,
            write_calibration: Path | None, json: bool) -> None:
+    import polars as pl
+
+    from traceana import calibrate, sweep
+
     frame = sweep.rows_frame(rows)
     stats = sweep.statistics(frame)
     fitted = _fit(rows) if fit else None
@@ -188,6 +211,8 @@ def _fit_json(fitted: calibrate.Fit) -> dict[str, Any]:
 
 def _finish(fitted: calibrate.Fit | None, write_calibration: Path | None, base: config.Config, source: str,
             plot: Path | None) -> None:
+    from traceana import calibrate
+
     if fitted is not None and write_calibration is not None:
         header = (f"calibration fitted by `traceana compare --fit` on {source}\nfit rows: "
                   f"{_listing(fitted.fit_rows)}\nheld out: {_listing(fitted.held_out_rows) or 'none'}")

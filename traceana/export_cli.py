@@ -1,5 +1,5 @@
-"""`traceana export`: a measured run in a format other tools open. Each format is an option and its own module
-(--perfetto: traceana/perfetto.py)."""
+"""`traceana export`: a measured run, or the whole store, in a format other tools open. Each format is an option and
+its own module (--perfetto: traceana/perfetto.py; --parquet: traceana/parquet.py, read back by `import-parquet`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import typer
 from traceana import store
 from traceana.cli import DbOption, RunArgument
 from traceana.errors import TraceanaError
+from traceana.output import progress
 
 
 def parse_steps(text: str) -> tuple[int, int]:
@@ -27,15 +28,24 @@ def parse_steps(text: str) -> tuple[int, int]:
 
 def export(
     run: RunArgument = None,
-    perfetto: Annotated[Path | None, typer.Option("--perfetto", help="Write Trace Event Format JSON for "
+    perfetto: Annotated[Path | None, typer.Option("--perfetto", help="Write the run as Trace Event Format JSON for "
                                                   "ui.perfetto.dev / chrome://tracing (.json, or .json.gz).")] = None,
     steps: Annotated[str | None, typer.Option("--steps", help="Only steps A-B (inclusive), or one step A.")] = None,
+    parquet: Annotated[Path | None, typer.Option("--parquet", help="Write every table of the store as a Parquet "
+                                                 "dataset folder (Hive-partitioned by run and rank).")] = None,
+    replace: Annotated[bool, typer.Option("--replace", help="With --parquet: overwrite an existing folder.")] = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
-    """Export a measured run: every rank on the aligned clock, named by its coordinates, its streams and
-    communication tracks coloured by dim, step windows, and arrows linking each collective's members."""
-    if perfetto is None:
-        raise TraceanaError("choose what to write: --perfetto OUT.json[.gz]")
+    """Export a measured run for Perfetto (every rank on the aligned clock, named by its coordinates, its streams and
+    communication tracks coloured by dim, step windows, arrows linking each collective's members), or the whole
+    store as Parquet (all or nothing: a hidden folder renamed into place)."""
+    if (perfetto is None) == (parquet is None):
+        raise TraceanaError("choose what to write: --perfetto OUT.json[.gz] (one run) or --parquet DIR (the store)")
+    if parquet is not None:
+        if run is not None or steps is not None:
+            raise TraceanaError("--parquet writes the whole store: RUN and --steps go with --perfetto")
+        _parquet(db, parquet, replace)
+        return
     window = parse_steps(steps) if steps is not None else None
     from traceana.perfetto import export as write_perfetto
 
@@ -44,3 +54,11 @@ def export(
         done = write_perfetto(con, rid, perfetto, window)
     typer.echo(f"wrote {done.path} ({rid}: {done.ranks} ranks, {done.slices} slices on {done.tracks} tracks, "
                f"{done.step_slices} step windows, {done.flows} collective members linked)")
+
+
+def _parquet(db: Path, folder: Path, replace: bool) -> None:
+    from traceana import parquet as dataset
+
+    with store.connect(db, read_only=True, views=False) as con, progress(None, "exporting") as advance:
+        counts = dataset.export(con, folder, replace, advance)
+    typer.echo(f"{db} -> {folder}: " + ", ".join(f"{t} {n:,}" for t, n in counts.items()))

@@ -7,12 +7,13 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
+
+if TYPE_CHECKING:  # imported where used: a command that prints a few rows must not pay for Polars
+    import polars as pl
+    from rich.progress import Progress, TaskID
 
 # Piped output is not cut to 80 columns: a number a user quotes must never be elided.
 console = Console() if sys.stdout.isatty() else Console(width=250)
@@ -23,17 +24,30 @@ def emit(frame: pl.DataFrame, *, title: str | None = None, fmt: str = "table") -
     if fmt == "json":
         sys.stdout.write(json.dumps(frame.to_dicts(), default=str, indent=1) + "\n")
     elif fmt == "csv":  # CSV has no nested values: lists and structs are written as their JSON text
+        import polars as pl
+
         nested = [c for c, t in frame.schema.items() if t.is_nested()]
         flat = frame.with_columns(pl.col(c).map_elements(lambda v: json.dumps(v.to_list() if hasattr(v, "to_list")
                                   else v, default=str), return_dtype=pl.String) for c in nested)
         sys.stdout.write(flat.write_csv())
     else:
-        table = Table(title=title, show_lines=False)
-        for name, dtype in frame.schema.items():
-            table.add_column(name, justify="right" if dtype.is_numeric() else "left", overflow="fold")
-        for row in frame.iter_rows():
-            table.add_row(*(_cell(v) for v in row))
-        console.print(table)
+        emit_rows(frame.columns, list(frame.iter_rows()), [t.is_numeric() for t in frame.dtypes], title=title)
+
+
+def emit_rows(columns: list[str], rows: list[tuple], numeric: list[bool], *, title: str | None = None,
+              fmt: str = "table") -> None:
+    """Print rows (a query's result) as :func:`emit` prints a frame, without building one (table or json)."""
+    if fmt == "json":
+        emit_json([dict(zip(columns, row, strict=True)) for row in rows])
+        return
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    for name, right in zip(columns, numeric, strict=True):
+        table.add_column(name, justify="right" if right else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(v) for v in row))
+    console.print(table)
 
 
 def emit_json(payload: Any) -> None:
@@ -54,6 +68,8 @@ def _cell(value: Any) -> str:
 def progress(total: int | None, label: str) -> Iterator[Callable[[str], None]]:
     """A progress bar on a terminal (silent when piped; a count without a bar when ``total`` is unknown); yields
     ``advance(description)``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task(label, total=total)
@@ -89,6 +105,8 @@ class IngestProgress:
 
 @contextmanager
 def ingest_progress() -> Iterator[IngestProgress]:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[files]}"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True,
                   disable=not sys.stderr.isatty()) as bar:

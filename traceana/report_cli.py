@@ -3,27 +3,34 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import polars as pl
 import typer
 
-from traceana import breakdown as bd
 from traceana import store
 from traceana.cli import DbOption, JsonOption, RunArgument
 from traceana.errors import TraceanaError
 from traceana.output import emit, emit_json
+
+if TYPE_CHECKING:  # imported where used: the CLI's fixed cost stays small (`traceana --help` loads no Polars)
+    import polars as pl
 
 StepOption = Annotated[int | None, typer.Option("--step", help="One step (default: mean over steps after the first).")]
 
 
 def _varying_coords(frame: pl.DataFrame) -> list[str]:
     """The coordinates worth a column: those of dimensions larger than 1."""
+    from traceana import breakdown as bd
+
     return [c for c in bd.COORDS if frame[c].n_unique() > 1]
 
 
 def _cells(frame: pl.DataFrame, suffix: str, share: bool) -> list[pl.Expr]:
     """TOTAL, each part that is not zero everywhere as 'ms (pct%)' (or plain ms), and OVERLAPPED, for a table."""
+    import polars as pl
+
+    from traceana import breakdown as bd
+
     def ms(part: str) -> pl.Expr:
         return pl.col(f"{part}{suffix}").round_sig_figs(4)
 
@@ -45,6 +52,8 @@ def breakdown(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """Where each rank's step time went: COMP, each dimension's exposed communication wait, IDLE (ms, % of TOTAL)."""
+    from traceana import breakdown as bd
+
     if by not in ("rank", "stage"):
         raise TraceanaError(f"--by {by!r}: choose rank or stage")
     with store.connect(db, read_only=True) as con:
@@ -75,6 +84,8 @@ def _rank_table(frame: pl.DataFrame, typical: bool) -> pl.DataFrame:
 
 def _stage_table(frame: pl.DataFrame) -> pl.DataFrame:
     """Two rows per stage: the mean over its ranks (with % of the mean TOTAL) and the max."""
+    import polars as pl
+
     rows = [frame.select(pl.col("pp").alias("stage"), pl.lit(stat).alias("over ranks"), "ranks",
                          *_cells(frame, f"_{stat}_ms", share=stat == "mean"))
             for stat in ("mean", "max")]
@@ -89,6 +100,7 @@ def timeline(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """Gantt of one step across ranks: compute grey, communication colored by dimension, idle blank."""
+    from traceana import breakdown as bd
     from traceana.plots import timeline_gantt
 
     with store.connect(db, read_only=True) as con:
@@ -108,6 +120,10 @@ def stragglers(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """The straggler stage (largest mean COMP per step), ranks slower than their stage, and who others waited for."""
+    import polars as pl
+
+    from traceana import breakdown as bd
+
     if threshold < 0:
         raise TraceanaError(f"--threshold {threshold}: must be a percentage >= 0")
     with store.connect(db, read_only=True) as con:

@@ -7,11 +7,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-
-import duckdb
+from typing import TYPE_CHECKING
 
 from traceana.errors import TraceanaError
-from traceana.ingest.run_data import TABLES, RunData, conform
+
+if TYPE_CHECKING:  # imported where used, so that `traceana --help` loads neither DuckDB nor Polars
+    import duckdb
+
+    from traceana.ingest.run_data import RunData
 
 DEFAULT_DB = "traceana.duckdb"
 
@@ -27,10 +30,14 @@ def view_sql() -> list[str]:
 
 
 @contextmanager
-def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False,
+            views: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
     """Open the store. A writer creates schema and views on first use. Read-only opens need the file and take no
     lock against each other; they define this version's views as temporary views, which shadow the stored ones,
-    so reports always run the installed queries even on a database an older traceana wrote."""
+    so reports always run the installed queries even on a database an older traceana wrote. A reader that only
+    reads tables passes ``views=False`` and skips defining them (a quarter second: `traceana runs`)."""
+    import duckdb
+
     path = Path(db)
     if read_only and not path.exists():
         raise TraceanaError(f"{path}: no such database (run `traceana ingest` first, or pass --db)")
@@ -44,7 +51,7 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False) -> Iterator
     try:
         if not read_only:
             con.execute(_schema_sql())
-        for sql in view_sql():
+        for sql in view_sql() if views or not read_only else []:
             con.execute(sql.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW", 1) if read_only else sql)
         yield con
     finally:
@@ -53,6 +60,8 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False) -> Iterator
 
 def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData) -> None:
     """Replace run ``run_id`` with ``data`` in one transaction: all of it or none of it."""
+    from traceana.ingest.run_data import TABLES, conform
+
     con.execute("BEGIN TRANSACTION")
     try:
         for table in ("runs", *TABLES):
@@ -92,6 +101,8 @@ def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None) -> str:
 def restrict_to_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     """Make every table, and so every view built on them, show run ``run_id`` only: temporary views named like the
     tables shadow them for this connection, so ad-hoc SQL cannot average over several runs by accident."""
+    from traceana.ingest.run_data import TABLES
+
     catalog = con.execute("SELECT current_database()").fetchall()[0][0]
     literal = run_id.replace("'", "''")
     for table in ("runs", *TABLES):

@@ -1,0 +1,98 @@
+"""The scale curve: synthetic Kineto runs of N ranks (same trace per rank, ~110k JSON events as in
+hta_rank3of8_6steps), written by `traceana synth`, ingested by `traceana ingest`, then the breakdown and stragglers
+commands; and a command's fixed cost (`--help`, `runs`).
+
+Each step runs as its own process, timed wall-clock, with its peak RSS from os.wait4. Prints one table. Run:
+    .venv/bin/python benchmarks/bench_scale.py --ranks 16,64,256 [--steps 8 --kernel-us 3] [--workdir DIR]
+The work folder (default: a temporary one) holds the traces and stores; it is removed unless --keep is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "synth_gpt_tp2pp2.yaml"
+TRACEANA = [sys.executable, "-m", "traceana"]
+
+
+def run(*args: object) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak RSS MiB) of one traceana command."""
+    began = time.perf_counter()
+    child = subprocess.Popen([*TRACEANA, *map(str, args)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - began
+    if status:
+        raise SystemExit(f"traceana {' '.join(map(str, args))} failed:\n{child.stderr.read().decode()}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def lines(folder: Path) -> tuple[int, int]:
+    """(bytes, trace events) of the Kineto files: the writer puts one event per line, after a 1-line header."""
+    size = events = 0
+    for path in folder.iterdir():
+        size += path.stat().st_size
+        with path.open("rb") as handle:
+            while chunk := handle.read(1 << 24):
+                events += chunk.count(b"\n")
+            events -= 2
+    return size, events
+
+
+def fixed_cost(db: Path, repeats: int = 5) -> list[tuple[str, float, float]]:
+    out = []
+    for label, args in (("traceana --help", ["--help"]), ("traceana runs", ["runs", "--db", db])):
+        times = [run(*args) for _ in range(repeats)]
+        out.append((label, min(t[0] for t in times), min(t[1] for t in times)))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", default="16,64,256")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--kernel-us", type=float, default=3.0)
+    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="traceana-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
+          f"Python {platform.python_version()}; load average {os.getloadavg()[0]:.1f} at start")
+    header = (f"{'ranks':>6}{'GB':>7}{'events':>13}{'synth s':>9}{'synth MB/s':>11}{'ingest s':>10}"
+              f"{'MB/s':>7}{'events/s':>11}{'peak RSS MiB':>13}{'breakdown s':>12}{'stragglers s':>13}")
+    rows = []
+    try:
+        for ranks in map(int, args.ranks.split(",")):
+            out, db = work / f"r{ranks}", work / f"r{ranks}.duckdb"
+            shutil.rmtree(out, ignore_errors=True)
+            db.unlink(missing_ok=True)
+            synth = run("synth", CONFIG, out, "--ranks", ranks, "--steps", args.steps, "--kernel-us", args.kernel_us)
+            size, events = lines(out / "traces")
+            ingest = run("ingest", out / "traces", "--db", db, "--layout", f"tp=2,dp={ranks // 4},pp=2")
+            breakdown = run("breakdown", "--db", db, "--json")
+            stragglers = run("stragglers", "--db", db, "--json")
+            rows.append(f"{ranks:>6}{size / 1e9:>7.2f}{events:>13,}{synth[0]:>9.1f}{size / 1e6 / synth[0]:>11.0f}"
+                        f"{ingest[0]:>10.1f}{size / 1e6 / ingest[0]:>7.1f}{events / ingest[0]:>11,.0f}"
+                        f"{ingest[2]:>13,.0f}{breakdown[0]:>12.1f}{stragglers[0]:>13.1f}")
+            print(header if len(rows) == 1 else "", rows[-1], sep="\n" if len(rows) == 1 else "", flush=True)
+            shutil.rmtree(out)
+        print(f"\n{'command fixed cost':<20}{'wall s':>8}{'CPU s':>8}   (best of 5)")
+        for label, wall, cpu in fixed_cost(db):
+            print(f"{label:<20}{wall:>8.2f}{cpu:>8.2f}")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

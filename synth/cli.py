@@ -1,0 +1,112 @@
+"""`traceana synth`: write a synthetic run's per-rank traces (OUT/traces/) and its ground truth (OUT/truth.json)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from traceana.errors import TraceanaError
+from traceana.output import progress
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from traceana.synth.schedule import Plan
+
+FORMATS = ("kineto", "nsys", "ascend")
+
+
+def synth(
+    config: Annotated[Path, typer.Argument(help="Estimator job YAML (model, parallel, hardware, schedule ...).")],
+    out: Annotated[Path, typer.Argument(help="Folder to write (created; must be empty or absent).")],
+    ranks: Annotated[int | None, typer.Option(help="World size (scales dp; default: the config's).")] = None,
+    steps: Annotated[int, typer.Option(help="Training steps per rank.")] = 3,
+    fmt: Annotated[str, typer.Option("--format", help="kineto, nsys or ascend.")] = "kineto",
+    seed: Annotated[int, typer.Option(help="RNG seed: the same seed writes the same files.")] = 0,
+    jitter: Annotated[float, typer.Option(help="Relative std of kernel and transfer lengths.")] = 0.03,
+    kernel_us: Annotated[float, typer.Option(help="Typical compute kernel length, µs (sets the event count).")] = 200.0,
+    rounds: Annotated[int, typer.Option(help="Compute / communication alternations per pass.")] = 4,
+    ranks_per_host: Annotated[int, typer.Option(help="GPUs per host (one clock per host).")] = 8,
+    host_skew_us: Annotated[float, typer.Option(help="Host clock offsets drawn in ±this, µs (host 0: 0).")] = 2000.0,
+    device_skew_us: Annotated[float, typer.Option(help="Per-device offsets within a host, ±µs.")] = 0.0,
+    straggler_rank: Annotated[int | None, typer.Option(help="This rank's compute is slowed.")] = None,
+    straggler_stage: Annotated[int | None, typer.Option(help="This pipeline stage's compute is slowed.")] = None,
+    slowdown: Annotated[float, typer.Option(help="The straggler's compute-time factor.")] = 1.3,
+    pg_metadata: Annotated[str, typer.Option(help="full (pg_config + PG args), args (PG args only) or none.")] = "full",
+    compress: Annotated[bool, typer.Option("--gzip", help="Kineto: write .json.gz (slower).")] = False,
+) -> None:
+    """Synthesize per-rank traces of the estimator's simulated schedule, with the ground truth beside them."""
+    from traceana.synth import schedule, truth
+
+    if fmt not in FORMATS:
+        raise TraceanaError(f"--format {fmt!r}: choose {', '.join(FORMATS)}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise TraceanaError(f"{out}: exists and is not an empty folder")
+    options = schedule.Options(
+        ranks=ranks, steps=steps, seed=seed, jitter=jitter, kernel_us=kernel_us, rounds=rounds,
+        ranks_per_host=ranks_per_host, host_skew_us=host_skew_us, device_skew_us=device_skew_us,
+        straggler_rank=straggler_rank, straggler_stage=straggler_stage, slowdown=slowdown, pg_metadata=pg_metadata)
+    plan = schedule.load(str(config), options)
+    writer = _writer(fmt)
+    traces = out / "traces"
+    traces.mkdir(parents=True, exist_ok=True)
+    began, rows, events, written = time.perf_counter(), [], 0, 0
+    with progress(plan.world, "writing") as advance:
+        for trace in plan.stage_traces():
+            path = writer(plan, trace, traces, compress) if fmt == "kineto" else writer(plan, trace, traces)
+            rows.append(truth.breakdown(trace))
+            events += trace.ops.height
+            written += sum(p.stat().st_size for p in (path.rglob("*") if path.is_dir() else [path]) if p.is_file())
+            advance(f"rank {trace.rank}")
+    _write_truth(plan, out / "truth.json", rows, fmt)
+    seconds = time.perf_counter() - began
+    typer.echo(f"{traces}: {fmt}, {plan.world} ranks x {steps} steps, {events:,} device ops, {written / 1e6:,.1f} MB "
+               f"in {seconds:.1f} s; ground truth in {out / 'truth.json'}")
+
+
+def _writer(fmt: str) -> Callable[..., Path]:
+    """The format module's write_rank."""
+    from importlib import import_module
+
+    return import_module(f"traceana.synth.{fmt}").write_rank
+
+
+def _write_truth(plan: Plan, path: Path, rows: list[pl.DataFrame], fmt: str) -> None:
+    """The ground truth: options, layout, hosts and clock offsets, process groups, straggler, per rank and step
+    times (ns, DESIGN §4 columns, on the true timeline), and the estimator's per-stage figures (ms)."""
+    import polars as pl
+
+    from traceana.synth.schedule import DIMS
+
+    steps = pl.concat(rows).sort("rank", "step")
+    o = plan.options
+    coords = plan.coords
+    reference = plan.host_offsets_ns[plan.host_of(0)]
+    data = {
+        "format": fmt,
+        "config": plan.cfg.source,
+        "options": {k: getattr(o, k) for k in o.__dataclass_fields__},
+        "world_size": plan.world,
+        "layout": plan.layout.spec,
+        "step_ns": plan.step_ns,
+        "period_ns": plan.period_ns,
+        "straggler": {"rank": o.straggler_rank, "stage": o.straggler_stage, "slowdown": o.slowdown},
+        "hosts": {f"node{h:04d}": off for h, off in enumerate(plan.host_offsets_ns)},
+        "ranks": [{"rank": r, "host": f"node{plan.host_of(r):04d}", "device": r % o.ranks_per_host,
+                   **{d: int(coords[r, i]) for i, d in enumerate(("tp", "cp", "ep", "dp", "pp"))},
+                   "host_offset_ns": plan.host_offsets_ns[plan.host_of(r)],
+                   "device_offset_ns": plan.device_offsets_ns[r],
+                   # what an ingester should put in ranks.clock_offset_ns when it aligns hosts to rank 0's host
+                   "expected_host_alignment_ns": reference - plan.host_offsets_ns[plan.host_of(r)]}
+                  for r in range(plan.world)],
+        "process_groups": plan.process_groups(),
+        "dims": list(DIMS),
+        "steps": steps.to_dict(as_series=False),
+        "estimate_ms": plan.estimate_ms.to_dict(as_series=False),
+    }
+    path.write_text(json.dumps(data, indent=1))
