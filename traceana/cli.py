@@ -152,3 +152,6 @@ app.command()(search)
 from traceana.compare_cli import compare  # noqa: E402
 
 app.command()(compare)
+from traceana.critical_path import critical_path  # noqa: E402
+
+app.command("critical-path")(critical_path)

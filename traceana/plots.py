@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import polars as pl
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from traceana.breakdown import DIM_LANES, PARTS, WAITS
@@ -67,10 +68,12 @@ def breakdown_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, title: str) -> None:
+def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, title: str,
+                   critical: pl.DataFrame | None = None) -> None:
     """One lane per rank over one step: COMP in grey on top, each dim's communication in its color below, idle blank.
 
-    ``windows``: rank, pp, start_ns, end_ns (lane order); ``intervals``: rank, lane, start_ns, end_ns.
+    ``windows``: rank, pp, start_ns, end_ns (lane order); ``intervals``: rank, lane, start_ns, end_ns;
+    ``critical``: the critical path's segments (rank, kind, start_ns, end_ns), drawn as a red line through the lanes.
     """
     origin = windows["start_ns"].min()
     dims = [d for d in DIM_LANES if d in set(intervals["lane"].to_list())]
@@ -91,6 +94,8 @@ def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, t
         w = windows.filter(pl.col("rank") == rank)
         ax.add_patch(plt.Rectangle(((w["start_ns"][0] - origin) / 1e6, y + 0.02), (w["end_ns"][0] - w["start_ns"][0])
                                    / 1e6, 0.96, fill=False, edgecolor="0.75", linewidth=0.5))
+    if critical is not None:
+        _draw_path(ax, critical, rows, origin)
     labels = [f"rank {r}" + (f" (stage {s})" if s is not None else "")
               for r, s in zip(rows, windows["pp"].to_list(), strict=True)]
     every = max(1, len(rows) // 64)  # at most 64 labels
@@ -104,7 +109,21 @@ def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, t
     handles = [Patch(color=COMP_COLOR, label="COMP (compute / memcpy / memset)")]
     handles += [Patch(color=DIM_COLORS[d], label=f"{d} communication") for d in dims]
     handles += [Patch(facecolor="white", edgecolor="0.75", label="idle (blank) within the rank's step window")]
+    if critical is not None:
+        handles += [Line2D([], [], color="red", linewidth=2, label="critical path (dotted: idle on it)")]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+def _draw_path(ax: plt.Axes, critical: pl.DataFrame, rows: dict[int, int], origin: int) -> None:
+    """The path in its lanes' middle: solid over work and communication, dotted over idle, vertical where it jumps."""
+    previous: tuple[float, float] | None = None
+    for rank, kind, start, end in critical.select("rank", "kind", "start_ns", "end_ns").iter_rows():
+        y, x0, x1 = rows[rank] + 0.5, (start - origin) / 1e6, (end - origin) / 1e6
+        if previous is not None and previous[1] != y:
+            ax.plot([x0, x0], [previous[1], y], color="red", linewidth=1.2)
+        ax.plot([x0, x1], [y, y], color="red", linewidth=2.2, linestyle=":" if kind == "idle" else "-",
+                solid_capstyle="butt")
+        previous = (x1, y)
