@@ -155,3 +155,6 @@ app.command()(compare)
 from traceana.critical_path import critical_path  # noqa: E402
 
 app.command("critical-path")(critical_path)
+from traceana.comm import comm  # noqa: E402
+
+app.command()(comm)

@@ -127,3 +127,35 @@ def _draw_path(ax: plt.Axes, critical: pl.DataFrame, rows: dict[int, int], origi
         ax.plot([x0, x1], [y, y], color="red", linewidth=2.2, linestyle=":" if kind == "idle" else "-",
                 solid_capstyle="butt")
         previous = (x1, y)
+
+
+def comm_heatmaps(pairs: pl.DataFrame, world: int, path: Path, title: str) -> None:
+    """Two rank × rank heatmaps from comm_matrix rows (src, dst, bytes, time_ms): MB sent and achieved GB/s."""
+    import numpy as np
+
+    summed = pairs.group_by("src", "dst").agg(pl.col("bytes").sum(), pl.col("time_ms").sum())
+    size = max(world, int(summed["src"].max()) + 1, int(summed["dst"].max()) + 1)
+    megabytes, bandwidth = np.full((size, size), np.nan), np.full((size, size), np.nan)
+    for src, dst, nbytes, ms in summed.iter_rows():
+        megabytes[src, dst] = nbytes / 1e6
+        bandwidth[src, dst] = nbytes / (ms * 1e6) if ms else np.nan
+    fig, axes = plt.subplots(1, 2, figsize=(min(6 + 0.5 * size, 24), min(3 + 0.25 * size, 12)))
+    for ax, values, label, heading, cmap in (
+            (axes[0], megabytes, "MB sent (1e6 bytes)", "traffic", "viridis"),
+            (axes[1], bandwidth, "GB/s (bytes / transfer time)", "achieved bandwidth", "magma")):
+        image = ax.imshow(values, cmap=cmap, origin="upper")
+        fig.colorbar(image, ax=ax, label=label, shrink=0.8)
+        if size <= 16:
+            for (i, j), v in np.ndenumerate(values):
+                if not np.isnan(v):
+                    ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=7,
+                            color="black" if image.norm(v) > 0.6 else "white")
+            ax.set_xticks(range(size))
+            ax.set_yticks(range(size))
+        ax.set_xlabel("destination rank")
+        ax.set_ylabel("source rank")
+        ax.set_title(heading, fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
