@@ -158,3 +158,6 @@ app.command("critical-path")(critical_path)
 from traceana.comm import comm  # noqa: E402
 
 app.command()(comm)
+from traceana.kernels import kernels  # noqa: E402
+
+app.command()(kernels)
