@@ -161,3 +161,6 @@ app.command()(comm)
 from traceana.kernels import kernels  # noqa: E402
 
 app.command()(kernels)
+from traceana.idle import idle  # noqa: E402
+
+app.command()(idle)

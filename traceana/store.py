@@ -45,7 +45,13 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False) -> Iterator
         if not read_only:
             con.execute(_schema_sql())
         for sql in view_sql():
-            con.execute(sql.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW", 1) if read_only else sql)
+            try:
+                con.execute(sql.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW", 1) if read_only
+                            else sql)
+            except duckdb.BinderException:
+                if not read_only:
+                    raise
+                # a read-only database older than a column this view reads: the reports that need it name the fix
         yield con
     finally:
         con.close()
