@@ -242,7 +242,8 @@ def _read_report(source: Path, options: IngestOptions) -> Report:
 _RANGE_SCHEMA = {"pid": _I64, "tid": _I64, "start_ns": _I64, "end_ns": _I64, "name": _STR, "domain": _STR,
                  "args": _STR}
 _DEVICE_SCHEMA = {"pid": _I64, "device": _I64, "stream": _I64, "start_ns": _I64, "end_ns": _I64, "name": _STR,
-                  "category": _STR, "op": _STR, "kernel_op": _STR, "dtype": _STR, "evidence": _STR}
+                  "category": _STR, "op": _STR, "kernel_op": _STR, "dtype": _STR, "evidence": _STR,
+                  "launch_ns": _I64}
 
 
 def _no_device() -> pl.DataFrame:
@@ -254,9 +255,14 @@ def _with_collectives(device: pl.DataFrame, export: Export, ranges: pl.DataFrame
     """Classify every device event; add op, kernel_op, dtype and evidence to the communication ones."""
     device = device.with_columns(classify(pl.col("short"), options.rules))
     comm = device.filter(pl.col("category") == "comm").select("key", "pid", "correlationId", "short", "rule_op")
+    launches = _launches(export)
     needs_launches = comm["short"].str.contains(r"^nccl(?:Dev)?Kernel_(?:SendRecv|Generic)").any()
-    ops = collective_ops(comm, _launches(export) if needs_launches else None, ranges)
-    return device.join(ops, on="key", how="left").select(*_DEVICE_SCHEMA)
+    ops = collective_ops(comm, launches if needs_launches else None, ranges)
+    device = device.join(ops, on="key", how="left")
+    if launches is None:
+        return device.with_columns(pl.lit(None, _I64).alias("launch_ns")).select(*_DEVICE_SCHEMA)
+    first_call = launches.group_by("pid", "correlationId").agg(pl.col("launch_ns").min())
+    return device.join(first_call, on=["pid", "correlationId"], how="left").select(*_DEVICE_SCHEMA)
 
 
 def _assign_ranks(units: pl.DataFrame, reports: list[Report]) -> pl.DataFrame:
@@ -317,7 +323,8 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
 
     shift = [(pl.col(c) + pl.col("_offset")).alias(c) for c in ("start_ns", "end_ns")]
     keys = ranks.select("report", "pid", "device", "rank")
-    device = per_report("device").join(keys, on=["report", "pid", "device"], nulls_equal=True).with_columns(shift)
+    device = per_report("device").join(keys, on=["report", "pid", "device"], nulls_equal=True).with_columns(
+        *shift, pl.col("launch_ns") + pl.col("_offset"))
     device = device.sort("rank", "start_ns", "end_ns", "stream").with_columns(
         pl.int_range(pl.len()).over("rank").cast(_I64).alias("event_id")
     )

@@ -106,3 +106,23 @@ def test_ascend_sync_tasks_and_no_launch_records(con: duckdb.DuckDBPyConnection,
     assert all(r["host_launch_ms"] == 0 and r["unknown_ms"] > 0 for r in payload["ranks"])
     result = CliRunner().invoke(app, ["idle", "hostbound", "--db", str(db), "--step", "7"])
     assert result.exit_code != 0 and "no such step" in str(result.exception)
+
+
+def test_nsys_launch_times_against_the_sqlite(tmp_path: Path) -> None:
+    # Second route: the export's own tables joined by correlation id in SQLite.
+    import sqlite3
+
+    export = TRACES / "nsys" / "pipit_cloverleaf_4gpu_nsys2024.5.sqlite"
+    with sqlite3.connect(f"file:{export}?mode=ro", uri=True) as lite:  # one process: correlation ids are unique
+        tables = {t for (t,) in lite.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        launch: dict[int, int] = {}
+        for corr, start in lite.execute("SELECT correlationId, start FROM CUPTI_ACTIVITY_KIND_RUNTIME"):
+            launch[corr] = min(launch.get(corr, start), start)
+        device = [row for t in ("KERNEL", "MEMCPY", "MEMSET") if f"CUPTI_ACTIVITY_KIND_{t}" in tables
+                  for row in lite.execute(f"SELECT start, correlationId FROM CUPTI_ACTIVITY_KIND_{t}")]
+    expected = sorted((start, launch[corr]) for start, corr in device if corr in launch)
+    with store.connect(tmp_path / "n.duckdb") as con:
+        store.write_run(con, "n", read_run([export], "nsys", IngestOptions(cache_dir=tmp_path / "cache")))
+        got = con.execute("SELECT start_ns, launch_ns FROM device_events WHERE launch_ns IS NOT NULL "
+                          "ORDER BY ALL").fetchall()
+    assert len(expected) > 1000 and got == expected
