@@ -164,3 +164,6 @@ app.command()(kernels)
 from traceana.idle import idle  # noqa: E402
 
 app.command()(idle)
+from traceana.memory import memory  # noqa: E402
+
+app.command()(memory)

@@ -159,3 +159,35 @@ def comm_heatmaps(pairs: pl.DataFrame, world: int, path: Path, title: str) -> No
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+def memory_timeline(samples: pl.DataFrame, windows: pl.DataFrame, path: Path, title: str) -> None:
+    """Allocated (solid) and reserved (dashed) GiB over time, one color per rank (at most 16 drawn), a sample
+    holding its level until the next; step starts as dotted vertical lines."""
+    origin = min(samples["ts_ns"].min(), windows["start_ns"].min() if windows.height else samples["ts_ns"].min())
+    ranks = sorted(set(samples["rank"].to_list()))
+    shown = ranks[:: max(1, len(ranks) // 16)][:16]
+    fig, ax = plt.subplots(figsize=(12, 5))
+    colors = plt.get_cmap("tab20")
+    for i, rank in enumerate(shown):
+        part = samples.filter(pl.col("rank") == rank)
+        x = ((part["ts_ns"] - origin) / 1e6).to_list()
+        color = colors(i % 20)
+        ax.step(x, (part["allocated_bytes"] / 2**30).to_list(), where="post", color=color, linewidth=1,
+                label=f"rank {rank} allocated")
+        if part["reserved_bytes"].fill_null(0).max() > 0:
+            ax.step(x, (part["reserved_bytes"] / 2**30).to_list(), where="post", color=color, linewidth=1,
+                    linestyle="--", label=f"rank {rank} reserved")
+    for start, step in windows.group_by("step").agg(pl.col("start_ns").min()).select("start_ns", "step").iter_rows():
+        x = (start - origin) / 1e6
+        ax.axvline(x, color="0.6", linestyle=":", linewidth=0.8)
+        ax.annotate(f"step {step}", (x, 1), xycoords=("data", "axes fraction"), xytext=(2, -10),
+                    textcoords="offset points", fontsize=7, color="0.4")
+    ax.set_xlabel("time since the first sample or step start (ms)")
+    ax.set_ylabel("memory (GiB = 2^30 bytes)")
+    suffix = "" if len(shown) == len(ranks) else f" ({len(shown)} of {len(ranks)} ranks drawn)"
+    ax.set_title(title + suffix, fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)

@@ -51,6 +51,10 @@ def breakdown(
         rid = store.resolve_run(con, run)
         ranks = bd.by_rank(con, rid, step)
         frame = ranks if by == "rank" else bd.by_stage(con, rid, step)
+        if json and by == "rank":  # the memory peak of the same step (of the steps averaged), where sampled
+            from traceana.memory import rank_peaks
+
+            frame = frame.join(rank_peaks(con, rid, step), on="rank", how="left")
     if ranks.is_empty():
         raise TraceanaError(f"run {rid!r} has no device events, so no breakdown")
     which = f"step {step}" if step is not None else "typical step (mean over steps after the first)"
