@@ -167,3 +167,6 @@ app.command()(idle)
 from traceana.memory import memory  # noqa: E402
 
 app.command()(memory)
+from traceana.diff import diff  # noqa: E402
+
+app.command()(diff)
