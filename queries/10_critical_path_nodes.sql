@@ -6,11 +6,12 @@
 --   the run timeline, clipped to the rank's step window), category (compute / memcpy / memset / comm), name,
 --   dim (VARCHAR: the collective's dim; NULL for work and for comm without a collectives row),
 --   instance (BIGINT, NULL when unmatched), ranks_seen (INTEGER: traced ranks in the instance), last_rank (INTEGER:
---   the instance's last arriver), last_start_ns (BIGINT ns: when it arrived).
+--   the instance's last arriver), last_start_ns (BIGINT ns: when it arrived), launch_ns (BIGINT ns: when the host
+--   launched the event; NULL when not recorded).
 CREATE OR REPLACE VIEW critical_path_nodes AS
 SELECT w.run_id, w.step, e.rank, k.pp, e.event_id, e.stream,
        greatest(e.start_ns, w.start_ns) AS start_ns, least(e.end_ns, w.end_ns) AS end_ns,
-       e.category, e.name, c.dim, c.instance, i.ranks_seen, i.last_rank, i.last_start_ns
+       e.category, e.name, c.dim, c.instance, i.ranks_seen, i.last_rank, i.last_start_ns, e.launch_ns
 FROM device_events e
 JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns < w.end_ns AND e.end_ns > w.start_ns
 LEFT JOIN ranks k ON k.run_id = e.run_id AND k.rank = e.rank

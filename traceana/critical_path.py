@@ -7,8 +7,9 @@ together, the one whose work ends latest) and goes backwards in time:
 - Within a rank, the predecessor of time t is what ran just before it: an event that covers t (start < t <= end;
   of several, the one that started first, so nested or overlapping streams count once), else the event that ended
   last before t, with the gap between them on the path as ``idle``. With one stream this is stream order; with
-  several it follows the busy chain. (The store has no CPU launch dependencies, so a kernel that waited on its host
-  shows up as an idle gap before it.)
+  several it follows the busy chain. A gap's name says what the event after it was waiting for, from its launch
+  time (device_events.launch_ns): 'idle (host launch)' when it was launched after the gap began (the host was
+  late), 'idle (queued)' when it was already queued (a dependency held it), plain 'idle' without launch records.
 - Across ranks, a collective instance ends when its last member arrives. Reaching a member that started before the
   last arriver, the path keeps the part after the arrival (the transfer) and continues on the last arriver's rank at
   its arrival: its critical predecessor is the work that rank did before. Pipeline Send/Recv pairs are instances of
@@ -54,8 +55,11 @@ def load_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> tuple[p
     windows = con.sql(
         "SELECT w.rank, r.pp, w.start_ns, w.end_ns FROM step_windows w LEFT JOIN ranks r USING (run_id, rank) "
         "WHERE w.run_id = ? AND w.step = ? ORDER BY r.pp NULLS FIRST, w.rank", params=[run_id, step]).pl()
-    nodes = con.sql("SELECT * EXCLUDE (run_id, step) FROM critical_path_nodes WHERE run_id = ? AND step = ?",
-                    params=[run_id, step]).pl()
+    try:
+        nodes = con.sql("SELECT * EXCLUDE (run_id, step) FROM critical_path_nodes WHERE run_id = ? AND step = ?",
+                        params=[run_id, step]).pl()
+    except duckdb.CatalogException:
+        raise TraceanaError(store.OUTDATED) from None
     return windows, nodes
 
 
@@ -71,32 +75,46 @@ def walk(windows: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
              for key, frame in nodes.group_by(["rank"])}
     arrays = {r: (f["start_ns"].to_numpy(), np.maximum.accumulate(f["end_ns"].to_numpy()),
                   f["ranks_seen"].fill_null(0).to_numpy(), f["last_rank"].fill_null(-1).to_numpy(),
-                  f["last_start_ns"].fill_null(0).to_numpy()) for r, f in ranks.items()}
-    backwards: list[tuple[int, int | None, int, int]] = []  # (rank, row in ranks[rank] or None for idle, start, end)
+                  f["last_start_ns"].fill_null(0).to_numpy(), f["launch_ns"].fill_null(-1).to_numpy())
+              for r, f in ranks.items()}
+
+    def idle(rank: int, start: int, end: int) -> tuple[int, None, int, int, str]:
+        """An idle segment, named by what the event that ends it says: launched after the device ran dry (the host
+        was late), already queued (it waited on a dependency), or nothing (no launch record)."""
+        name = "idle"
+        if rank in arrays and start > origin:
+            starts, launch = arrays[rank][0], arrays[rank][5]
+            i = int(np.searchsorted(starts, end, "left"))
+            if i < len(starts) and starts[i] == end and launch[i] >= 0:
+                name = "idle (host launch)" if launch[i] > start else "idle (queued)"
+        return rank, None, start, end, name
+
+    backwards: list[tuple[int, int | None, int, int, str]] = []  # (rank, row in ranks[rank] or None, start, end,
+    #                                                                idle segment's name)
     rank, t = end_row["rank"], int(end_row["end_ns"])
     while t > origin:
         if rank not in arrays:
-            backwards.append((rank, None, origin, t))
+            backwards.append(idle(rank, origin, t))
             break
-        starts, reach, seen, last_rank, last_start = arrays[rank]
+        starts, reach, seen, last_rank, last_start, _ = arrays[rank]
         k = int(np.searchsorted(starts, t, "left")) - 1  # events that started before t
         if k < 0:
-            backwards.append((rank, None, origin, t))
+            backwards.append(idle(rank, origin, t))
             break
         top = min(int(reach[k]), t)  # t when an event covers it, else the latest end before t
         if top < t:
-            backwards.append((rank, None, top, t))
+            backwards.append(idle(rank, top, t))
         j = int(np.searchsorted(reach, top, "left"))  # the first-started event that reaches top
         arrived = int(last_start[j])
         if seen[j] > 1 and last_rank[j] != rank and starts[j] < arrived < top:
-            backwards.append((rank, j, arrived, top))
+            backwards.append((rank, j, arrived, top, ""))
             rank, t = int(last_rank[j]), arrived
         else:
-            backwards.append((rank, j, int(starts[j]), top))
+            backwards.append((rank, j, int(starts[j]), top, ""))
             t = int(starts[j])
     rows = []
-    for r, j, start, end in reversed(backwards):
-        node = ranks[r].row(j, named=True) if j is not None else {"category": "idle", "dim": None, "name": "idle"}
+    for r, j, start, end, idle_name in reversed(backwards):
+        node = ranks[r].row(j, named=True) if j is not None else {"category": "idle", "dim": None, "name": idle_name}
         if j is None and start == origin:
             node["name"] = "idle: before the walk's first event on this rank"
         rows.append((r, stage.get(r), node["category"], node["dim"], node["name"], start, end))

@@ -46,8 +46,7 @@ def idle_causes(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = 
             WHERE CASE WHEN $step IS NULL THEN steady ELSE step = $step END
             GROUP BY rank, pp ORDER BY rank""", params={"run": run_id, "step": step}).pl()
     except duckdb.CatalogException:
-        raise TraceanaError("this database was written before launch times were stored: ingest the run again") \
-            from None
+        raise TraceanaError(store.OUTDATED) from None
 
 
 def idle(

@@ -14,6 +14,8 @@ from traceana.errors import TraceanaError
 from traceana.ingest.run_data import TABLES, RunData, conform
 
 DEFAULT_DB = "traceana.duckdb"
+# What a report says when a view it reads could not be defined on an older database (see connect).
+OUTDATED = "this database was written by an older traceana and lacks columns this report reads: ingest the run again"
 
 
 def _schema_sql() -> str:
@@ -51,7 +53,7 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False) -> Iterator
             except duckdb.BinderException:
                 if not read_only:
                     raise
-                # a read-only database older than a column this view reads: the reports that need it name the fix
+                # a read-only database older than a column this view reads: the reports that need it raise OUTDATED
         yield con
     finally:
         con.close()
