@@ -152,21 +152,11 @@ app.command()(search)
 from traceana.compare_cli import compare  # noqa: E402
 
 app.command()(compare)
-from traceana.critical_path import critical_path  # noqa: E402
+from traceana.analysis_cli import comm, critical_path, diff, idle, kernels, memory  # noqa: E402
 
 app.command("critical-path")(critical_path)
-from traceana.comm import comm  # noqa: E402
-
 app.command()(comm)
-from traceana.kernels import kernels  # noqa: E402
-
 app.command()(kernels)
-from traceana.idle import idle  # noqa: E402
-
 app.command()(idle)
-from traceana.memory import memory  # noqa: E402
-
 app.command()(memory)
-from traceana.diff import diff  # noqa: E402
-
 app.command()(diff)

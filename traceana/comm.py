@@ -1,4 +1,4 @@
-"""The `comm` command: bandwidth per collective op and dim as nccl-tests reports it, the slowest instances, the
+"""Behind `traceana comm`: bandwidth per collective op and dim as nccl-tests reports it, the slowest instances, the
 communication matrix between rank pairs, and the links or groups that run slower than their peers.
 
 Bandwidths follow NVIDIA/nccl-tests doc/PERFORMANCE.md (algbw = size / time; busbw = algbw × an op's factor that
@@ -9,17 +9,8 @@ weigh more, as a bandwidth over the whole run should.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
 import duckdb
 import polars as pl
-import typer
-
-from traceana import store
-from traceana.cli import DbOption, JsonOption, RunArgument
-from traceana.errors import TraceanaError
-from traceana.output import emit, emit_json
 
 
 def by_op(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
@@ -73,43 +64,3 @@ def by_group(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
         "FROM collective_bandwidth b LEFT JOIN process_groups g USING (run_id, pg) "
         "WHERE b.run_id = ? AND b.pg IS NOT NULL AND b.busbw_GBps IS NOT NULL GROUP BY ALL ORDER BY b.pg, b.op",
         params=[run_id]).pl()
-
-
-def comm(
-    run: RunArgument = None,
-    top: Annotated[int, typer.Option("--top", help="How many of the slowest instances to list.")] = 10,
-    threshold: Annotated[float, typer.Option("--threshold", help="Flag pairs / groups whose bandwidth is this many "
-                                             "percent below their peers' median.")] = 20.0,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write the rank-pair heatmaps (bytes, GB/s) to this "
-                                              "PNG.")] = None,
-    json: JsonOption = False,
-    db: DbOption = Path(store.DEFAULT_DB),
-) -> None:
-    """Communication per op and dim (count, bytes, time, algbw and busbw as nccl-tests defines them, intra- or
-    inter-node), the slowest instances, the rank-pair matrix and the slow links."""
-    if top < 1 or not 0 <= threshold < 100:
-        raise TraceanaError("--top must be >= 1 and --threshold a percentage in [0, 100)")
-    with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
-        ops, worst, pairs, groups = by_op(con, rid), slowest(con, rid, top), matrix(con, rid), by_group(con, rid)
-        world = con.execute("SELECT world_size FROM runs WHERE run_id = ?", [rid]).fetchall()[0][0]
-    if ops.is_empty():
-        raise TraceanaError(f"run {rid!r} has no collectives matched into instances, so no communication report")
-    slow = slow_links(pairs, groups, threshold)
-    if plot is not None:
-        if pairs.is_empty():
-            raise TraceanaError(f"run {rid!r}: no point-to-point or all-to-all peers, so no matrix to plot")
-        from traceana.plots import comm_heatmaps
-
-        comm_heatmaps(pairs, world, plot, f"{rid}: point-to-point and all-to-all traffic per rank pair")
-    if json:
-        emit_json({"run_id": rid, "threshold_pct": threshold, "by_op": ops.to_dicts(), "slowest": worst.to_dicts(),
-                   "matrix": pairs.to_dicts(), "groups": groups.to_dicts(), "slow_links": slow.to_dicts()})
-    else:
-        emit(ops, title=f"{rid}: communication per op and dim (busbw as nccl-tests defines it; GB = 1e9 bytes)")
-        emit(worst, title=f"the {top} slowest instances (time from the last arrival to the end)")
-        if not pairs.is_empty():
-            emit(pairs, title="rank pairs (point-to-point and all-to-all; all-to-all split evenly)")
-        emit(slow, title=f"pairs and groups more than {threshold:g}% below their peers' median bandwidth")
-    if plot is not None:
-        typer.echo(f"wrote {plot}", err=True)

@@ -24,19 +24,13 @@ maximum of their ends): the loop runs once per path segment, never once per even
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
 import duckdb
 import numpy as np
 import polars as pl
-import typer
 
 from traceana import store
 from traceana.breakdown import check_step, steps
-from traceana.cli import DbOption, JsonOption, RunArgument
 from traceana.errors import TraceanaError
-from traceana.output import emit, emit_json
 
 SEGMENT_COLUMNS = ("rank", "stage", "kind", "dim", "name", "start_ns", "end_ns")
 
@@ -153,39 +147,3 @@ def hops(segments: pl.DataFrame) -> pl.DataFrame:
                  pl.when(kind.first() == "comm").then(pl.format("{} {}", pl.col("dim").first().fill_null("?"),
                                                                 pl.col("name").first())).alias("entered via"))
             .drop("hop"))
-
-
-def critical_path(
-    run: RunArgument = None,
-    step: Annotated[int | None, typer.Option("--step", help="The step (default: the second, the first carries "
-                                             "warm-up).")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write the step's timeline with the path to this PNG.")]
-    = None,
-    json: JsonOption = False,
-    db: DbOption = Path(store.DEFAULT_DB),
-) -> None:
-    """The chain of work and waits across ranks that set one step's length: segments, totals by rank, stage, kind."""
-    with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
-        step = default_step(con, rid) if step is None else step
-        windows, nodes = load_step(con, rid, step)
-        segments = walk(windows, nodes)
-        intervals = con.sql("SELECT rank, lane, start_ns, end_ns FROM activity_intervals WHERE run_id = ? AND "
-                            "step = ?", params=[rid, step]).pl() if plot is not None else None
-    parts = report(segments)
-    length_ms = (segments["end_ns"].max() - segments["start_ns"].min()) / 1e6
-    if plot is not None:
-        from traceana.plots import timeline_gantt
-
-        timeline_gantt(windows, intervals, plot, f"{rid}: step {step}, critical path ({length_ms:,.3f} ms) in red",
-                       critical=segments)
-    if json:
-        emit_json({"run_id": rid, "step": step, "length_ms": length_ms,
-                   **{name: frame.to_dicts() for name, frame in parts.items()}})
-    else:
-        title = f"{rid}: step {step}, {length_ms:,.3f} ms from the first rank's start to the last rank's end"
-        emit(hops(parts["segments"]), title=f"{title}: the critical path, hop by hop")
-        for name in ("by_rank", "by_stage", "by_kind"):
-            emit(parts[name], title=f"critical path {name.replace('_', ' ')}")
-    if plot is not None:
-        typer.echo(f"wrote {plot}", err=True)

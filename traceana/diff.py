@@ -1,4 +1,4 @@
-"""The `diff` command: what changed between two runs, A and B, in any formats and world sizes.
+"""Behind `traceana diff`: what changed between two runs, A and B, in any formats and world sizes.
 
 - The step breakdown per pipeline stage (stage_breakdown: the mean over the stage's ranks of their typical step),
   each part's A, B, delta and %, and how much of the change in TOTAL each part explains (its delta over TOTAL's).
@@ -11,18 +11,10 @@ Runs of different sizes compare through means (per stage, per rank and step), ne
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
 import duckdb
 import polars as pl
-import typer
 
-from traceana import store
 from traceana.breakdown import PARTS, by_stage
-from traceana.cli import DbOption, JsonOption
-from traceana.errors import TraceanaError
-from traceana.output import emit, emit_json
 
 BREAKDOWN = ("TOTAL", *PARTS, "OVERLAPPED")
 
@@ -93,41 +85,3 @@ def collective_diff(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str) -> p
     joined = _pair(side(run_a), side(run_b), ["op", "dim"])
     return (joined.with_columns(*_delta(joined, "calls"), *_delta(joined, "bytes"), *_delta(joined, "ms"))
             .sort(pl.col("ms_delta").abs(), "op", "dim", descending=[True, False, False]))
-
-
-def diff(
-    run_a: Annotated[str, typer.Argument(help="The first run (A, the reference).")],
-    run_b: Annotated[str, typer.Argument(help="The second run (B), compared with A.")],
-    top: Annotated[int, typer.Option("--top", help="How many kernels to list in each table.")] = 15,
-    json: JsonOption = False,
-    db: DbOption = Path(store.DEFAULT_DB),
-) -> None:
-    """What changed from run A to run B: step time and breakdown per stage (which dims explain the change),
-    kernels whose time changed most, new and vanished kernels, collectives by op and dim (all per rank and step)."""
-    if top < 1:
-        raise TraceanaError(f"--top {top}: must be >= 1")
-    with store.connect(db, read_only=True) as con:
-        for run in (run_a, run_b):
-            store.resolve_run(con, run)
-        parts = breakdown_diff(con, run_a, run_b)
-        kernels = kernel_diff(con, run_a, run_b)
-        comms = collective_diff(con, run_a, run_b)
-    if parts.is_empty():
-        raise TraceanaError(f"runs {run_a!r} and {run_b!r} have no device events to compare")
-    changed = kernels.filter(pl.col("status") == "both").head(top)
-    new = kernels.filter(pl.col("status") == "new").head(top)
-    vanished = kernels.filter(pl.col("status") == "vanished").sort("ms_A", descending=True).head(top)
-    if json:
-        emit_json({"run_a": run_a, "run_b": run_b, "breakdown": parts.to_dicts(), "kernels_changed": changed.to_dicts(),
-                   "kernels_new": new.to_dicts(), "kernels_vanished": vanished.to_dicts(),
-                   "collectives": comms.to_dicts()})
-        return
-    title = f"{run_a} (A) -> {run_b} (B)"
-    nonzero = (pl.col("ms_A").fill_null(0).abs() + pl.col("ms_B").fill_null(0).abs()).sum().over("part") > 0
-    emit(parts.filter(nonzero), title=f"{title}: breakdown per stage, ms per typical step (mean over the stage's "
-                                      "ranks); explains_pct = share of the stage's TOTAL change")
-    for name, frame in (("changed most", changed), ("new in B", new), ("vanished from A", vanished)):
-        if not frame.is_empty():
-            emit(frame.drop("status"), title=f"kernels {name} (ms and calls per rank and step)")
-    if not comms.is_empty():
-        emit(comms, title="collectives by op and dim (per rank and step; ms include waiting)")

@@ -1,24 +1,18 @@
-"""The `idle` command: why the device was idle. IDLE (nothing counted as work or communication runs) split by
+"""Behind `traceana idle`: why the device was idle. IDLE (nothing counted as work or communication runs) split by
 cause, per rank and step or per rank's typical step, from the view idle_gaps: host-bound launch gaps (the next
 kernel was launched only after the device ran dry), sync waits, work that was queued but waited, and gaps at step
 boundaries. Without launch records (CPU-only runs, formats without runtime correlation) interior gaps stay
-'unknown', and the command says so.
+'unknown', and the report says so.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
 import duckdb
 import polars as pl
-import typer
 
 from traceana import store
 from traceana.breakdown import check_step
-from traceana.cli import DbOption, JsonOption, RunArgument
 from traceana.errors import TraceanaError
-from traceana.output import emit, emit_json
 
 CAUSES = ("host_launch", "sync_wait", "queued", "step_boundary", "unknown")
 
@@ -47,33 +41,3 @@ def idle_causes(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = 
             GROUP BY rank, pp ORDER BY rank""", params={"run": run_id, "step": step}).pl()
     except duckdb.CatalogException:
         raise TraceanaError(store.OUTDATED) from None
-
-
-def idle(
-    run: RunArgument = None,
-    step: Annotated[int | None, typer.Option("--step", help="One step (default: mean over steps after the first).")]
-    = None,
-    json: JsonOption = False,
-    db: DbOption = Path(store.DEFAULT_DB),
-) -> None:
-    """Why the device was idle: IDLE per rank split into host-bound launch gaps, sync waits, queued work waiting,
-    and step-boundary gaps (ms and % of IDLE)."""
-    with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
-        frame = idle_causes(con, rid, step)
-        launches = con.execute("SELECT count(launch_ns) FROM device_events WHERE run_id = ?", [rid]).fetchall()[0][0]
-    if frame.is_empty():
-        raise TraceanaError(f"run {rid!r} has no device events, so no idle time")
-    note = None if launches else ("no launch records in this run (CPU-only, or a format without runtime "
-                                  "correlation): interior gaps are left whole as 'unknown'")
-    which = f"step {step}" if step is not None else "typical step (mean over steps after the first)"
-    if json:
-        emit_json({"run_id": rid, "step": step, "note": note, "ranks": frame.to_dicts()})
-        return
-    shares = [pl.format("{} ({}%)", pl.col(f"{c}_ms").round_sig_figs(4),
-                        (100 * pl.col(f"{c}_ms") / pl.col("IDLE_ms")).round(1).fill_nan(None)).alias(f"{c} ms (%)")
-              for c in CAUSES if frame[f"{c}_ms"].sum() > 0]
-    emit(frame.select("rank", "pp", "steps", "gaps", pl.col("IDLE_ms").round_sig_figs(4), *shares),
-         title=f"{rid}: why the device was idle, {which}")
-    if note:
-        typer.echo(f"note: {note}")

@@ -1,4 +1,4 @@
-"""The `kernels` command: the kernels that took the most device time, by short name (view kernel_names: templates
+"""Behind `traceana kernels`: the kernels that took the most device time, by short name (view kernel_names: templates
 and argument lists cut, so versions of one kernel add up), over the whole run or per pipeline stage (view
 kernel_totals; variants: the most distinct full names merged on one rank). Shares are of COMP, the union of
 compute / memcpy / memset time over the same ranks and steps, so kernels on concurrent streams can add up to more
@@ -7,17 +7,8 @@ than 100%.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
 import duckdb
 import polars as pl
-import typer
-
-from traceana import store
-from traceana.cli import DbOption, JsonOption, RunArgument
-from traceana.errors import TraceanaError
-from traceana.output import emit
 
 WORK = ("compute", "memcpy", "memset")
 
@@ -40,26 +31,3 @@ def top_kernels(con: duckdb.DuckDBPyConnection, run_id: str, top: int, by_stage:
         GROUP BY t.stage, short_name, category
         QUALIFY row_number() OVER (PARTITION BY t.stage ORDER BY sum(total_ns) DESC, short_name) <= $top
         ORDER BY t.stage NULLS FIRST, total_ms DESC, short_name""", params={"run": run_id, "top": top}).pl()
-
-
-def kernels(
-    run: RunArgument = None,
-    top: Annotated[int, typer.Option("--top", help="How many kernels (per stage with --by stage).")] = 20,
-    by: Annotated[str, typer.Option("--by", help="run (all ranks together) or stage.")] = "run",
-    json: JsonOption = False,
-    db: DbOption = Path(store.DEFAULT_DB),
-) -> None:
-    """Top kernels by total device time: short name, category, calls, mean, share of COMP, time per rank-step."""
-    if by not in ("run", "stage"):
-        raise TraceanaError(f"--by {by!r}: choose run or stage")
-    if top < 1:
-        raise TraceanaError(f"--top {top}: must be >= 1")
-    with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
-        frame = top_kernels(con, rid, top, by_stage=by == "stage")
-    if frame.is_empty():
-        raise TraceanaError(f"run {rid!r} has no device events in its steps, so no kernels")
-    if by == "run":
-        frame = frame.drop("stage")
-    emit(frame, title=f"{rid}: top {top} kernels by total time" + (" per stage" if by == "stage" else "")
-         + " (share of COMP over the same ranks and steps)", fmt="json" if json else "table")
