@@ -119,3 +119,12 @@ def test_command_json_table_and_plot(con: duckdb.DuckDBPyConnection, tmp_path: P
     assert result.exit_code == 0 and "hop by hop" in result.output and png.stat().st_size > 10_000
     result = runner.invoke(app, ["critical-path", "--db", str(db), "--step", "9"])
     assert result.exit_code != 0 and "no such step" in str(result.exception)
+
+
+def test_a_step_without_work_is_one_idle_segment() -> None:
+    windows = pl.DataFrame({"rank": [0], "pp": [None], "start_ns": [100], "end_ns": [400]},
+                           schema={"rank": pl.Int32, "pp": pl.Int32, "start_ns": pl.Int64, "end_ns": pl.Int64})
+    nodes = pl.DataFrame(schema={"rank": pl.Int32, "start_ns": pl.Int64, "end_ns": pl.Int64, "category": pl.String,
+                                 "name": pl.String, "dim": pl.String, "ranks_seen": pl.Int32, "last_rank": pl.Int32,
+                                 "last_start_ns": pl.Int64, "launch_ns": pl.Int64})
+    assert cp.walk(windows, nodes).select("rank", "kind", "start_ns", "end_ns").rows() == [(0, "idle", 100, 400)]

@@ -65,7 +65,7 @@ def walk(windows: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
                .sort("end_ns", "work_end_ns", "rank", descending=[True, True, False], nulls_last=True)
                .row(0, named=True))
     stage = dict(zip(windows["rank"], windows["pp"], strict=True))
-    ranks = {key[0]: frame.sort("start_ns", "end_ns", descending=[False, True])
+    ranks = {key[0]: frame.sort("start_ns", "end_ns", descending=[False, True]).with_row_index("row")
              for key, frame in nodes.group_by(["rank"])}
     arrays = {r: (f["start_ns"].to_numpy(), np.maximum.accumulate(f["end_ns"].to_numpy()),
                   f["ranks_seen"].fill_null(0).to_numpy(), f["last_rank"].fill_null(-1).to_numpy(),
@@ -106,14 +106,17 @@ def walk(windows: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
         else:
             backwards.append((rank, j, int(starts[j]), top, ""))
             t = int(starts[j])
-    rows = []
-    for r, j, start, end, idle_name in reversed(backwards):
-        node = ranks[r].row(j, named=True) if j is not None else {"category": "idle", "dim": None, "name": idle_name}
-        if j is None and start == origin:
-            node["name"] = "idle: before the walk's first event on this rank"
-        rows.append((r, stage.get(r), node["category"], node["dim"], node["name"], start, end))
-    return pl.DataFrame(rows, schema=dict(zip(SEGMENT_COLUMNS, [pl.Int32, pl.Int32, pl.String, pl.String, pl.String,
-                                                                pl.Int64, pl.Int64], strict=True)), orient="row")
+    path = pl.DataFrame(backwards[::-1], schema={"rank": pl.Int32, "row": pl.Int64, "start_ns": pl.Int64,
+                                                 "end_ns": pl.Int64, "idle_name": pl.String}, orient="row")
+    rows = pl.concat([f.select(pl.col("rank").cast(pl.Int32), pl.col("row").cast(pl.Int64), "category", "dim", "name")
+                      for f in ranks.values()]) if ranks else pl.DataFrame(
+        schema={"rank": pl.Int32, "row": pl.Int64, "category": pl.String, "dim": pl.String, "name": pl.String})
+    named = pl.when(pl.col("start_ns") == origin).then(pl.lit("idle: before the walk's first event on this rank"))
+    return (path.join(rows, on=["rank", "row"], how="left", maintain_order="left")
+            .with_columns(pl.col("rank").replace_strict(stage, default=None, return_dtype=pl.Int32).alias("stage"),
+                          pl.col("category").fill_null("idle").alias("kind"),
+                          pl.coalesce(pl.when(pl.col("row").is_null()).then(named), "name", "idle_name").alias("name"))
+            .select(SEGMENT_COLUMNS))
 
 
 def report(segments: pl.DataFrame) -> dict[str, pl.DataFrame]:
