@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
+import polars as pl
 import pytest
 from typer.testing import CliRunner
 
@@ -19,6 +20,7 @@ from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.cli import app
 from traceana.ingest.dispatch import IngestOptions, read_run
+from traceana.ingest.run_data import RunData
 from traceana.kernels import top_kernels
 from traceana.layout import Layout
 
@@ -96,3 +98,34 @@ def test_by_stage_and_the_command(con: duckdb.DuckDBPyConnection, tmp_path: Path
                                                                .iter_rows(named=True)]
     result = CliRunner().invoke(app, ["kernels", "--db", str(db), "--by", "rank"])
     assert result.exit_code != 0 and "--by" in str(result.exception)
+
+
+NAMES = {  # kernel names as real traces spell them -> the short name that lets versions match
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, "
+    "3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)":
+        "at::native::vectorized_elementwise_kernel",
+    "void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 2, 128, 1>(float*, "
+    "at::native::(anonymous namespace)::CatArrInputTensorMetadata<float, unsigned int, 128, 1>, int)":
+        "at::native::CatArrayBatchedCopy",
+    "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_32x4_nn_align1>(cutlass_80_tensorop_s1688gemm_64x64_"
+    "32x4_nn_align1::Params)": "cutlass_80_tensorop_s1688gemm_64x64_32x4_nn_align1",
+    "std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, float, float, float, float, false, true, "
+    "true, false, 7, false, cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<float const>, "
+    "cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float>, float> >(cublasGemvParamsEx"
+    "<int, cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float const>, "
+    "cublasGemvTensorStridedBatched<float>, float>)": "internal::gemvx::kernel",
+    "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)": "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t",
+    "hcom_allReduce__586_0_1": "hcom_allReduce",
+    "Memcpy HtoD (Pinned -> Device)": "Memcpy HtoD",
+    "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT": "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT",
+}
+
+
+def test_kernel_names_view(tmp_path: Path) -> None:
+    events = pl.DataFrame({"rank": 0, "event_id": range(len(NAMES)), "start_ns": 0, "end_ns": 1,
+                           "name": list(NAMES), "category": "compute"})
+    with store.connect(tmp_path / "n.duckdb") as con:
+        store.write_run(con, "n", RunData(source_format="kineto", sources=["hand"], world_size=1,
+                                          frames={"device_events": events}))
+        got = dict(con.execute("SELECT name, short_name FROM kernel_names").fetchall())
+    assert got == NAMES
