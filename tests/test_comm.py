@@ -109,3 +109,17 @@ def test_command(con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
     assert png.stat().st_size > 10_000
     result = runner.invoke(app, ["comm", "--db", str(db), "--threshold", "150"])
     assert result.exit_code != 0 and "--threshold" in str(result.exception)
+
+
+def test_slow_links_are_those_below_their_peers_median() -> None:
+    from traceana.comm import slow_links
+
+    # four PP pairs: median (0.9 + 1.0) / 2 = 0.95 GB/s; 0.5 is 47.4% below it, 0.9 only 5.3%. TP groups 2.0 and 1.0,
+    # median 1.5: 1.0 is 33% below.
+    pairs = pl.DataFrame({"src": [0, 1, 2, 3], "dst": [1, 0, 3, 2], "dim": "PP", "GBps": [1.0, 1.1, 0.9, 0.5]})
+    groups = pl.DataFrame({"pg": ["a", "b"], "dim": "TP", "op": "AllReduce", "ranks": ["[0, 1]", "[2, 3]"],
+                           "busbw_GBps": [2.0, 1.0]})
+    got = slow_links(pairs, groups, 20).select("what", "who", "vs_median_pct").rows()
+    assert got == [("pair", "3 -> 2", pytest.approx(100 * (0.5 / 0.95 - 1))),
+                   ("group", "pg b [2, 3]", pytest.approx(-100 / 3))]
+    assert slow_links(pairs, groups, 60).is_empty()
