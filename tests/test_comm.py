@@ -17,6 +17,7 @@ from tests.conftest import SAMPLES, TRACES
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.cli import app
+from traceana.comm import slow_links
 from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.ingest.run_data import RunData
 from traceana.layout import Layout
@@ -112,8 +113,6 @@ def test_command(con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
 
 
 def test_slow_links_are_those_below_their_peers_median() -> None:
-    from traceana.comm import slow_links
-
     # four PP pairs: median (0.9 + 1.0) / 2 = 0.95 GB/s; 0.5 is 47.4% below it, 0.9 only 5.3%. TP groups 2.0 and 1.0,
     # median 1.5: 1.0 is 33% below.
     pairs = pl.DataFrame({"src": [0, 1, 2, 3], "dst": [1, 0, 3, 2], "dim": "PP", "GBps": [1.0, 1.1, 0.9, 0.5]})
