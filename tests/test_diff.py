@@ -35,6 +35,9 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
             store.write_run(con, name, read_run([SAMPLES / name], "kineto", options))
         for name, path in H200.items():
             store.write_run(con, name, read_run([path], "kineto", IngestOptions(cache_dir=folder / "cache")))
+        for name in ("torch_npu_2rank_level1", "torch_npu_2rank_level1_db"):
+            store.write_run(con, name, read_run([TRACES / "ascend" / name], "ascend",
+                                                IngestOptions(cache_dir=folder / "cache")))
     return folder / "t.duckdb"
 
 
@@ -95,6 +98,17 @@ def test_new_and_vanished_kernels_against_the_json(con: duckdb.DuckDBPyConnectio
     assert status["new"] == names["hostbound"] - names["gpt"] and status["new"]
     assert status["vanished"] == names["gpt"] - names["hostbound"] and status["vanished"]
     assert status["both"] == names["gpt"] & names["hostbound"]
+
+
+def test_one_program_in_two_export_formats(con: duckdb.DuckDBPyConnection) -> None:
+    # ../shared/traces/README.md: the Ascend text export and the database export record the same kind of 2-rank
+    # run (one program): the same kernels and collectives, as often, with the same bytes; only times differ.
+    kernels = kernel_diff(con, "torch_npu_2rank_level1_db", "torch_npu_2rank_level1")
+    assert set(kernels["status"]) == {"both"} and kernels["calls_delta"].abs().max() == 0
+    comms = collective_diff(con, "torch_npu_2rank_level1_db", "torch_npu_2rank_level1")
+    assert comms.select("op", "calls_A", "calls_delta", "bytes_delta").rows() == [("AllReduce", 4, 0, 0)]
+    total = _by(breakdown_diff(con, "torch_npu_2rank_level1_db", "torch_npu_2rank_level1"), "part")[("TOTAL",)]
+    assert abs(total["ms_delta_pct"]) < 10
 
 
 def test_command(db: Path) -> None:
