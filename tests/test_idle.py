@@ -95,7 +95,8 @@ def test_every_idle_ns_has_one_cause(con: duckdb.DuckDBPyConnection) -> None:
     assert rows and all(idle == gaps for *_, idle, gaps in rows)
 
 
-def test_ascend_sync_tasks_and_no_launch_records(con: duckdb.DuckDBPyConnection, db: Path) -> None:
+def test_ascend_sync_tasks_and_no_launch_records(con: duckdb.DuckDBPyConnection, db: Path,
+                                                  tmp_path: Path) -> None:
     # The Ascend text export has EVENT_WAIT / EVENT_RECORD device tasks but no host launch correlation.
     causes = dict(con.execute("SELECT cause, count(*) FROM idle_gaps WHERE run_id = 'npu' GROUP BY ALL").fetchall())
     assert causes.keys() <= {"sync_wait", "step_boundary", "unknown"} and causes["sync_wait"] > 0
@@ -104,6 +105,9 @@ def test_ascend_sync_tasks_and_no_launch_records(con: duckdb.DuckDBPyConnection,
     payload = json.loads(result.stdout)
     assert "no launch records" in payload["note"]
     assert all(r["host_launch_ms"] == 0 and r["unknown_ms"] > 0 for r in payload["ranks"])
+    png = tmp_path / "idle.png"
+    result = CliRunner().invoke(app, ["idle", "hostbound", "--db", str(db), "--plot", str(png)])
+    assert result.exit_code == 0 and "host_launch ms" in result.stdout and png.stat().st_size > 10_000
     result = CliRunner().invoke(app, ["idle", "hostbound", "--db", str(db), "--step", "7"])
     assert result.exit_code != 0 and "no such step" in str(result.exception)
 

@@ -125,6 +125,8 @@ def idle(
     run: RunArgument = None,
     step: Annotated[int | None, typer.Option("--step", help="One step (default: mean over steps after the first).")]
     = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write IDLE per rank stacked by cause to this PNG.")]
+    = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -139,6 +141,12 @@ def idle(
     note = None if launches else ("no launch records in this run (CPU-only, or a format without runtime "
                                   "correlation): interior gaps are left whole as 'unknown'")
     which = f"step {step}" if step is not None else "typical step (mean over steps after the first)"
+    if plot is not None:
+        from traceana.plots import IDLE_CAUSE_COLORS, breakdown_bars
+
+        breakdown_bars(frame, plot, f"{rid}\nwhy the device was idle, {which}", stack=IDLE_CAUSE_COLORS,
+                       ylabel="idle time per step (ms)")
+        typer.echo(f"wrote {plot}", err=True)
     if json:
         emit_json({"run_id": rid, "step": step, "note": note, "ranks": frame.to_dicts()})
         return

@@ -12,13 +12,15 @@ import polars as pl
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from traceana.breakdown import DIM_LANES, PARTS, WAITS
+from traceana.breakdown import DIM_LANES, WAITS
+from traceana.idle import CAUSES
 
 COMP_COLOR = "0.55"
 IDLE_COLOR = "0.93"
 DIM_COLORS = dict(zip(DIM_LANES, ["tab:blue", "tab:purple", "tab:orange", "tab:green", "tab:red", "tab:brown"],
                       strict=True))
 PART_COLORS = {"COMP": COMP_COLOR, **dict(zip(WAITS, DIM_COLORS.values(), strict=True)), "IDLE": IDLE_COLOR}
+IDLE_CAUSE_COLORS = dict(zip(CAUSES, ["tab:red", "tab:purple", "tab:orange", "tab:blue", "0.8"], strict=True))
 
 
 def _stage_positions(stages: list[int | None]) -> tuple[list[float], list[tuple[float, str]]]:
@@ -37,20 +39,22 @@ def _stage_positions(stages: list[int | None]) -> tuple[list[float], list[tuple[
     return xs, labels
 
 
-def breakdown_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
-    """One stacked bar per rank (COMP, each *_WAIT, IDLE in ms), ranks grouped by stage; OVERLAPPED beside it."""
+def breakdown_bars(frame: pl.DataFrame, path: Path, title: str, stack: dict[str, str] = PART_COLORS,
+                   ylabel: str = "time per step (ms)") -> None:
+    """One stacked bar per rank (``stack``: part -> color, read from ``<part>_ms``; by default COMP, each *_WAIT,
+    IDLE), ranks grouped by stage; a part zero on every rank is left out, except COMP and IDLE; OVERLAPPED beside."""
     frame = frame.sort(pl.col("pp").fill_null(-1), "rank")
     xs, stage_labels = _stage_positions(frame["pp"].to_list())
     fig, ax = plt.subplots(figsize=(max(9.0, min(0.35 * len(xs) + 5, 40.0)), 5))
     bottom = [0.0] * len(xs)
-    for part in PARTS:
+    for part, color in stack.items():
         values = frame[f"{part}_ms"].to_list()
-        if part in WAITS and not any(values):
+        if part not in ("COMP", "IDLE") and not any(values):
             continue
-        ax.bar(xs, values, bottom=bottom, width=0.7, color=PART_COLORS[part], edgecolor="0.3", linewidth=0.3,
+        ax.bar(xs, values, bottom=bottom, width=0.7, color=color, edgecolor="0.3", linewidth=0.3,
                label=f"{part} ms")
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    if frame["OVERLAPPED_ms"].sum() > 0:
+    if "OVERLAPPED_ms" in frame.columns and frame["OVERLAPPED_ms"].sum() > 0:
         ax.bar([x + 0.42 for x in xs], frame["OVERLAPPED_ms"].to_list(), width=0.12, color="black",
                label="OVERLAPPED ms (comm hidden under COMP, not in TOTAL)")
     ticks = xs if len(xs) <= 64 else xs[:: len(xs) // 32]
@@ -60,7 +64,7 @@ def breakdown_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
         ax.annotate(label, (x, 0), xycoords=("data", "axes fraction"), xytext=(0, -28), textcoords="offset points",
                     ha="center", fontsize=8)
     ax.set_xlabel("rank (grouped by pipeline stage)", labelpad=18)
-    ax.set_ylabel("time per step (ms)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
