@@ -244,8 +244,12 @@ def _device_frames(con: duckdb.DuckDBPyConnection, options: IngestOptions) -> tu
         SELECT k.f, row_number() OVER (PARTITION BY k.f ORDER BY k.start_ns, k.end_ns, k.name) - 1 AS event_id,
                coalesce(k.stream, TRY_CAST(k.tid AS BIGINT)) AS stream, k.start_ns, k.end_ns, k.name, k.cat,
                k.coll_name, k.in_nelems, k.dtype, k.pg_name, k.seq, k.peer, l.launcher, l.l_coll_name,
-               l.l_in_nelems, l.l_dtype, l.l_pg_name, l.l_seq, coalesce(k.group_size, l.l_group_size) AS group_size
+               l.l_in_nelems, l.l_dtype, l.l_pg_name, l.l_seq, coalesce(k.group_size, l.l_group_size) AS group_size,
+               r.launch_ns
         FROM ev k LEFT JOIN launchers l ON l.f = k.f AND l.corr = k.corr AND l.k_start = k.start_ns
+        LEFT JOIN (SELECT f, corr, min(start_ns) AS launch_ns FROM ev  -- the runtime call that launched it
+                   WHERE cat IN ('cuda_runtime', 'cuda_driver') AND corr IS NOT NULL GROUP BY f, corr) r
+               ON r.f = k.f AND r.corr = k.corr
         WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
     ).pl()
     events = events.with_columns(classify(pl.col("name"), options.rules)).with_columns(

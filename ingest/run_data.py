@@ -29,7 +29,7 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     },
     "device_events": {
         "rank": pl.Int32(), "event_id": pl.Int64(), "stream": pl.Int64(), "start_ns": pl.Int64(),
-        "end_ns": pl.Int64(), "name": pl.String(), "category": pl.String(),
+        "end_ns": pl.Int64(), "name": pl.String(), "category": pl.String(), "launch_ns": pl.Int64(),
     },
     "collectives": {
         "rank": pl.Int32(), "event_id": pl.Int64(), "op": pl.String(), "kernel_op": pl.String(),
@@ -44,7 +44,7 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     "memory": {"rank": pl.Int32(), "ts_ns": pl.Int64(), "allocated_bytes": pl.Int64(), "reserved_bytes": pl.Int64()},
 }
 TABLES = tuple(SCHEMAS)
-TIME_COLUMNS = {"device_events": ("start_ns", "end_ns"), "annotations": ("start_ns", "end_ns"),
+TIME_COLUMNS = {"device_events": ("start_ns", "end_ns", "launch_ns"), "annotations": ("start_ns", "end_ns"),
                 "steps": ("start_ns", "end_ns"), "memory": ("ts_ns",)}
 
 

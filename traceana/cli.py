@@ -173,3 +173,11 @@ app.command()(synth)
 from traceana.parquet_cli import import_parquet  # noqa: E402
 
 app.command()(import_parquet)
+from traceana.analysis_cli import comm, critical_path, diff, idle, kernels, memory  # noqa: E402
+
+app.command("critical-path")(critical_path)
+app.command()(comm)
+app.command()(kernels)
+app.command()(idle)
+app.command()(memory)
+app.command()(diff)

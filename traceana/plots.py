@@ -9,15 +9,18 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import polars as pl
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from traceana.breakdown import DIM_LANES, PARTS, WAITS, label
+from traceana.breakdown import DIM_LANES, WAITS, label
+from traceana.idle import CAUSES
 
 COMP_COLOR = "0.55"
 IDLE_COLOR = "0.93"
 DIM_COLORS = dict(zip(DIM_LANES, ["tab:blue", "tab:purple", "tab:orange", "tab:green", "tab:red", "tab:brown"],
                       strict=True))
 PART_COLORS = {"COMP": COMP_COLOR, **dict(zip(WAITS, DIM_COLORS.values(), strict=True)), "IDLE": IDLE_COLOR}
+IDLE_CAUSE_COLORS = dict(zip(CAUSES, ["tab:red", "tab:purple", "tab:orange", "tab:blue", "0.8"], strict=True))
 
 
 def _stage_positions(stages: list[int | None]) -> tuple[list[float], list[tuple[float, str]]]:
@@ -36,20 +39,22 @@ def _stage_positions(stages: list[int | None]) -> tuple[list[float], list[tuple[
     return xs, labels
 
 
-def breakdown_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
-    """One stacked bar per rank (COMP, each *_WAIT, IDLE in ms), ranks grouped by stage; OVERLAPPED beside it."""
+def breakdown_bars(frame: pl.DataFrame, path: Path, title: str, stack: dict[str, str] = PART_COLORS,
+                   ylabel: str = "time per step (ms)") -> None:
+    """One stacked bar per rank (``stack``: part -> color, read from ``<part>_ms``; by default COMP, each *_WAIT,
+    IDLE), ranks grouped by stage; a part zero on every rank is left out, except COMP and IDLE; OVERLAPPED beside."""
     frame = frame.sort(pl.col("pp").fill_null(-1), "rank")
     xs, stage_labels = _stage_positions(frame["pp"].to_list())
     fig, ax = plt.subplots(figsize=(max(9.0, min(0.35 * len(xs) + 5, 40.0)), 5))
     bottom = [0.0] * len(xs)
-    for part in PARTS:
+    for part, color in stack.items():
         values = frame[f"{part}_ms"].to_list()
-        if part in WAITS and not any(values):
+        if part not in ("COMP", "IDLE") and not any(values):
             continue
-        ax.bar(xs, values, bottom=bottom, width=0.7, color=PART_COLORS[part], edgecolor="0.3", linewidth=0.3,
+        ax.bar(xs, values, bottom=bottom, width=0.7, color=color, edgecolor="0.3", linewidth=0.3,
                label=f"{label(part)} ms")
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    if frame["OVERLAPPED_ms"].sum() > 0:
+    if "OVERLAPPED_ms" in frame.columns and frame["OVERLAPPED_ms"].sum() > 0:
         ax.bar([x + 0.42 for x in xs], frame["OVERLAPPED_ms"].to_list(), width=0.12, color="black",
                label="OVERLAPPED ms (comm hidden under COMP, not in TOTAL)")
     ticks = xs if len(xs) <= 64 else xs[:: len(xs) // 32]
@@ -59,7 +64,7 @@ def breakdown_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
         ax.annotate(text, (x, 0), xycoords=("data", "axes fraction"), xytext=(0, -28), textcoords="offset points",
                     ha="center", fontsize=8)
     ax.set_xlabel("rank (grouped by pipeline stage)", labelpad=18)
-    ax.set_ylabel("time per step (ms)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
@@ -67,10 +72,12 @@ def breakdown_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, title: str) -> None:
+def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, title: str,
+                   critical: pl.DataFrame | None = None) -> None:
     """One lane per rank over one step: COMP in grey on top, each dim's communication in its color below, idle blank.
 
-    ``windows``: rank, pp, start_ns, end_ns (lane order); ``intervals``: rank, lane, start_ns, end_ns.
+    ``windows``: rank, pp, start_ns, end_ns (lane order); ``intervals``: rank, lane, start_ns, end_ns;
+    ``critical``: the critical path's segments (rank, kind, start_ns, end_ns), drawn as a red line through the lanes.
     """
     origin = windows["start_ns"].min()
     dims = [d for d in DIM_LANES if d in set(intervals["lane"].to_list())]
@@ -91,6 +98,8 @@ def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, t
         w = windows.filter(pl.col("rank") == rank)
         ax.add_patch(plt.Rectangle(((w["start_ns"][0] - origin) / 1e6, y + 0.02), (w["end_ns"][0] - w["start_ns"][0])
                                    / 1e6, 0.96, fill=False, edgecolor="0.75", linewidth=0.5))
+    if critical is not None:
+        _draw_path(ax, critical, rows, origin)
     labels = [f"rank {r}" + (f" (stage {s})" if s is not None else "")
               for r, s in zip(rows, windows["pp"].to_list(), strict=True)]
     every = max(1, len(rows) // 64)  # at most 64 labels
@@ -104,7 +113,90 @@ def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, t
     handles = [Patch(color=COMP_COLOR, label="COMP (compute / memcpy / memset)")]
     handles += [Patch(color=DIM_COLORS[d], label=f"{d} communication") for d in dims]
     handles += [Patch(facecolor="white", edgecolor="0.75", label="idle (blank) within the rank's step window")]
+    if critical is not None:
+        handles += [Line2D([], [], color="red", linewidth=2, label="critical path (thin, pale: idle on it)")]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def _draw_path(ax: plt.Axes, critical: pl.DataFrame, rows: dict[int, int], origin: int) -> None:
+    """The path in its lanes' middle: bold over work and communication, thin and pale over idle, vertical where it jumps
+    (line collections, so a path of many thousand segments draws at once)."""
+    from matplotlib.collections import LineCollection
+
+    path = critical.select(pl.col("rank").replace_strict(rows, return_dtype=pl.Float64).alias("y") + 0.5,
+                           ((pl.col("start_ns") - origin) / 1e6).alias("x0"),
+                           ((pl.col("end_ns") - origin) / 1e6).alias("x1"), (pl.col("kind") == "idle").alias("idle"))
+    for idle, color, width in ((False, "red", 2.4), (True, (1.0, 0.0, 0.0, 0.3), 1.4)):
+        spans = path.filter(pl.col("idle") == idle)
+        ax.add_collection(LineCollection([((x0, y), (x1, y)) for y, x0, x1 in spans.select("y", "x0", "x1")
+                                          .iter_rows()], colors=color, linewidths=width))
+    jumps = path.with_columns(pl.col("y").shift(1).alias("from_y")).filter(pl.col("from_y") != pl.col("y"))
+    ax.add_collection(LineCollection([((x0, y0), (x0, y1)) for x0, y0, y1 in jumps.select("x0", "from_y", "y")
+                                      .iter_rows()], colors="red", linewidths=1.2))
+
+
+def comm_heatmaps(pairs: pl.DataFrame, world: int, path: Path, title: str) -> None:
+    """Two rank × rank heatmaps from comm_matrix rows (src, dst, bytes, time_ms): MB sent and achieved GB/s."""
+    import numpy as np
+
+    summed = pairs.group_by("src", "dst").agg(pl.col("bytes").sum(), pl.col("time_ms").sum())
+    size = max(world, int(summed["src"].max()) + 1, int(summed["dst"].max()) + 1)
+    megabytes, bandwidth = np.full((size, size), np.nan), np.full((size, size), np.nan)
+    for src, dst, nbytes, ms in summed.iter_rows():
+        megabytes[src, dst] = nbytes / 1e6
+        bandwidth[src, dst] = nbytes / (ms * 1e6) if ms else np.nan
+    fig, axes = plt.subplots(1, 2, figsize=(min(6 + 0.5 * size, 24), min(3 + 0.25 * size, 12)))
+    for ax, values, unit, heading, cmap in (
+            (axes[0], megabytes, "MB sent (1e6 bytes)", "traffic", "viridis"),
+            (axes[1], bandwidth, "GB/s (bytes / transfer time)", "achieved bandwidth", "magma")):
+        image = ax.imshow(values, cmap=cmap, origin="upper")
+        fig.colorbar(image, ax=ax, label=unit, shrink=0.8)
+        if size <= 16:
+            for (i, j), v in np.ndenumerate(values):
+                if not np.isnan(v):
+                    ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=7,
+                            color="black" if image.norm(v) > 0.6 else "white")
+            ax.set_xticks(range(size))
+            ax.set_yticks(range(size))
+        ax.set_xlabel("destination rank")
+        ax.set_ylabel("source rank")
+        ax.set_title(heading, fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def memory_timeline(samples: pl.DataFrame, windows: pl.DataFrame, path: Path, title: str) -> None:
+    """Allocated (solid) and reserved (dashed) GiB over time, one color per rank (at most 16 drawn), a sample
+    holding its level until the next; step starts as dotted vertical lines."""
+    origin = min(samples["ts_ns"].min(), windows["start_ns"].min() if windows.height else samples["ts_ns"].min())
+    ranks = sorted(set(samples["rank"].to_list()))
+    shown = ranks[:: max(1, len(ranks) // 16)][:16]
+    fig, ax = plt.subplots(figsize=(12, 5))
+    colors = plt.get_cmap("tab20")
+    for i, rank in enumerate(shown):
+        part = samples.filter(pl.col("rank") == rank)
+        x = ((part["ts_ns"] - origin) / 1e6).to_list()
+        color = colors(i % 20)
+        ax.step(x, (part["allocated_bytes"] / 2**30).to_list(), where="post", color=color, linewidth=1,
+                label=f"rank {rank} allocated")
+        if part["reserved_bytes"].fill_null(0).max() > 0:
+            ax.step(x, (part["reserved_bytes"] / 2**30).to_list(), where="post", color=color, linewidth=1,
+                    linestyle="--", label=f"rank {rank} reserved")
+    for start, step in windows.group_by("step").agg(pl.col("start_ns").min()).select("start_ns", "step").iter_rows():
+        x = (start - origin) / 1e6
+        ax.axvline(x, color="0.6", linestyle=":", linewidth=0.8)
+        ax.annotate(f"step {step}", (x, 1), xycoords=("data", "axes fraction"), xytext=(2, -10),
+                    textcoords="offset points", fontsize=7, color="0.4")
+    ax.set_xlabel("time since the first sample or step start (ms)")
+    ax.set_ylabel("memory (GiB = 2^30 bytes)")
+    suffix = "" if len(shown) == len(ranks) else f" ({len(shown)} of {len(ranks)} ranks drawn)"
+    ax.set_title(title + suffix, fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

@@ -63,6 +63,10 @@ def breakdown(
         if ranks.is_empty():
             raise TraceanaError(f"run {rid!r} has no device events, so no breakdown")
         which = bd.which_step(con, rid, step)
+        if json and by == "rank":  # the memory peak of the same step (of the steps averaged), where sampled
+            from traceana.memory import rank_peaks
+
+            frame = frame.join(rank_peaks(con, rid, step), on="rank", how="left")
     if plot is not None:
         from traceana.plots import breakdown_bars
 

@@ -41,8 +41,11 @@ CREATE TABLE IF NOT EXISTS device_events (
     start_ns BIGINT NOT NULL,
     end_ns   BIGINT NOT NULL,
     name     VARCHAR NOT NULL,
-    category VARCHAR NOT NULL   -- compute / comm / memcpy / memset / sync / other
+    category VARCHAR NOT NULL,  -- compute / comm / memcpy / memset / sync / other
+    launch_ns BIGINT            -- when the host's runtime call that launched it started; NULL when not recorded
 );
+-- Databases written before launch_ns existed gain it (NULL) on their next write.
+ALTER TABLE device_events ADD COLUMN IF NOT EXISTS launch_ns BIGINT;
 CREATE TABLE IF NOT EXISTS collectives (
     run_id    VARCHAR NOT NULL,
     rank      INTEGER NOT NULL,

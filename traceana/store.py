@@ -17,6 +17,8 @@ if TYPE_CHECKING:  # imported where used, so that `traceana --help` loads neithe
     from traceana.ingest.run_data import RunData
 
 DEFAULT_DB = "traceana.duckdb"
+# What a report says when a view it reads could not be defined on an older database (see connect).
+OUTDATED = "this database was written by an older traceana and lacks columns this report reads: ingest the run again"
 
 
 def _schema_sql() -> str:
@@ -52,7 +54,13 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False,
         if not read_only:
             con.execute(_schema_sql())
         for sql in view_sql() if views or not read_only else []:
-            con.execute(sql.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW", 1) if read_only else sql)
+            try:
+                con.execute(sql.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW", 1) if read_only
+                            else sql)
+            except duckdb.BinderException:
+                if not read_only:
+                    raise
+                # a read-only database older than a column this view reads: the reports that need it raise OUTDATED
         yield con
     finally:
         con.close()

@@ -1,0 +1,130 @@
+"""The cross-rank critical path: a hand-walked 4-rank run, the samples' known structure, and single GPU ranks
+checked against their raw JSON."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import SAMPLES, TRACES
+from tests.test_breakdown import run_data
+from tests.test_breakdown_real import _union_ns
+from tests.test_sample_traces import EXPERIMENTS
+from tests.test_stragglers import EVENTS, INSTANCE_OF, STEPS
+from traceana import critical_path as cp
+from traceana import store
+from traceana.cli import app
+from traceana.ingest.dispatch import IngestOptions, read_run
+from traceana.layout import Layout
+
+REAL = {"moe_skewed": SAMPLES / "moe_skewed", "toy8_tp2pp2dp2_1f1b": SAMPLES / "toy8_tp2pp2dp2_1f1b",
+        "hta_rank3of8_6steps": TRACES / "kineto" / "hta_rank3of8_6steps.json.gz",
+        "h200_gpt_h2048_L8_s1024_gb4": TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz"}
+
+
+@pytest.fixture(scope="module")
+def con(tmp_path_factory: pytest.TempPathFactory) -> Iterator[duckdb.DuckDBPyConnection]:
+    folder = tmp_path_factory.mktemp("cp")
+    with store.connect(folder / "t.duckdb") as connection:
+        store.write_run(connection, "hand", run_data(
+            EVENTS, STEPS, pp={0: 0, 1: 0, 2: 1, 3: 1},
+            instances={(EVENTS[i][0], i): inst for i, inst in INSTANCE_OF.items()}))
+        for name, path in REAL.items():
+            spec = EXPERIMENTS[name][0] if name in EXPERIMENTS else None
+            options = IngestOptions(layout=Layout.parse(spec) if spec else None, cache_dir=folder / "cache")
+            store.write_run(connection, name, read_run([path], "kineto", options))
+        yield connection
+
+
+def path_of(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> pl.DataFrame:
+    segments = cp.walk(*cp.load_step(con, run_id, step))
+    assert segments["start_ns"][1:].to_list() == segments["end_ns"][:-1].to_list()  # the segments tile the step
+    return segments
+
+
+def test_hand_walked_run(con: duckdb.DuckDBPyConnection) -> None:
+    # Step 1 is [0, 2000) on every rank; rank 1's work ends last (its TP kernel at 1200), so the walk starts there.
+    # Rank 1 arrived last at TP instance 4 (no jump); before it, its PP recv [800, 900) waited for rank 3 (arrived
+    # 850); rank 3's DP kernel [550, 700) waited for rank 2 (arrived 600, the last of four); rank 2 computed [0, 300).
+    got = path_of(con, "hand", 1).select("rank", "kind", "dim", "start_ns", "end_ns").rows()
+    assert got == [(2, "compute", None, 0, 300), (2, "idle", None, 300, 600), (3, "comm", "DP", 600, 700),
+                   (3, "idle", None, 700, 850), (1, "comm", "PP", 850, 900), (1, "idle", None, 900, 1100),
+                   (1, "comm", "TP", 1100, 1200), (1, "idle", None, 1200, 2000)]
+
+
+@pytest.mark.parametrize("step", [2, 3])
+def test_skewed_moe_path_runs_through_the_hot_ranks_compute(con: duckdb.DuckDBPyConnection, step: int) -> None:
+    # moe_skewed routes 112 tokens to the expert on ranks 0 and 2, 16 to the one on ranks 1 and 3 (the sample's
+    # config): the cold ranks wait at the all-to-alls, so the path jumps from them to a hot rank and its compute.
+    segments = path_of(con, "moe_skewed", step)
+    compute = segments.filter(pl.col("kind") == "compute").group_by("rank").agg(
+        (pl.col("end_ns") - pl.col("start_ns")).sum().alias("ns"))
+    per_rank = dict(compute.rows())
+    assert sum(per_rank.get(r, 0) for r in (0, 2)) > 2 * sum(per_rank.get(r, 0) for r in (1, 3))
+
+
+def test_toy8_path_crosses_stages_through_the_pipeline_messages(con: duckdb.DuckDBPyConnection) -> None:
+    # Layout tp=2,pp=2,dp=2 with order tp-cp-ep-dp-pp: TP and DP groups lie within a stage, so the only way from
+    # one stage to the other is a PP send/recv pair.
+    for step in (2, 3):
+        segments = path_of(con, "toy8_tp2pp2dp2_1f1b", step).with_row_index()
+        crossings = segments.filter(pl.col("stage") != pl.col("stage").shift(1))
+        assert crossings.height >= 2 and set(segments["stage"]) == {0, 1}
+        assert crossings.select("kind", "dim").unique().rows() == [("comm", "PP")]
+
+
+@pytest.mark.parametrize("name", ["hta_rank3of8_6steps", "h200_gpt_h2048_L8_s1024_gb4"])
+def test_single_rank_path_is_its_busy_chain(con: duckdb.DuckDBPyConnection, name: str) -> None:
+    # One rank: the path is busy exactly where some kernel / memcpy / memset runs (the union, read from the raw
+    # JSON here) and idle elsewhere in the step window.
+    with gzip.open(REAL[name]) as handle:
+        raw = json.load(handle)
+    base = int(raw.get("baseTimeNanoseconds") or 0)
+    events = [(base + round(e["ts"] * 1000), base + round(e["ts"] * 1000) + round(e.get("dur", 0) * 1000))
+              for e in raw["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy",
+                                                                                      "gpu_memset")]
+    windows = con.execute("SELECT step, start_ns, end_ns FROM step_windows WHERE run_id = ?", [name]).fetchall()
+    for step, w0, w1 in windows:
+        segments = path_of(con, name, step)
+        busy = _union_ns([(max(a, w0), min(b, w1)) for a, b in events if a < w1 and b > w0 and b > a])
+        on_path = segments.filter(pl.col("kind") != "idle").select(pl.col("end_ns") - pl.col("start_ns")).sum()
+        assert (segments["start_ns"].min(), segments["end_ns"].max()) == (w0, w1)
+        assert on_path.item() == busy, step
+        assert segments["rank"].n_unique() == 1
+
+
+def test_command_json_table_and_plot(con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
+    db = tmp_path / "h.duckdb"
+    with store.connect(db) as writer:
+        store.write_run(writer, "hand", run_data(
+            EVENTS, STEPS, pp={0: 0, 1: 0, 2: 1, 3: 1},
+            instances={(EVENTS[i][0], i): inst for i, inst in INSTANCE_OF.items()}))
+    runner = CliRunner()
+    result = runner.invoke(app, ["critical-path", "--db", str(db), "--step", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert payload["length_ms"] == 0.002
+    shares = {r["rank"]: r["share_pct"] for r in payload["by_rank"]}
+    assert shares == {1: 57.5, 2: 30.0, 3: 12.5}  # 1150, 600 and 250 of the walk's 2000 ns
+    assert sum(r["share_pct"] for r in payload["by_kind"]) == pytest.approx(100)
+    png = tmp_path / "cp.png"
+    result = runner.invoke(app, ["critical-path", "--db", str(db), "--plot", str(png)])
+    assert result.exit_code == 0 and "hop by hop" in result.output and png.stat().st_size > 10_000
+    result = runner.invoke(app, ["critical-path", "--db", str(db), "--step", "9"])
+    assert result.exit_code != 0 and "no such step" in str(result.exception)
+
+
+def test_a_step_without_work_is_one_idle_segment() -> None:
+    windows = pl.DataFrame({"rank": [0], "pp": [None], "start_ns": [100], "end_ns": [400]},
+                           schema={"rank": pl.Int32, "pp": pl.Int32, "start_ns": pl.Int64, "end_ns": pl.Int64})
+    nodes = pl.DataFrame(schema={"rank": pl.Int32, "start_ns": pl.Int64, "end_ns": pl.Int64, "category": pl.String,
+                                 "name": pl.String, "dim": pl.String, "ranks_seen": pl.Int32, "last_rank": pl.Int32,
+                                 "last_start_ns": pl.Int64, "launch_ns": pl.Int64})
+    assert cp.walk(windows, nodes).select("rank", "kind", "start_ns", "end_ns").rows() == [(0, "idle", 100, 400)]

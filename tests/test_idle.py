@@ -1,0 +1,132 @@
+"""`idle`: IDLE split by cause. The H200 host-bound trace against its raw JSON (kernels, and the runtime calls that
+launched them by correlation id, read here with the standard library), an Ascend run with device sync tasks, and a
+CPU-only sample without launch records."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import SAMPLES, TRACES
+from tests.test_sample_traces import EXPERIMENTS
+from traceana import store
+from traceana.cli import app
+from traceana.idle import idle_causes
+from traceana.ingest.dispatch import IngestOptions, read_run
+from traceana.layout import Layout
+
+HOSTBOUND = TRACES / "kineto" / "h200_hostbound_h512_L12_s256_gb8.json.gz"
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("idle")
+    path = folder / "t.duckdb"
+    with store.connect(path) as con:
+        options = IngestOptions(cache_dir=folder / "cache")
+        store.write_run(con, "hostbound", read_run([HOSTBOUND], "kineto", options))
+        store.write_run(con, "npu", read_run([TRACES / "ascend" / "torch_npu_2rank_level1"], "ascend", options))
+        options = IngestOptions(layout=Layout.parse(EXPERIMENTS["moe_skewed"][0]), cache_dir=folder / "cache")
+        store.write_run(con, "moe_skewed", read_run([SAMPLES / "moe_skewed"], "kineto", options))
+    return path
+
+
+@pytest.fixture
+def con(db: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    with store.connect(db, read_only=True) as connection:
+        yield connection
+
+
+def _raw_host_launch_ns(windows: list[tuple[int, int, int]]) -> dict[int, tuple[int, int]]:
+    """Per step: (idle ns inside the window, ns of interior gaps whose next kernel was launched after they began)."""
+    with gzip.open(HOSTBOUND) as handle:
+        raw = json.load(handle)
+    base = int(raw.get("baseTimeNanoseconds") or 0)
+    ns = lambda us: base + round(us * 1000)  # noqa: E731
+    launch: dict[int, int] = {}
+    for e in raw["traceEvents"]:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
+            corr = e["args"]["correlation"]
+            launch[corr] = min(launch.get(corr, ns(e["ts"])), ns(e["ts"]))
+    kernels = sorted((ns(e["ts"]), ns(e["ts"]) + round(e.get("dur", 0) * 1000), e["args"].get("correlation"))
+                     for e in raw["traceEvents"]
+                     if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    result = {}
+    for step, w0, w1 in windows:
+        idle = host = 0
+        reach = w0
+        for start, end, corr in kernels:
+            if end <= w0 or start >= w1 or end <= start:
+                continue
+            start, end = max(start, w0), min(end, w1)
+            if start > reach:
+                idle += start - reach
+                if reach > w0 and launch[corr] > reach:  # an interior gap whose next kernel came late
+                    host += start - reach
+            reach = max(reach, end)
+        result[step] = (idle + w1 - reach, host)
+    return result
+
+
+def test_hostbound_trace_is_host_bound(con: duckdb.DuckDBPyConnection) -> None:
+    windows = con.execute("SELECT step, start_ns, end_ns FROM step_windows WHERE run_id = 'hostbound'").fetchall()
+    expected = _raw_host_launch_ns(windows)
+    got = dict(con.execute("SELECT step, sum(end_ns - start_ns) FILTER (WHERE cause = 'host_launch') "
+                           "FROM idle_gaps WHERE run_id = 'hostbound' GROUP BY step").fetchall())
+    idle = dict(con.execute("SELECT step, IDLE_ns FROM rank_step_breakdown WHERE run_id = 'hostbound'").fetchall())
+    for step, (raw_idle, raw_host) in expected.items():
+        assert idle[step] == raw_idle
+        assert got[step] == raw_host
+        assert raw_host > 0.9 * raw_idle  # ~90% of the step is idle, nearly all of it waiting for launches
+    typical = idle_causes(con, "hostbound").row(0, named=True)
+    assert typical["host_launch_ms"] > 0.95 * typical["IDLE_ms"]
+
+
+def test_every_idle_ns_has_one_cause(con: duckdb.DuckDBPyConnection) -> None:
+    rows = con.execute("SELECT b.run_id, b.rank, b.step, b.IDLE_ns, coalesce(sum(g.end_ns - g.start_ns), 0) "
+                       "FROM rank_step_breakdown b LEFT JOIN idle_gaps g USING (run_id, rank, step) "
+                       "GROUP BY ALL").fetchall()
+    assert rows and all(idle == gaps for *_, idle, gaps in rows)
+
+
+def test_ascend_sync_tasks_and_no_launch_records(con: duckdb.DuckDBPyConnection, db: Path,
+                                                  tmp_path: Path) -> None:
+    # The Ascend text export has EVENT_WAIT / EVENT_RECORD device tasks but no host launch correlation.
+    causes = dict(con.execute("SELECT cause, count(*) FROM idle_gaps WHERE run_id = 'npu' GROUP BY ALL").fetchall())
+    assert causes.keys() <= {"sync_wait", "step_boundary", "unknown"} and causes["sync_wait"] > 0
+    result = CliRunner().invoke(app, ["idle", "moe_skewed", "--db", str(db), "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert "no launch records" in payload["note"]
+    assert all(r["host_launch_ms"] == 0 and r["unknown_ms"] > 0 for r in payload["ranks"])
+    png = tmp_path / "idle.png"
+    result = CliRunner().invoke(app, ["idle", "hostbound", "--db", str(db), "--plot", str(png)])
+    assert result.exit_code == 0 and "host_launch ms" in result.stdout and png.stat().st_size > 10_000
+    result = CliRunner().invoke(app, ["idle", "hostbound", "--db", str(db), "--step", "7"])
+    assert result.exit_code != 0 and "no such step" in str(result.exception)
+
+
+def test_nsys_launch_times_against_the_sqlite(tmp_path: Path) -> None:
+    # Second route: the export's own tables joined by correlation id in SQLite.
+    import sqlite3
+
+    export = TRACES / "nsys" / "pipit_cloverleaf_4gpu_nsys2024.5.sqlite"
+    with sqlite3.connect(f"file:{export}?mode=ro", uri=True) as lite:  # one process: correlation ids are unique
+        tables = {t for (t,) in lite.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        launch: dict[int, int] = {}
+        for corr, start in lite.execute("SELECT correlationId, start FROM CUPTI_ACTIVITY_KIND_RUNTIME"):
+            launch[corr] = min(launch.get(corr, start), start)
+        device = [row for t in ("KERNEL", "MEMCPY", "MEMSET") if f"CUPTI_ACTIVITY_KIND_{t}" in tables
+                  for row in lite.execute(f"SELECT start, correlationId FROM CUPTI_ACTIVITY_KIND_{t}")]
+    expected = sorted((start, launch[corr]) for start, corr in device if corr in launch)
+    with store.connect(tmp_path / "n.duckdb") as con:
+        store.write_run(con, "n", read_run([export], "nsys", IngestOptions(cache_dir=tmp_path / "cache")))
+        got = con.execute("SELECT start_ns, launch_ns FROM device_events WHERE launch_ns IS NOT NULL "
+                          "ORDER BY ALL").fetchall()
+    assert len(expected) > 1000 and got == expected

@@ -1,0 +1,152 @@
+"""The cross-rank critical path of one step: the chain of device work and waits that set the step's length.
+
+Nodes are the step's device events on every rank (view critical_path_nodes, clipped to each rank's window). The
+walk starts where the step ends last (the rank whose window ends latest, at that end; of ranks whose windows end
+together, the one whose work ends latest) and goes backwards in time:
+
+- Within a rank, the predecessor of time t is what ran just before it: an event that covers t (start < t <= end;
+  of several, the one that started first, so nested or overlapping streams count once), else the event that ended
+  last before t, with the gap between them on the path as ``idle``. With one stream this is stream order; with
+  several it follows the busy chain. A gap's name says what the event after it was waiting for, from its launch
+  time (device_events.launch_ns): 'idle (host launch)' when it was launched after the gap began (the host was
+  late), 'idle (queued)' when it was already queued (a dependency held it), plain 'idle' without launch records.
+- Across ranks, a collective instance ends when its last member arrives. Reaching a member that started before the
+  last arriver, the path keeps the part after the arrival (the transfer) and continues on the last arriver's rank at
+  its arrival: its critical predecessor is the work that rank did before. Pipeline Send/Recv pairs are instances of
+  two, so a receiver that waited continues on the sending stage.
+- The walk stops at the step's first start (the earliest window start over ranks); time before the first event it
+  reaches is idle. Every step moves t strictly backwards, so the segments tile [first start, last end] exactly and
+  their shares add up to 100%.
+
+One step at a time, with two binary searches per segment over each rank's events sorted by start (and the running
+maximum of their ends): the loop runs once per path segment, never once per event of the step.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from traceana import store
+from traceana.breakdown import check_step, steps
+from traceana.errors import TraceanaError
+
+SEGMENT_COLUMNS = ("rank", "stage", "kind", "dim", "name", "start_ns", "end_ns")
+
+
+def default_step(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
+    """The run's second step (the first carries warm-up), or its only one."""
+    known = steps(con, run_id)
+    if not known:
+        raise TraceanaError(f"run {run_id!r} has no device events, so no critical path")
+    return known[1] if len(known) > 1 else known[0]
+
+
+def load_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(windows, nodes) of one step: each rank's window, and critical_path_nodes."""
+    check_step(con, run_id, step)
+    windows = con.sql(
+        "SELECT w.rank, r.pp, w.start_ns, w.end_ns FROM step_windows w LEFT JOIN ranks r USING (run_id, rank) "
+        "WHERE w.run_id = ? AND w.step = ? ORDER BY r.pp NULLS FIRST, w.rank", params=[run_id, step]).pl()
+    try:
+        nodes = con.sql("SELECT * EXCLUDE (run_id, step) FROM critical_path_nodes WHERE run_id = ? AND step = ?",
+                        params=[run_id, step]).pl()
+    except duckdb.CatalogException:
+        raise TraceanaError(store.OUTDATED) from None
+    return windows, nodes
+
+
+def walk(windows: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
+    """The path's segments in time order (columns SEGMENT_COLUMNS, ns on the run timeline); see the module doc."""
+    origin = int(windows["start_ns"].min())
+    last_work = nodes.group_by("rank").agg(pl.col("end_ns").max().alias("work_end_ns"))
+    end_row = (windows.join(last_work, on="rank", how="left")
+               .sort("end_ns", "work_end_ns", "rank", descending=[True, True, False], nulls_last=True)
+               .row(0, named=True))
+    stage = dict(zip(windows["rank"], windows["pp"], strict=True))
+    ranks = {key[0]: frame.sort("start_ns", "end_ns", descending=[False, True]).with_row_index("row")
+             for key, frame in nodes.group_by(["rank"])}
+    arrays = {r: (f["start_ns"].to_numpy(), np.maximum.accumulate(f["end_ns"].to_numpy()),
+                  f["ranks_seen"].fill_null(0).to_numpy(), f["last_rank"].fill_null(-1).to_numpy(),
+                  f["last_start_ns"].fill_null(0).to_numpy(), f["launch_ns"].fill_null(-1).to_numpy())
+              for r, f in ranks.items()}
+
+    def idle(rank: int, start: int, end: int) -> tuple[int, None, int, int, str]:
+        """An idle segment, named by what the event that ends it says: launched after the device ran dry (the host
+        was late), already queued (it waited on a dependency), or nothing (no launch record)."""
+        name = "idle"
+        if rank in arrays and start > origin:
+            starts, launch = arrays[rank][0], arrays[rank][5]
+            i = int(np.searchsorted(starts, end, "left"))
+            if i < len(starts) and starts[i] == end and launch[i] >= 0:
+                name = "idle (host launch)" if launch[i] > start else "idle (queued)"
+        return rank, None, start, end, name
+
+    backwards: list[tuple[int, int | None, int, int, str]] = []  # (rank, row in ranks[rank] or None, start, end,
+    #                                                                idle segment's name)
+    rank, t = end_row["rank"], int(end_row["end_ns"])
+    while t > origin:
+        if rank not in arrays:
+            backwards.append(idle(rank, origin, t))
+            break
+        starts, reach, seen, last_rank, last_start, _ = arrays[rank]
+        k = int(np.searchsorted(starts, t, "left")) - 1  # events that started before t
+        if k < 0:
+            backwards.append(idle(rank, origin, t))
+            break
+        top = min(int(reach[k]), t)  # t when an event covers it, else the latest end before t
+        if top < t:
+            backwards.append(idle(rank, top, t))
+        j = int(np.searchsorted(reach, top, "left"))  # the first-started event that reaches top
+        arrived = int(last_start[j])
+        if seen[j] > 1 and last_rank[j] != rank and starts[j] < arrived < top:
+            backwards.append((rank, j, arrived, top, ""))
+            rank, t = int(last_rank[j]), arrived
+        else:
+            backwards.append((rank, j, int(starts[j]), top, ""))
+            t = int(starts[j])
+    path = pl.DataFrame(backwards[::-1], schema={"rank": pl.Int32, "row": pl.Int64, "start_ns": pl.Int64,
+                                                 "end_ns": pl.Int64, "idle_name": pl.String}, orient="row")
+    rows = pl.concat([f.select(pl.col("rank").cast(pl.Int32), pl.col("row").cast(pl.Int64), "category", "dim", "name")
+                      for f in ranks.values()]) if ranks else pl.DataFrame(
+        schema={"rank": pl.Int32, "row": pl.Int64, "category": pl.String, "dim": pl.String, "name": pl.String})
+    named = pl.when(pl.col("start_ns") == origin).then(pl.lit("idle: before the walk's first event on this rank"))
+    return (path.join(rows, on=["rank", "row"], how="left", maintain_order="left")
+            .with_columns(pl.col("rank").replace_strict(stage, default=None, return_dtype=pl.Int32).alias("stage"),
+                          pl.col("category").fill_null("idle").alias("kind"),
+                          pl.coalesce(pl.when(pl.col("row").is_null()).then(named), "name", "idle_name").alias("name"))
+            .select(SEGMENT_COLUMNS))
+
+
+def report(segments: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    """Segments in ms from the step's first start with their share of the step, and totals by rank, stage, kind."""
+    origin, length = segments["start_ns"].min(), segments["end_ns"].max() - segments["start_ns"].min()
+    ms = segments.with_columns(((pl.col("start_ns") - origin) / 1e6).alias("start_ms"),
+                               ((pl.col("end_ns") - pl.col("start_ns")) / 1e6).alias("duration_ms"),
+                               (100 * (pl.col("end_ns") - pl.col("start_ns")) / length).alias("share_pct"))
+
+    def totals(*keys: str) -> pl.DataFrame:
+        return (ms.group_by(*keys).agg(pl.len().alias("segments"), pl.col("duration_ms").sum(),
+                                       pl.col("share_pct").sum())
+                .sort("duration_ms", *keys, descending=[True, *[False] * len(keys)], nulls_last=True))
+
+    return {"segments": ms.drop("start_ns", "end_ns"), "by_rank": totals("rank", "stage"),
+            "by_stage": totals("stage"), "by_kind": totals("kind", "dim")}
+
+
+def hops(segments: pl.DataFrame) -> pl.DataFrame:
+    """The path as a person reads it: consecutive segments on one rank merged into a hop, with its work,
+    communication and idle time, and the collective it was entered through (the link from the previous rank)."""
+    kind = pl.col("kind")
+    return (segments.with_columns((pl.col("rank") != pl.col("rank").shift(1)).fill_null(True).cum_sum().alias("hop"))
+            .group_by("hop", maintain_order=True)
+            .agg(pl.col("rank", "stage").first(), pl.col("start_ms").first(), pl.col("duration_ms").sum(),
+                 pl.col("share_pct").sum(),
+                 pl.col("duration_ms").filter(kind.is_in(["compute", "memcpy", "memset"])).sum().alias("work_ms"),
+                 pl.col("duration_ms").filter(kind == "comm").sum().alias("comm_ms"),
+                 pl.col("duration_ms").filter(kind == "idle").sum().alias("idle_ms"),
+                 pl.len().alias("segments"),
+                 pl.when(kind.first() == "comm").then(pl.format("{} {}", pl.col("dim").first().fill_null("?"),
+                                                                pl.col("name").first())).alias("entered via"))
+            .drop("hop"))
