@@ -20,16 +20,14 @@ import polars as pl
 from traceana.synth.schedule import (
     COLLECTIVE,
     COLLECTIVES,
-    COMM_STREAM,
     COMPUTE,
-    COMPUTE_STREAM,
     DIMS,
-    P2P_STREAM,
     RECV,
     SEND,
     Plan,
     RankTrace,
     launch_times,
+    stream_of,
 )
 
 BASE_NS = 1_767_225_600_000_000_000  # baseTimeNanoseconds: 2026-01-01 UTC
@@ -75,8 +73,7 @@ def write_rank(plan: Plan, trace: RankTrace, out: Path, compress: bool = False) 
     ops = ops.with_columns(launch_times(trace.ops).alias("launch") + offset)
     ops = ops.with_columns(
         pl.when(pl.col("code") > COLLECTIVE).then(rank_pid + 1).otherwise(rank_pid).alias("tid"),
-        pl.when(pl.col("code") == COMPUTE).then(COMPUTE_STREAM)
-        .when(pl.col("code") == COLLECTIVE).then(COMM_STREAM).otherwise(P2P_STREAM).alias("stream"),
+        stream_of(pl.col("code"), pl.col("dim")).alias("stream"),
     )
     with_pg = options.pg_metadata != "none"
     coll_name = pl.col("code").replace_strict(

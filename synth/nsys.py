@@ -22,16 +22,14 @@ from traceana.synth import sqlite
 from traceana.synth.schedule import (
     COLLECTIVE,
     COLLECTIVES,
-    COMM_STREAM,
     COMPUTE,
-    COMPUTE_STREAM,
     DIMS,
-    P2P_STREAM,
     RECV,
     SEND,
     Plan,
     RankTrace,
     launch_times,
+    stream_of,
 )
 
 EPOCH_NS = 1_767_225_600_000_000_000
@@ -82,8 +80,7 @@ def write_rank(plan: Plan, trace: RankTrace, out: Path) -> Path:
     con = sqlite.create(out / file_name(trace), "nsys_schema.sql")
     try:
         sqlite.insert(con, "StringIds", pl.DataFrame({"id": list(string_id.values()), "value": list(string_id)}))
-        stream = (pl.when(pl.col("code") == COMPUTE).then(COMPUTE_STREAM).when(pl.col("code") == COLLECTIVE)
-                  .then(COMM_STREAM).otherwise(P2P_STREAM))
+        stream = stream_of(pl.col("code"), pl.col("dim"))
         sqlite.insert(con, "CUPTI_ACTIVITY_KIND_KERNEL", ops.select(
             (pl.col("start_ns") + shift).alias("start"), (pl.col("end_ns") + shift).alias("end"),
             pl.lit(trace.device).alias("deviceId"), pl.lit(1).alias("contextId"), stream.alias("streamId"),

@@ -110,6 +110,13 @@ HCCL_GROUP = {"TP": "tp", "CP": "cp", "EP": "exp", "DP": "dp", "PP": "pp"}
 COMPUTE_STREAM, COMM_STREAM, P2P_STREAM = 7, 20, 24
 
 
+def stream_of(code: pl.Expr, dim: pl.Expr) -> pl.Expr:
+    """The CUDA stream of an op: compute on one stream; each process group's collectives on a stream of their own
+    (ProcessGroupNCCL keeps one stream per group and device: TP 20, CP 21, EP 22, DP 23); send/recv on 24."""
+    return (pl.when(code == COMPUTE).then(COMPUTE_STREAM).when(code == COLLECTIVE).then(COMM_STREAM + dim)
+            .otherwise(P2P_STREAM))
+
+
 @dataclass(frozen=True)
 class Options:
     ranks: int | None = None          # world size; scales dp (and the global batch, keeping the micro-batches)
