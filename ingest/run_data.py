@@ -110,7 +110,8 @@ def instance_ends(data: RunData) -> pl.DataFrame:
     documents ncclSend and ncclRecv as blocking for the GPU until the peer's matching call: the receiver's kernel
     ends when the data has arrived, the sender's when it has been taken, so a matched pair ends together within link
     latency and one chunk (the synthesizer writes both ends at the same instant). A small message sent before its
-    receiver is ready can end early on the sender; the median over many pairs (pipelines send both ways) absorbs it.
+    receiver is ready can end early on the sender; the median over many pairs absorbs it while such pairs are a
+    minority, and per rank the spread rule of :func:`align_ranks` drops a pair of ranks whose ends disagree.
     Send/Recv without a known peer are not paired and not used."""
     ops = data.table("collectives").filter(
         pl.col("instance").is_not_null() & (~pl.col("op").is_in(["Send", "Recv"]) | pl.col("peer").is_not_null()))
@@ -182,19 +183,21 @@ def chain_offsets(pairs: pl.DataFrame) -> dict[int, int]:
     return {0: 0} | {node: round(float(solution[i])) for node, i in index.items()}
 
 
-# Device collectives end on all members within link latency. A rank whose end differences from another rank's, over
-# at least MIN_SHARED_ENDS shared instances, span no more than END_SPREAD_NS keeps a clock of its own that differs by
-# a constant; wider spreads (CPU collectives: a gloo rank's part ends when its own thread hands off) are left alone.
+# Device collectives and matched Send/Recv pairs end on all members within link latency. A rank whose end differences
+# from another rank's, over at least MIN_SHARED_ENDS shared instances, span no more than END_SPREAD_NS keeps a clock of
+# its own that differs by a constant; wider spreads (CPU collectives: a gloo rank's part ends when its own thread hands
+# off) are left alone.
 END_SPREAD_NS = 20_000
 MIN_SHARED_ENDS = 3
 
 
 def align_ranks(data: RunData) -> None:
     """Per-rank clock alignment after :func:`align_hosts`: ranks of one host can still disagree (each device keeps
-    its own clock). Each collective instance's lowest member is its anchor; per rank, the differences (anchor's end
-    - this rank's end) over the instances they share. Where the rule above holds, the rank is shifted by the middle
-    of their range (which minimizes the worst disagreement of ends) plus its anchor's own shift, in rank order, so
-    ranks chain onto the lowest rank's clock. The notes say which ranks were aligned this way and which were not."""
+    its own clock). Each instance of :func:`instance_ends` (a collective or a Send/Recv pair) has its lowest member
+    as anchor; per rank, the differences (anchor's end - this rank's end) over the instances they share. Where the
+    rule above holds, the rank is shifted by the middle of their range (which minimizes the worst disagreement of
+    ends) plus its anchor's own shift, in rank order, so ranks chain onto the lowest rank's clock. The notes say which
+    ranks were aligned this way and which were not."""
     ends = instance_ends(data).with_columns(pl.col("rank").min().over("instance").alias("anchor"))
     diff = pl.col("anchor_end") - pl.col("end_ns")
     pairs = (ends.join(ends.select("instance", pl.col("rank").alias("anchor"), pl.col("end_ns").alias("anchor_end")),
@@ -211,9 +214,9 @@ def align_ranks(data: RunData) -> None:
             + (f" and {len(shifts) - 16} more" if len(shifts) > 16 else ""))
     if left := sorted(set(pairs["rank"]) - set(shifts)):
         listing = ", ".join(map(str, left[:16])) + (f" and {len(left) - 16} more" if len(left) > 16 else "")
-        data.notes.append(f"rank(s) {listing} keep their host's clock: their collective ends do not agree with "
-                          f"another rank's within {END_SPREAD_NS // 1000} us over {MIN_SHARED_ENDS} or more "
-                          "collectives (CPU collectives do not end together; nor do instances matched wrongly)")
+        data.notes.append(f"rank(s) {listing} keep their host's clock: their collective and send/recv ends do not "
+                          f"agree with another rank's within {END_SPREAD_NS // 1000} us over {MIN_SHARED_ENDS} or more "
+                          "instances (CPU collectives and sends do not end together; nor do instances matched wrongly)")
     _shift_ranks(data, pl.DataFrame({"rank": list(shifts), "shift": list(shifts.values())},
                                     schema={"rank": pl.Int32(), "shift": pl.Int64()}))
 
