@@ -361,7 +361,8 @@ def _align_hosts(con: duckdb.DuckDBPyConnection, hosts: list[str | None]) -> lis
     One collective ends at nearly the same instant on all its ranks, so between two hosts the differences of end
     times of same-named, same-size communication events pile up at the clock offset, while unrelated pairs spread
     out. Per host, the densest 100 us bin of those differences against the first host (one rank each, its first
-    2,000 events) gives the offset, the median inside it the value. finish() refines it by matched collectives.
+    2,000 events) gives the offset, the median inside it the value. finish() refines it by matched collectives and
+    Send/Recv pairs.
     """
     if len({h for h in hosts if h is not None}) < 2:
         return [0] * len(hosts)
