@@ -119,6 +119,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     _number_ranks(traces)
     require_unique_ranks([t.rank for t in traces], [str(t.source) for t in traces])
     _name_hosts(traces, notes)
+    notes.extend(note for t in traces for note in t.notes)
 
     def with_rank(frame: pl.DataFrame, trace: RankTrace) -> pl.DataFrame:
         return frame.with_columns(rank=pl.lit(trace.rank, dtype=pl.Int32()))

@@ -131,10 +131,11 @@ def read_timeline(files: list[Path], rules: list[Rule], step_marker: str | None)
         annotations = pl.concat([annotations, hccl_task_annotations(planes)])
     python = con.execute("SELECT min(pid) FROM tracks WHERE process = 'Python'").fetchall()[0][0]
     device = re.search(r"(\d+)", hardware[0][1] or "")
+    notes: list[str] = []
     return RankTrace(
         source=files[0], events=events, annotations=annotations,
         steps=marker_steps(annotations.filter(pl.col("kind") == "cpu_op"), step_marker or DEFAULT_STEP_MARKER),
         device=int(device.group(1)) if device else None,
         pid=int(python) if python and python.isdigit() else None,
-        memory=memory_from_csv(files[0].parent / "memory_record.csv"),
+        memory=memory_from_csv(files[0].parent / "memory_record.csv", notes), notes=notes,
     )

@@ -23,6 +23,7 @@ from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_o
 from traceana.ingest.dispatch import IngestOptions
 from traceana.ingest.rules import classify
 from traceana.ingest.run_data import RunData, require_unique_ranks
+from traceana.ingest.validate import MAX_RANK, MAX_TIME_NS, checked_rank, rank_list
 
 _SUFFIXES = (".json", ".json.gz")
 _STEP = r"^ProfilerStep#(\d+)$"
@@ -73,12 +74,18 @@ def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
         raise TraceanaError(f"{file}: not a readable Kineto trace ({_first_line(exc)})") from None
     if len(meta) != 1 or meta[0][2] is None:
         raise TraceanaError(f"{file}: not a Kineto trace (no traceEvents array)")
-    info = json.loads(meta[0][0]) if meta[0][0] else {}
-    base = int(json.loads(meta[0][1])) if meta[0][1] else 0
-    con.execute(
-        f"""INSERT INTO ev SELECT {index} AS f, e.ph, e.cat, e.name, e.pid->>'$' AS pid, e.tid->>'$' AS tid,
-            {base} + CAST(e.ts * 1000 AS BIGINT) AS start_ns,
-            {base} + CAST(e.ts * 1000 AS BIGINT) + CAST(coalesce(e.dur, 0) * 1000 AS BIGINT) AS end_ns,
+    info, base = _metadata(file, meta[0][0], meta[0][1])
+    # Times in HUGEINT, then TRY_CAST: a time no BIGINT holds becomes NULL, and validation drops it with a note.
+    try:
+        con.execute(_INSERT.format(index=index, base=base, reader=reader))
+    except duckdb.Error as exc:
+        raise TraceanaError(f"{file}: not a readable Kineto trace ({_first_line(exc)})") from None
+    return info
+
+
+_INSERT = """INSERT INTO ev SELECT {index} AS f, e.ph, e.cat, e.name, e.pid->>'$' AS pid, e.tid->>'$' AS tid,
+            TRY_CAST({base}::HUGEINT + e.ts * 1000 AS BIGINT) AS start_ns,
+            TRY_CAST({base}::HUGEINT + e.ts * 1000 + coalesce(e.dur, 0) * 1000 AS BIGINT) AS end_ns,
             TRY_CAST(e.args."External id"->>'$' AS BIGINT) AS ext_id,
             TRY_CAST(e.args.correlation->>'$' AS BIGINT) AS corr,
             TRY_CAST(e.args.stream->>'$' AS BIGINT) AS stream,
@@ -96,8 +103,29 @@ def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
             TRY_CAST(e.args."Total Reserved"->>'$' AS BIGINT) AS mem_reserved,
             TRY_CAST(e.args."Device Type"->>'$' AS INTEGER) AS mem_device_type
         FROM (SELECT unnest(traceEvents) AS e FROM {reader}) WHERE e.ph = 'X' OR e.name = '[memory]'"""
-    )
-    return info
+
+
+def _metadata(file: Path, distributed: str | None, base: str | None) -> tuple[dict, int]:
+    """distributedInfo (rank, world_size and pg_config checked and normalized) and baseTimeNanoseconds; a field
+    of the wrong type is a one-line error naming it."""
+    info = json.loads(distributed) if distributed else {}
+    if not isinstance(info, dict):
+        raise TraceanaError(f"{file}: distributedInfo is {json.dumps(info)[:60]}, not an object")
+    info["rank"] = checked_rank(info.get("rank"), str(file), "distributedInfo.rank")
+    size = info.get("world_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_RANK + 1):
+        raise TraceanaError(f"{file}: distributedInfo.world_size is {size!r}, not a number of ranks")
+    groups = info.get("pg_config")
+    if groups is not None and not (isinstance(groups, list) and all(isinstance(g, dict) for g in groups)):
+        raise TraceanaError(f"{file}: distributedInfo.pg_config is {json.dumps(groups)[:60]}, not a list of objects")
+    for group in groups or []:
+        group["ranks"] = rank_list(group.get("ranks"), file, "distributedInfo.pg_config ranks")
+    value = json.loads(base) if base else 0
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TIME_NS:
+        raise TraceanaError(f"{file}: baseTimeNanoseconds is {value!r}, not a time in ns")
+    return info, value
 
 
 def _first_line(exc: Exception) -> str:
@@ -128,16 +156,12 @@ def _process_groups(infos: list[dict], con: duckdb.DuckDBPyConnection) -> pl.Dat
     rows = []
     for info in infos:
         for pg in info.get("pg_config") or []:
-            ranks = pg.get("ranks")
-            if isinstance(ranks, str):
-                ranks = json.loads(ranks) if ranks.strip().startswith("[") else []
-            rows.append((str(pg.get("pg_name")), pg.get("pg_desc"), sorted(int(r) for r in ranks or [])))
+            rows.append((str(pg.get("pg_name")), pg.get("pg_desc"), pg["ranks"]))  # checked by _metadata
     seen = con.execute(
         "SELECT DISTINCT pg_name, pg_desc, pg_ranks FROM ev WHERE pg_name IS NOT NULL AND pg_ranks IS NOT NULL"
     ).fetchall()
     for name, desc, ranks in seen:
-        text = ranks if ranks.strip().startswith("[") else f"[{ranks}]"
-        rows.append((name, desc, sorted(int(r) for r in json.loads(text))))
+        rows.append((name, desc, rank_list(ranks, f"kernel args of group {name}", "Process Group Ranks")))
     unique = {(name, tuple(ranks)): desc for name, desc, ranks in rows if ranks}
     frame = pl.DataFrame(
         [{"name_key": n, "name": d if d not in (None, "undefined") else None, "ranks": list(r)}

@@ -1,0 +1,108 @@
+"""The checks every format shares, applied to each parsed run before the shared ``finish`` step and the store.
+
+Readers parse; what no store row may be (a NULL time or name, an interval that ends before it starts, a time no
+clock produces, a rank no INTEGER holds) is decided here once. Rows that cannot be stored are dropped with a note
+that counts them; a rank that cannot be represented is a one-line error, since the run would be wrong without it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+
+from traceana.errors import TraceanaError
+from traceana.ingest.run_data import SCHEMAS, TIME_COLUMNS, RunData, conform
+
+MAX_RANK = 2**31 - 1  # ranks are INTEGER in the store
+SENTINEL_RANKS = (-1, 4294967295, 2**64 - 1)  # "no rank": -1 as int32, uint32, uint64
+# Timestamps are ns since some epoch (Unix or boot): 0 .. 2^62 (year 2116) holds every clock a profiler uses, and
+# leaves room for the shared step's clock shifts without overflow. Anything outside is a damaged value.
+MAX_TIME_NS = 2**62
+# Store columns that are NOT NULL (besides run_id and rank, which readers always set).
+REQUIRED = {table: [c for c in ("start_ns", "end_ns", "ts_ns", "name", "category", "kind", "step", "event_id")
+                     if c in schema]
+            for table, schema in SCHEMAS.items()}
+
+
+def checked_rank(value: object, source: str, field: str) -> int | None:
+    """A rank a trace states: None when absent or a "no rank" sentinel, else an int the store holds, else a
+    one-line error naming the source, the field and the value."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        if value in SENTINEL_RANKS:
+            return None
+        if 0 <= value <= MAX_RANK:
+            return value
+    raise TraceanaError(f"{source}: {field} is {value!r}, not a rank (an integer 0 .. {MAX_RANK})")
+
+
+def rank_list(value: object, source: object, field: str) -> list[int]:
+    """Group members as a trace writes them (a list, "[0, 1]" or "0,1"; absent or "" = none) as sorted ranks."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = json.loads(text if text.startswith("[") else f"[{text}]")
+        except ValueError:
+            raise TraceanaError(f"{source}: {field} {text[:60]!r} is not a list of ranks") from None
+    ranks = []
+    for member in value if isinstance(value, list) else [] if value is None else [value]:
+        if isinstance(member, str) and member.strip().isdigit():
+            member = int(member)
+        rank = checked_rank(member, str(source), field) if isinstance(member, int) else None
+        if rank is None:
+            raise TraceanaError(f"{source}: {field} {json.dumps(value)[:60]} is not a list of ranks")
+        ranks.append(rank)
+    return sorted(ranks)
+
+
+def validate(data: RunData) -> RunData:
+    """Drop the rows of ``data`` that no store row may be, with one note per table saying how many and why."""
+    ranks = data.table("ranks")
+    if (bad := ranks.filter((pl.col("rank") < 0) | pl.col("rank").is_null())).height:
+        raise TraceanaError(f"{ranks['source'][0]}: rank {bad['rank'][0]} is not a rank (an integer 0 .. {MAX_RANK})")
+    for table in ("device_events", "annotations", "steps", "memory"):
+        frame = data.frames.get(table)
+        if frame is None or frame.is_empty():
+            continue
+        frame = conform(table, frame) if set(SCHEMAS[table]) - set(frame.columns) else frame
+        reasons = _reasons(table, frame)
+        if not reasons:
+            continue
+        bad = pl.any_horizontal([cond for cond, _ in reasons])
+        dropped = frame.filter(bad)
+        data.frames[table] = frame.filter(~bad)
+        why = ", ".join(label for cond, label in reasons if dropped.select(cond.any()).item())
+        data.notes.append(f"{dropped.height} {table.replace('_', ' ')} rows left out ({why})")
+    _drop_orphans(data)
+    return data
+
+
+def _reasons(table: str, frame: pl.DataFrame) -> list[tuple[pl.Expr, str]]:
+    """(condition that makes a row unstorable, what to call it) for the conditions that hold on some row."""
+    conditions: list[tuple[pl.Expr, str]] = []
+    for column in REQUIRED[table]:
+        conditions.append((pl.col(column).is_null(), f"no {column}"))
+    times = TIME_COLUMNS[table]
+    for column in times:
+        conditions.append((~pl.col(column).is_between(0, MAX_TIME_NS), f"{column} outside 0 .. 2^62 ns"))
+    if len(times) == 2:
+        conditions.append((pl.col(times[1]) < pl.col(times[0]), "end before start"))
+    if "rank" in frame.columns:
+        conditions.append((pl.col("rank").is_null(), "no rank"))
+    present = frame.select([cond.fill_null(False).any().alias(str(i)) for i, (cond, _) in enumerate(conditions)])
+    return [(cond.fill_null(False), label) for (cond, label), hit in zip(conditions, present.row(0), strict=True)
+            if hit]
+
+
+def _drop_orphans(data: RunData) -> None:
+    """Collectives whose device event was left out go too (they point at it); the note above counted the events."""
+    coll, events = data.frames.get("collectives"), data.frames.get("device_events")
+    if coll is None or coll.is_empty() or events is None or "event_id" not in coll.columns:
+        return
+    kept = coll.join(events.select("rank", "event_id"), on=["rank", "event_id"], how="semi")
+    if kept.height < coll.height:
+        data.frames["collectives"] = kept
