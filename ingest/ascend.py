@@ -17,6 +17,7 @@ import polars as pl
 
 from traceana.ingest.ascend_db import read_database
 from traceana.ingest.ascend_groups import (
+    checked_metadata,
     communication_keys,
     double_hash,
     layout_from_metadata,
@@ -51,7 +52,7 @@ def _read_rank(source: RankInput, options: IngestOptions) -> RankTrace:
     trace.boot_ns = source.boot_ns
     trace.tool_version = ", ".join(filter(None, [f"profiler {source.level}" if source.level else None,
                                                  trace.tool_version])) or None
-    trace.metadata = {**trace.metadata, **source.metadata}
+    trace.metadata = checked_metadata({**trace.metadata, **source.metadata})
     if source.communication is not None:
         trace.events = link_by_hash(trace.events, communication_keys(source.communication))
     return trace
@@ -133,7 +134,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
                      f"communication.json op@hash: profiler level 0?); their process group is unknown")
 
     world = max([max(t.rank for t in traces) + 1]
-                + [int((m.get("distributed_args") or {}).get("world_size") or 0) for m in metadata])
+                + [m["distributed_args"].get("world_size") or 0 for m in metadata])
     ranks = pl.DataFrame(
         [{"rank": t.rank, "host": t.host, "device": t.device, "pid": t.pid, "rank_source": t.rank_source,
           "source": str(t.source)} for t in traces],

@@ -15,6 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from traceana.errors import TraceanaError
+from traceana.ingest.ascend_memory import EMPTY as NO_MEMORY
 from traceana.ingest.ascend_memory import SCHEMA as MEMORY_SCHEMA
 from traceana.ingest.ascend_tasks import (
     RUNTIME_TASKS,
@@ -84,6 +85,7 @@ class _Database:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.notes: list[str] = []
         # A finished export has no pending write-ahead log: open it immutable, which writes no -shm file beside it
         # (the profiler leaves its databases in WAL mode, and input folders may be read-only).
         wal = path.with_name(path.name + "-wal")
@@ -192,6 +194,29 @@ def _metadata(db: _Database) -> dict:
         raise TraceanaError(f"{db.path}: META_DATA holds malformed JSON ({exc})") from None
 
 
+def _memory(db: _Database) -> pl.DataFrame:
+    """The PTA allocator samples. Memory is an extra: a table that cannot be read is left out with a note."""
+    try:
+        return db.frame(
+            f"SELECT m.timestamp AS ts_ns, {unknown_id('m.totalAllocated')} AS allocated_bytes, "
+            f"{unknown_id('m.totalReserved')} AS reserved_bytes FROM MEMORY_RECORD m "
+            "JOIN STRING_IDS s ON s.id = m.component WHERE s.value = 'PTA' ORDER BY m.timestamp",
+            MEMORY_SCHEMA, "MEMORY_RECORD")
+    except TraceanaError as exc:
+        db.notes.append(f"{exc}; memory samples left out")
+        return NO_MEMORY
+
+
+def _dangling_names(db: _Database) -> str | None:
+    """How many compute tasks and HCCL ops name a STRING_IDS id that is not there, or None when all resolve."""
+    counts = [(what, db.rows(f"SELECT count(*) FROM {table} x LEFT JOIN STRING_IDS s ON s.id = x.{column} "
+                             "WHERE s.id IS NULL")[0][0])
+              for what, table, column in (("compute tasks", "COMPUTE_TASK_INFO", "name"),
+                                          ("HCCL ops", "COMMUNICATION_OP", "opName")) if db.has(table, (column,))]
+    found = [f"{n} {what}" for what, n in counts if n]
+    return " and ".join(found) + " name no STRING_IDS row" if found else None
+
+
 def read_database(path: Path, rules: list[Rule], step_marker: str | None) -> RankTrace:
     """Parse one rank's database export."""
     db = _Database(path)
@@ -207,12 +232,11 @@ def read_database(path: Path, rules: list[Rule], step_marker: str | None) -> Ran
     trace = RankTrace(source=path, events=_events(db, rules), annotations=annotations, steps=steps,
                       pid=db.rows(f"SELECT min({unknown_id('globalPid')}) FROM TASK")[0][0], metadata=_metadata(db),
                       tool_version=f"database schema {version}")
+    if dangling := _dangling_names(db):
+        trace.notes.append(f"{path}: {dangling} (a missing or cut-down STRING_IDS table); they are left out")
     if db.has("MEMORY_RECORD", ("component", "timestamp", "totalAllocated", "totalReserved")):
-        trace.memory = db.frame(
-            f"SELECT m.timestamp AS ts_ns, {unknown_id('m.totalAllocated')} AS allocated_bytes, "
-            f"{unknown_id('m.totalReserved')} AS reserved_bytes FROM MEMORY_RECORD m "
-            "JOIN STRING_IDS s ON s.id = m.component WHERE s.value = 'PTA' ORDER BY m.timestamp",
-            MEMORY_SCHEMA, "MEMORY_RECORD")
+        trace.memory = _memory(db)
+    trace.notes.extend(db.notes)
     if db.has("RANK_DEVICE_MAP", ("rankId", "deviceId")):
         found = db.rows(f"SELECT rankId, {unknown_id('deviceId', 32)} FROM RANK_DEVICE_MAP")
         if len(found) > 1:

@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from traceana.errors import TraceanaError
-from traceana.ingest.validate import rank_list
+from traceana.ingest.validate import MAX_RANK, rank_list
 from traceana.layout import Layout
 
 _MASK = 0xFFFFFFFF
@@ -87,6 +87,16 @@ def layout_from_metadata(metadata: list[dict]) -> Layout | None:
                 raise TraceanaError(f"profiler metadata: distributed_args {bad} is not a group size")
             return Layout(**sizes)
     return None
+
+
+def checked_metadata(meta: dict) -> dict:
+    """``meta`` with parallel_group_info and distributed_args as objects (a database holds them as JSON text), and
+    distributed_args.world_size a number of ranks; a field of another type is a one-line error naming it."""
+    meta = {**meta, **{key: _object(meta.get(key), key) for key in ("parallel_group_info", "distributed_args")}}
+    size = meta["distributed_args"].get("world_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_RANK + 1):
+        raise TraceanaError(f"profiler metadata: distributed_args world_size is {size!r}, not a number of ranks")
+    return meta
 
 
 def _object(value: object, field: str) -> dict:

@@ -22,7 +22,7 @@ def memory_from_csv(path: Path, notes: list[str]) -> pl.DataFrame:
     source = str(path).replace("'", "''")
     try:
         return _read_csv(source)
-    except (duckdb.Error, OSError) as exc:
+    except (duckdb.Error, OSError, UnicodeDecodeError) as exc:
         notes.append(f"{path}: memory samples left out, the file is not readable ({str(exc).splitlines()[0][:120]})")
         return EMPTY
 

@@ -101,7 +101,7 @@ def _load(con: duckdb.DuckDBPyConnection, files: list[Path]) -> None:
     try:
         con.execute(f"CREATE TEMP TABLE ev AS SELECT * FROM read_json([{listing}], format='array', "
                     f"columns={_COLUMNS}, maximum_object_size=1073741824)")
-    except duckdb.Error as exc:
+    except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
         where = files[0] if len(files) == 1 else f"{files[0].parent} (msprof slices)"
         detail = str(exc).strip().splitlines()[0][:160]
         raise TraceanaError(f"{where}: not a complete JSON array of trace events ({detail})") from None

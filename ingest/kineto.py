@@ -70,7 +70,7 @@ def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
               f"columns={{'traceEvents': '{_EVENT}', 'distributedInfo': 'JSON', 'baseTimeNanoseconds': 'JSON'}})")
     try:
         meta = con.execute(f"SELECT distributedInfo, baseTimeNanoseconds, len(traceEvents) FROM {reader}").fetchall()
-    except duckdb.Error as exc:
+    except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
         raise TraceanaError(f"{file}: not a readable Kineto trace ({_first_line(exc)})") from None
     if len(meta) != 1 or meta[0][2] is None:
         raise TraceanaError(f"{file}: not a Kineto trace (no traceEvents array)")
@@ -78,7 +78,7 @@ def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
     # Times in HUGEINT, then TRY_CAST: a time no BIGINT holds becomes NULL, and validation drops it with a note.
     try:
         con.execute(_INSERT.format(index=index, base=base, reader=reader))
-    except duckdb.Error as exc:
+    except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
         raise TraceanaError(f"{file}: not a readable Kineto trace ({_first_line(exc)})") from None
     return info
 
