@@ -56,8 +56,9 @@ def _columns(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[str, str]]]
 
 def check_schema(con: duckdb.DuckDBPyConnection, path: Path, *, read_only: bool) -> None:
     """A one-line error unless the database holds this version's tables with this version's columns, or is empty
-    and about to be written. A file shorter than the blocks its header counts was cut short (a copy that stopped)."""
-    size, blocks = con.execute("SELECT block_size, total_blocks FROM pragma_database_size() "
+    and about to be written. A file shorter than the blocks its header says are in use was cut short (a copy that
+    stopped); other damage is found when a read reaches it (:func:`file_error`)."""
+    size, blocks = con.execute("SELECT block_size, used_blocks FROM pragma_database_size() "
                                "WHERE database_name = current_database()").fetchall()[0]
     if path.stat().st_size < size * blocks:
         raise TraceanaError(f"{path}: the database file is truncated or damaged; restore it from a copy or {_FRESH}")
