@@ -12,7 +12,7 @@ from traceana.estimator import config, memory, record, timeline
 from traceana.estimator import search as searching
 from traceana.estimator.estimate import Estimate, model_flops
 from traceana.estimator.estimate import estimate as run_estimate
-from traceana.output import emit, emit_json, progress
+from traceana.output import emit, emit_json, plot_path, progress
 
 ConfigArgument = Annotated[Path, typer.Argument(help="Job YAML (model, parallel, schedule, hardware, calibration).")]
 
@@ -37,7 +37,8 @@ def _summary(est: Estimate) -> dict[str, object]:
 
 def estimate(
     cfg_path: ConfigArgument,
-    plot: Annotated[Path | None, typer.Option(help="Write a Gantt chart (PNG) of the simulated step.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write a Gantt chart (PNG) of the simulated step.",
+                                              callback=plot_path)] = None,
     trace: Annotated[Path | None, typer.Option(help="Write the simulated step as Chrome-trace JSON (Perfetto).")]
     = None,
     json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,

@@ -295,6 +295,8 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         f"WHERE name = '[memory]' AND mem_device_type = {1 if mode == 'gpu' else 0} ORDER BY f, start_ns"
     ).pl().join(file_rank, on="f")
     notes = []
+    if options.step_marker is not None:
+        notes.append(f"--step-marker {options.step_marker!r} ignored: Kineto steps are the profiler's ProfilerStep#N")
     if mode == "cpu":
         notes.append("no device activity: CPU-only run, compute from the main thread's CPU ops")
         if not memory.is_empty():

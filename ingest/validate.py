@@ -19,6 +19,9 @@ SENTINEL_RANKS = (-1, 4294967295, 2**64 - 1)  # "no rank": -1 as int32, uint32, 
 # Timestamps are ns since some epoch (Unix or boot): 0 .. 2^62 (year 2116) holds every clock a profiler uses, and
 # leaves room for the shared step's clock shifts without overflow. Anything outside is a damaged value.
 MAX_TIME_NS = 2**62
+# A profile covers seconds to hours: a time more than a day from the median of its rank's times is a damaged value
+# (ts -1e15 us on a trace with a wall-clock base still lands in 1989), not an event of this run.
+MAX_SPREAD_NS = 86_400 * 10**9
 # Store columns that are NOT NULL (besides run_id and rank, which readers always set).
 REQUIRED = {table: [c for c in ("start_ns", "end_ns", "ts_ns", "name", "category", "kind", "step", "event_id")
                      if c in schema]
@@ -87,8 +90,12 @@ def _reasons(table: str, frame: pl.DataFrame) -> list[tuple[pl.Expr, str]]:
     for column in REQUIRED[table]:
         conditions.append((pl.col(column).is_null(), f"no {column}"))
     times = TIME_COLUMNS[table]
-    for column in times:
-        conditions.append((~pl.col(column).is_between(0, MAX_TIME_NS), f"{column} outside 0 .. 2^62 ns"))
+    by = "rank" if "rank" in frame.columns else None
+    median = pl.col(times[0]).median().over(by) if by else pl.col(times[0]).median()
+    conditions.append((pl.any_horizontal([~pl.col(c).is_between(0, MAX_TIME_NS) for c in times]),
+                       "a time outside 0 .. 2^62 ns"))
+    conditions.append((pl.any_horizontal([(pl.col(c) - median).abs() > MAX_SPREAD_NS for c in times]),
+                       "a time more than a day from the rank's others"))
     if len(times) == 2:
         conditions.append((pl.col(times[1]) < pl.col(times[0]), "end before start"))
     if "rank" in frame.columns:

@@ -124,9 +124,14 @@ def sql(
 
     if fmt not in ("table", "csv", "json"):
         raise TraceanaError(f"--format {fmt!r}: choose table, csv or json")
+    if not query.strip():
+        raise TraceanaError("sql: the query is empty")
     with store.connect(db, read_only=True) as con:
         try:
-            frame = con.sql(query).pl()
+            relation = con.sql(query)
+            if relation is None:
+                raise TraceanaError("sql: the statement returns no rows (sql runs queries such as SELECT)")
+            frame = relation.pl()
         except duckdb.Error as exc:
             raise TraceanaError(f"query failed: {str(exc).splitlines()[0]}") from None
     emit(frame, fmt=fmt)

@@ -14,7 +14,7 @@ from traceana.compare import RunComparison, compare_run
 from traceana.errors import TraceanaError
 from traceana.estimator import config
 from traceana.estimator.estimate import estimate as run_estimate
-from traceana.output import emit, emit_json, progress
+from traceana.output import emit, emit_json, plot_path, progress
 
 BIG_SWEEP = 30  # rows: beyond this the text output lists only the worst rows (--json has them all)
 
@@ -26,7 +26,8 @@ def compare(
                                                      "run). Several make a sweep.", show_default=False)] = None,
     measured: Annotated[Path | None, typer.Option("--measured", help="CSV of configuration and measured columns "
                                                   "(e.g. ../shared/validation/*.csv): a sweep over its rows.")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write estimated vs measured (PNG).")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write estimated vs measured (PNG).",
+                                              callback=plot_path)] = None,
     fit: Annotated[bool, typer.Option("--fit", help="Fit the calibration block on every other row, report the "
                                       "error on the rows held out.")] = False,
     write_calibration: Annotated[Path | None, typer.Option("--write-calibration", help="Write the fitted values as "

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import polars as pl
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from traceana.errors import TraceanaError
 
 # Piped output is not cut to 80 columns: a number a user quotes must never be elided.
 console = Console() if sys.stdout.isatty() else Console(width=250)
@@ -61,3 +65,24 @@ def progress(total: int | None, label: str) -> Iterator[Callable[[str], None]]:
             bar.update(task, advance=1, description=f"{label} {description}")
 
         yield advance
+
+
+IMAGE_TYPES = (".png", ".svg", ".pdf")
+
+
+def plot_path(path: Path | None) -> Path | None:
+    """The callback of every --plot: an image file name in a folder that exists and can be written, checked before
+    any work is done (matplotlib would add .png to a folder's name, or fail only at the end)."""
+    if path is None:
+        return None
+    if path.is_dir():
+        raise TraceanaError(f"--plot {path}: is a folder; give a file name ending in .png")
+    if path.suffix.lower() not in IMAGE_TYPES:
+        raise TraceanaError(f"--plot {path}: unknown image type {path.suffix or '(no extension)'}; "
+                            f"use {', '.join(IMAGE_TYPES)}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise TraceanaError(f"--plot {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise TraceanaError(f"--plot {path}: cannot write in {folder}")
+    return path

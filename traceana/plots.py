@@ -9,15 +9,27 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import polars as pl
+from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from traceana.breakdown import DIM_LANES, PARTS, WAITS
+from traceana.errors import TraceanaError
 
 COMP_COLOR = "0.55"
 IDLE_COLOR = "0.93"
 DIM_COLORS = dict(zip(DIM_LANES, ["tab:blue", "tab:purple", "tab:orange", "tab:green", "tab:red", "tab:brown"],
                       strict=True))
 PART_COLORS = {"COMP": COMP_COLOR, **dict(zip(WAITS, DIM_COLORS.values(), strict=True)), "IDLE": IDLE_COLOR}
+
+
+def save_figure(fig: Figure, path: Path, dpi: int) -> None:
+    """Write ``fig`` to ``path`` and close it; a write the file system refuses is one line naming the file."""
+    try:
+        fig.savefig(path, dpi=dpi)
+    except OSError as exc:
+        raise TraceanaError(f"--plot {path}: cannot write the plot ({exc.strerror or exc})") from None
+    finally:
+        plt.close(fig)
 
 
 def _stage_positions(stages: list[int | None]) -> tuple[list[float], list[tuple[float, str]]]:
@@ -63,8 +75,7 @@ def breakdown_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path, dpi=130)
 
 
 def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, title: str) -> None:
@@ -106,5 +117,4 @@ def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, t
     handles += [Patch(facecolor="white", edgecolor="0.75", label="idle (blank) within the rank's step window")]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path, dpi=130)

@@ -12,7 +12,7 @@ from traceana import breakdown as bd
 from traceana import store
 from traceana.cli import DbOption, JsonOption, RunArgument
 from traceana.errors import TraceanaError
-from traceana.output import emit, emit_json
+from traceana.output import emit, emit_json, plot_path
 
 StepOption = Annotated[int | None, typer.Option("--step", help="One step (default: mean over steps after the first).")]
 
@@ -40,7 +40,8 @@ def breakdown(
     run: RunArgument = None,
     by: Annotated[str, typer.Option("--by", help="rank or stage.")] = "rank",
     step: StepOption = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write stacked bars per rank to this PNG.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write stacked bars per rank to this PNG.",
+                                              callback=plot_path)] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -83,7 +84,7 @@ def _stage_table(frame: pl.DataFrame) -> pl.DataFrame:
 
 def timeline(
     step: Annotated[int, typer.Option("--step", help="The step to draw.")],
-    plot: Annotated[Path, typer.Option("--plot", help="PNG file to write.")],
+    plot: Annotated[Path, typer.Option("--plot", help="PNG file to write.", callback=plot_path)],
     run: RunArgument = None,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -105,8 +106,8 @@ def stragglers(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """The straggler stage (largest mean COMP per step), ranks slower than their stage, and who others waited for."""
-    if threshold < 0:
-        raise TraceanaError(f"--threshold {threshold}: must be a percentage >= 0")
+    if not threshold >= 0 or threshold == float("inf"):  # NaN compares false with everything
+        raise TraceanaError(f"--threshold {threshold}: must be a finite percentage >= 0")
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         per_rank = bd.stragglers(con, rid)
