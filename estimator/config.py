@@ -347,6 +347,12 @@ def validate(cfg: Config) -> None:
                 _fail(cfg, f"{section}.{f.name}={value}: must be positive")
             if isinstance(value, int) and section != "hardware" and value > MAX_SIZE:
                 _fail(cfg, f"{section}.{f.name}={value}: beyond any real training job (at most {MAX_SIZE:.0e})")
+    for name, links, low in (("bandwidth_gb_per_s", h.bandwidth_gb_per_s, "positive"), ("latency_us", h.latency_us,
+                                                                                     ">= 0")):
+        for side in ("intra", "inter"):
+            value = getattr(links, side)
+            if value < 0 or (value == 0 and low == "positive"):
+                _fail(cfg, f"hardware.{name}.{side}={value}: must be {low}")
     if m.hd * m.heads == 0 or (m.head_dim is None and m.hidden % m.heads):
         _fail(cfg, f"model.hidden={m.hidden} is not divisible by model.heads={m.heads} (or give model.head_dim)")
     if m.heads % m.kv:

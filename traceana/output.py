@@ -75,14 +75,18 @@ def plot_path(path: Path | None) -> Path | None:
     any work is done (matplotlib would add .png to a folder's name, or fail only at the end)."""
     if path is None:
         return None
-    if path.is_dir():
+    try:
+        is_dir, folder_exists = path.is_dir(), path.parent.is_dir()
+        path.resolve()
+    except (OSError, RuntimeError) as exc:  # a name too long, a symlink loop
+        raise TraceanaError(f"--plot {path}: cannot write the plot ({getattr(exc, 'strerror', None) or exc})") from None
+    if is_dir:
         raise TraceanaError(f"--plot {path}: is a folder; give a file name ending in .png")
     if path.suffix.lower() not in IMAGE_TYPES:
         raise TraceanaError(f"--plot {path}: unknown image type {path.suffix or '(no extension)'}; "
                             f"use {', '.join(IMAGE_TYPES)}")
-    folder = path.parent
-    if not folder.is_dir():
-        raise TraceanaError(f"--plot {path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise TraceanaError(f"--plot {path}: cannot write in {folder}")
+    if not folder_exists:
+        raise TraceanaError(f"--plot {path}: folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK):
+        raise TraceanaError(f"--plot {path}: cannot write in {path.parent}")
     return path
