@@ -22,6 +22,7 @@ MAX_TIME_NS = 2**62
 # A profile covers seconds to hours: a time more than a day from the median of its rank's times is a damaged value
 # (ts -1e15 us on a trace with a wall-clock base still lands in 1989), not an event of this run.
 MAX_SPREAD_NS = 86_400 * 10**9
+MAX_BYTES = 2**50  # 1 PiB: more than any one message of any collective
 # Store columns that are NOT NULL (besides run_id and rank, which readers always set).
 REQUIRED = {table: [c for c in ("start_ns", "end_ns", "ts_ns", "name", "category", "kind", "step", "event_id")
                      if c in schema]
@@ -81,7 +82,21 @@ def validate(data: RunData) -> RunData:
         why = ", ".join(label for cond, label in reasons if dropped.select(cond.any()).item())
         data.notes.append(f"{dropped.height} {table.replace('_', ' ')} rows left out ({why})")
     _drop_orphans(data)
+    _unknown_sizes(data)
     return data
+
+
+def _unknown_sizes(data: RunData) -> None:
+    """A message size below 0 or above 2^50 bytes (uint64 -1 written as -1 and multiplied by the element size, or
+    a product that wrapped) is no size a collective moves: it is read as unknown."""
+    coll = data.frames.get("collectives")
+    if coll is None or "bytes" not in coll.columns:
+        return
+    absurd = ~pl.col("bytes").is_between(0, MAX_BYTES)
+    if count := coll.select(absurd.fill_null(False).sum()).item():
+        data.frames["collectives"] = coll.with_columns(pl.when(absurd).then(None).otherwise(pl.col("bytes"))
+                                                       .alias("bytes"))
+        data.notes.append(f"{count} collectives have a message size outside 0 .. 2^50 bytes; read as unknown")
 
 
 def _reasons(table: str, frame: pl.DataFrame) -> list[tuple[pl.Expr, str]]:

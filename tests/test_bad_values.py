@@ -310,3 +310,22 @@ def test_ascend_emptied_string_table_gets_a_note(tmp_path) -> None:
     code, out, err = ingest(folder, tmp_path / "t.duckdb")
     assert code == 0, err
     assert f"{compute} compute tasks and {ops} HCCL ops name no STRING_IDS row" in out
+
+
+def test_kineto_uint64_none_message_count_is_unknown_bytes_not_negative(tmp_path) -> None:
+    """"In msg nelems" -1 (uint64 -1 written signed) once became bytes = -4: now every such size is unknown."""
+    def damage(trace: dict) -> None:
+        for event in trace["traceEvents"]:
+            if "In msg nelems" in (event.get("args") or {}):
+                event["args"]["In msg nelems"] = -1
+
+    clean = tmp_path / "clean.duckdb"
+    assert ingest(KINETO, clean)[0] == 0
+    sized = rows(clean, "SELECT count(bytes) FROM collectives")[0][0]
+    assert sized > 0
+    db = tmp_path / "t.duckdb"
+    code, out, err = ingest(_kineto(tmp_path, damage), db)
+    assert code == 0, err
+    assert f"{sized} collectives have a message size outside 0 .. 2^50 bytes; read as unknown" in out
+    assert rows(db, "SELECT count(*), count(bytes) FROM collectives") == [(rows(clean, "SELECT count(*) FROM "
+                                                                                  "collectives")[0][0], 0)]
