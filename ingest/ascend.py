@@ -155,7 +155,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
             "device_events": events,
             "collectives": comm,
             "annotations": pl.concat([with_rank(t.annotations, t) for t in traces]),
-            "steps": pl.concat([with_rank(t.steps, t) for t in traces]),
+            "steps": pl.concat([with_rank(t.steps, t) for t in traces], how="vertical_relaxed"),  # STEP_TIME or marker
             "memory": pl.concat([with_rank(t.memory, t) for t in traces if t.memory is not None]),
         },
     )

@@ -367,7 +367,7 @@ def _device_steps(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     next step's first kernel (the last step to its last kernel's end), so work queued late in a step stays in it."""
     return con.sql(
         f"""WITH step AS (
-            SELECT f, pid, tid, CAST(regexp_extract(name, '{_STEP}', 1) AS INTEGER) AS step, start_ns, end_ns
+            SELECT f, pid, tid, TRY_CAST(regexp_extract(name, '{_STEP}', 1) AS INTEGER) AS step, start_ns, end_ns
             FROM ev WHERE regexp_matches(name, '{_STEP}') AND cat IN ('user_annotation', 'cpu_op')
         ), launched AS (
             SELECT s.f, s.step, min(k.start_ns) AS first_ns, max(k.end_ns) AS last_ns

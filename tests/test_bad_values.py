@@ -329,3 +329,24 @@ def test_kineto_uint64_none_message_count_is_unknown_bytes_not_negative(tmp_path
     assert f"{sized} collectives have a message size outside 0 .. 2^50 bytes; read as unknown" in out
     assert rows(db, "SELECT count(*), count(bytes) FROM collectives") == [(rows(clean, "SELECT count(*) FROM "
                                                                                   "collectives")[0][0], 0)]
+
+
+def test_ascend_ranks_whose_steps_come_from_different_places_ingest(tmp_path) -> None:
+    """Rank 0 without STEP_TIME (steps from its ProfilerStep markers), rank 1 with it: found by the fuzz suite."""
+    folder = ascend_db(tmp_path, "DROP TABLE STEP_TIME", ranks=(0,))
+    with sqlite3.connect(_rank_db(folder, 1)) as con:
+        step = con.execute("SELECT id, startNs, endNs FROM STEP_TIME").fetchall()
+    db = tmp_path / "t.duckdb"
+    code, _, err = ingest(folder, db)
+    assert code == 0, err
+    assert rows(db, "SELECT step, start_ns, end_ns FROM steps WHERE rank = 1") == step
+
+
+def test_kineto_step_number_beyond_int32_is_left_out_with_a_note(tmp_path) -> None:
+    def damage(trace: dict) -> None:
+        step = next(e for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#"))
+        step["name"] = "ProfilerStep#99999999999"
+
+    code, out, err = ingest(_kineto(tmp_path, damage), tmp_path / "t.duckdb")
+    assert code == 0, err
+    assert "steps rows left out (no step" in out  # its neighbour, ordered by number, may go with it
