@@ -52,8 +52,10 @@ def rank_list(value: object, source: object, field: str) -> list[int]:
             value = json.loads(text if text.startswith("[") else f"[{text}]")
         except ValueError:
             raise TraceanaError(f"{source}: {field} {text[:60]!r} is not a list of ranks") from None
+    if value is not None and not isinstance(value, list):
+        raise TraceanaError(f"{source}: {field} {json.dumps(value)[:60]} is not a list of ranks")
     ranks = []
-    for member in value if isinstance(value, list) else [] if value is None else [value]:
+    for member in value or []:
         if isinstance(member, str) and member.strip().isdigit():
             member = int(member)
         rank = checked_rank(member, str(source), field) if isinstance(member, int) else None
@@ -81,9 +83,23 @@ def validate(data: RunData) -> RunData:
         data.frames[table] = frame.filter(~bad)
         why = ", ".join(label for _, label in reasons)
         data.notes.append(f"{dropped.height} {table.replace('_', ' ')} rows left out ({why})")
+    for table, key in (("process_groups", ["pg"]), ("steps", ["rank", "step"])):
+        _unique(data, table, key)
     _drop_orphans(data)
     _unknown_sizes(data)
     return data
+
+
+def _unique(data: RunData, table: str, key: list[str]) -> None:
+    """Rows repeating a primary key (the same group id or step number twice) keep the first, with a note."""
+    frame = data.frames.get(table)
+    if frame is None or frame.is_empty() or not set(key) <= set(frame.columns):
+        return
+    unique = frame.unique(key, keep="first", maintain_order=True)
+    if repeated := frame.height - unique.height:
+        data.frames[table] = unique
+        data.notes.append(f"{repeated} {table.replace('_', ' ')} rows repeat a {'/'.join(key)} of another; "
+                          "the first is kept")
 
 
 def _unknown_sizes(data: RunData) -> None:

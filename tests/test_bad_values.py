@@ -226,6 +226,7 @@ def test_kineto_reversed_and_absurd_events_are_left_out_and_the_breakdown_still_
     ("world_size", "four", "distributedInfo.world_size is 'four', not a number of ranks"),
     ("pg_config", {"0": {}}, 'distributedInfo.pg_config is {"0": {}}, not a list of objects'),
     ("ranks", ["a", "b"], 'distributedInfo.pg_config ranks ["a", "b"] is not a list of ranks'),
+    ("ranks", 0, "distributedInfo.pg_config ranks 0 is not a list of ranks"),
     ("rank", 2**40, "distributedInfo.rank is 1099511627776, not a rank"),
     ("baseTimeNanoseconds", "soon", "baseTimeNanoseconds is 'soon', not a time in ns"),
 ])
@@ -350,3 +351,15 @@ def test_kineto_step_number_beyond_int32_is_left_out_with_a_note(tmp_path) -> No
     code, out, err = ingest(_kineto(tmp_path, damage), tmp_path / "t.duckdb")
     assert code == 0, err
     assert "steps rows left out (no step" in out  # its neighbour, ordered by number, may go with it
+
+
+def test_a_repeated_step_number_keeps_the_first_with_a_note(tmp_path) -> None:
+    """Two STEP_TIME rows of one id would break the store's (rank, step) key: found by the fuzz suite."""
+    folder = ascend_db(tmp_path, "INSERT INTO STEP_TIME SELECT id, startNs + 1, endNs + 1 FROM STEP_TIME", ranks=(0,))
+    with sqlite3.connect(_rank_db(folder, 0)) as con:
+        first = con.execute("SELECT id, startNs, endNs FROM STEP_TIME ORDER BY rowid LIMIT 1").fetchall()
+    db = tmp_path / "t.duckdb"
+    code, out, err = ingest(folder, db)
+    assert code == 0, err
+    assert "1 steps rows repeat a rank/step of another; the first is kept" in out
+    assert rows(db, "SELECT step, start_ns, end_ns FROM steps WHERE rank = 0") == first
