@@ -40,12 +40,16 @@ FROM (SELECT DISTINCT pid, tid FROM ev) LEFT JOIN process USING (pid) LEFT JOIN 
 LEFT JOIN thread USING (pid, tid) LEFT JOIN sort USING (pid, tid)
 """
 
-_SPANS_SQL = """
+# A time or duration no clock produces (|ts| past 2^62 ns, |dur| past 2^61 ns) is NULL here, so start + dur cannot
+# overflow; validation then leaves the span out with a note. A span without dur is an instant.
+_SPANS_SQL = f"""
 CREATE TEMP TABLE x AS
-SELECT t.process, t.thread, t.pid, t.tid, t.sort_index, e.name, e.cat, e.args,
-       CAST(TRY_CAST(e.ts AS DECIMAL(20, 3)) * 1000 AS BIGINT) AS start_ns,
-       coalesce(CAST(round(TRY_CAST(e.dur AS DOUBLE) * 1000) AS BIGINT), 0) AS dur_ns
-FROM ev e JOIN tracks t USING (pid, tid)
+SELECT t.process, t.thread, t.pid, t.tid, t.sort_index, e.name, e.cat, e.args, start_ns,
+       CASE WHEN e.dur IS NULL THEN 0 WHEN dur_raw BETWEEN -{2**61} AND {2**61} THEN dur_raw END AS dur_ns
+FROM ev e JOIN tracks t USING (pid, tid),
+     LATERAL (SELECT TRY_CAST(TRY_CAST(e.ts AS DECIMAL(20, 3)) * 1000 AS BIGINT) AS start_raw,
+                     TRY_CAST(round(TRY_CAST(e.dur AS DOUBLE) * 1000) AS BIGINT) AS dur_raw),
+     LATERAL (SELECT CASE WHEN start_raw BETWEEN -{2**62} AND {2**62} THEN start_raw END AS start_ns)
 WHERE e.ph = 'X' AND TRY_CAST(e.ts AS DECIMAL(20, 3)) IS NOT NULL
 """
 

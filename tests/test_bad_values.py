@@ -363,3 +363,17 @@ def test_a_repeated_step_number_keeps_the_first_with_a_note(tmp_path) -> None:
     assert code == 0, err
     assert "1 steps rows repeat a rank/step of another; the first is kept" in out
     assert rows(db, "SELECT step, start_ns, end_ns FROM steps WHERE rank = 0") == first
+
+
+def test_ascend_timeline_durations_past_any_clock_are_left_out(tmp_path) -> None:
+    """dur 2^63 us in trace_view.json once overflowed the ns conversion (found by the fuzz suite)."""
+    folder = _writable_copy(ASCEND_TEXT, tmp_path / "rank0_ascend_pt")
+    timeline = folder / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+    events = json.loads(timeline.read_text())
+    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    for event in ops[:3]:
+        event["dur"] = 2**63
+    timeline.write_text(json.dumps(events))
+    code, out, err = ingest(folder, tmp_path / "t.duckdb")
+    assert code == 0, err
+    assert "3 annotations rows left out (no end_ns)" in out
