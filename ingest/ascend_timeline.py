@@ -139,7 +139,12 @@ def read_timeline(files: list[Path], rules: list[Rule], step_marker: str | None)
     return RankTrace(
         source=files[0], events=events, annotations=annotations,
         steps=marker_steps(annotations.filter(pl.col("kind") == "cpu_op"), step_marker or DEFAULT_STEP_MARKER),
-        device=int(device.group(1)) if device else None,
-        pid=int(python) if python and python.isdigit() else None,
+        device=_id(device.group(1), 32) if device else None,
+        pid=_id(python, 64),
         memory=memory_from_csv(files[0].parent / "memory_record.csv", notes), notes=notes,
     )
+
+
+def _id(text: str | None, bits: int) -> int | None:
+    """A device or process id from a label; None when there is none, or it is a sentinel no id column holds."""
+    return int(text) if text and text.isdigit() and int(text) < 2 ** (bits - 1) and int(text) != 4294967295 else None

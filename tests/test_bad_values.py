@@ -377,3 +377,18 @@ def test_ascend_timeline_durations_past_any_clock_are_left_out(tmp_path) -> None
     code, out, err = ingest(folder, tmp_path / "t.duckdb")
     assert code == 0, err
     assert "3 annotations rows left out (no end_ns)" in out
+
+
+def test_ascend_timeline_device_label_sentinel_is_an_unknown_device(tmp_path) -> None:
+    """process_labels "4294967295" (uint32 -1) once overflowed the ranks table (found by the fuzz suite)."""
+    folder = _writable_copy(ASCEND_TEXT, tmp_path / "rank0_ascend_pt")
+    timeline = folder / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+    events = json.loads(timeline.read_text())
+    for event in events:
+        if isinstance(event.get("args"), dict) and "labels" in event["args"]:
+            event["args"]["labels"] = 4294967295
+    timeline.write_text(json.dumps(events))
+    db = tmp_path / "t.duckdb"
+    code, _, err = ingest(folder, db)
+    assert code == 0, err
+    assert rows(db, "SELECT rank, device FROM ranks") == [(0, None)]
