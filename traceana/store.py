@@ -127,7 +127,7 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False) -> Iterator
     version's views as temporary views, which shadow the stored ones, so reports always run the installed queries.
     A writer changes nothing until :func:`transaction`; a file it created is removed again when the work fails."""
     path = Path(db)
-    if read_only and not check_path(path):
+    if not check_path(path) and read_only:
         raise TraceanaError(f"{path}: no such database (run `traceana ingest` first, or pass --db)")
     leftovers = [path, path.with_name(path.name + ".wal")]
     existed = {p for p in leftovers if p.exists()}
