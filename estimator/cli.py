@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from traceana.output import emit, emit_json, progress
+from traceana.output import emit, emit_json, plot_path, progress
 
 if TYPE_CHECKING:  # imported where used: the CLI's fixed cost stays small
     from traceana.estimator.estimate import Estimate
@@ -41,7 +41,8 @@ def _summary(est: Estimate) -> dict[str, object]:
 
 def estimate(
     cfg_path: ConfigArgument,
-    plot: Annotated[Path | None, typer.Option(help="Write a Gantt chart (PNG) of the simulated step.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write a Gantt chart (PNG) of the simulated step.",
+                                              callback=plot_path)] = None,
     trace: Annotated[Path | None, typer.Option(help="Write the simulated step as Chrome-trace JSON (Perfetto).")]
     = None,
     json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,

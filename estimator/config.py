@@ -8,6 +8,7 @@ knob would otherwise leave a default in force.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -383,14 +384,17 @@ def _convert(hint: Any, value: Any, source: str, where: str) -> Any:
             raise TraceanaError(f"{source}: {where}: expected an integer, got {value!r}")
         return value
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise TraceanaError(f"{source}: {where}: expected a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise TraceanaError(f"{source}: {where}: expected a finite number, got {value!r}")
         return float(value)
     if hint is str:
         if not isinstance(value, str):
             raise TraceanaError(f"{source}: {where}: expected a string, got {value!r}")
         return value.lower()
     raise TypeError(f"unsupported annotation {hint!r}")  # a bug in this module, not user input
+
+
+MAX_SIZE = 10**9  # no model or parallel size (hidden, seq_len, vocab, batch, ...) comes near; beyond it is a typo
 
 
 def _fail(cfg: Config, message: str) -> typing.NoReturn:
@@ -407,6 +411,14 @@ def validate(cfg: Config) -> None:
                     and f.name not in ("experts", "moe_topk", "shared_experts", "first_dense_layers",
                                        "qk_rope_head_dim", "zero"):
                 _fail(cfg, f"{section}.{f.name}={value}: must be positive")
+            if isinstance(value, int) and section != "hardware" and value > MAX_SIZE:
+                _fail(cfg, f"{section}.{f.name}={value}: beyond any real training job (at most {MAX_SIZE:.0e})")
+    for name, links, low in (("bandwidth_gb_per_s", h.bandwidth_gb_per_s, "positive"), ("latency_us", h.latency_us,
+                                                                                     ">= 0")):
+        for side in ("intra", "inter"):
+            value = getattr(links, side)
+            if value < 0 or (value == 0 and low == "positive"):
+                _fail(cfg, f"hardware.{name}.{side}={value}: must be {low}")
     if m.hd * m.heads == 0 or (m.head_dim is None and m.hidden % m.heads):
         _fail(cfg, f"model.hidden={m.hidden} is not divisible by model.heads={m.heads} (or give model.head_dim)")
     if m.heads % m.kv:

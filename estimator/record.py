@@ -72,21 +72,14 @@ def write(db: Path, estimate_id: str, config_path: Path, est: Estimate) -> None:
     """Replace estimate ``estimate_id`` in the store at ``db``, in one transaction."""
     cfg = est.config
     rows = stage_rows(est)
-    with store.connect(db) as con:
-        con.execute(SCHEMA)
-        con.execute("BEGIN TRANSACTION")
-        try:
-            con.execute("DELETE FROM estimate_stages WHERE estimate_id = ?", [estimate_id])
-            con.execute("DELETE FROM estimate_runs WHERE estimate_id = ?", [estimate_id])
-            con.execute("INSERT INTO estimate_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        [estimate_id, str(config_path.resolve()), dt.datetime.now(dt.UTC).replace(tzinfo=None),
-                         cfg.parallel.world_size, cfg.parallel.layout.spec, cfg.schedule.kind, cfg.micro_batches,
-                         rows[0]["total_ns"], max(int(r["peak_bytes"]) for r in rows), est.fits,
-                         json.dumps(dataclasses.asdict(cfg), default=list)])
-            columns = list(rows[0])
-            con.executemany(f"INSERT INTO estimate_stages (estimate_id, {', '.join(columns)}) VALUES "
-                            f"(?, {', '.join('?' for _ in columns)})", [[estimate_id, *r.values()] for r in rows])
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
+    with store.connect(db) as con, store.transaction(con, SCHEMA):
+        con.execute("DELETE FROM estimate_stages WHERE estimate_id = ?", [estimate_id])
+        con.execute("DELETE FROM estimate_runs WHERE estimate_id = ?", [estimate_id])
+        con.execute("INSERT INTO estimate_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [estimate_id, str(config_path.resolve()), dt.datetime.now(dt.UTC).replace(tzinfo=None),
+                     cfg.parallel.world_size, cfg.parallel.layout.spec, cfg.schedule.kind, cfg.micro_batches,
+                     rows[0]["total_ns"], max(int(r["peak_bytes"]) for r in rows), est.fits,
+                     json.dumps(dataclasses.asdict(cfg), default=list)])
+        columns = list(rows[0])
+        con.executemany(f"INSERT INTO estimate_stages (estimate_id, {', '.join(columns)}) VALUES "
+                        f"(?, {', '.join('?' for _ in columns)})", [[estimate_id, *r.values()] for r in rows])

@@ -84,6 +84,8 @@ def plot(est: Estimate, path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    from traceana.plots import save_figure
+
     table = frame(est)
     pp = est.config.parallel.pp
     fig, ax = plt.subplots(figsize=(15, 2.4 + 0.45 * pp))
@@ -106,12 +108,7 @@ def plot(est: Estimate, path: Path) -> None:
                  f"{cfg.micro_batches} micro-batches, step {est.step_s * 1e3:,.1f} ms")
     ax.set_xlim(0, est.step_s * 1e3)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise TraceanaError(f"{path}: cannot write the plot ({exc.strerror})") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def chrome_trace(est: Estimate, path: Path) -> None:

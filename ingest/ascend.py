@@ -17,6 +17,7 @@ import polars as pl
 
 from traceana.ingest.ascend_db import read_database
 from traceana.ingest.ascend_groups import (
+    checked_metadata,
     communication_keys,
     double_hash,
     layout_from_metadata,
@@ -52,7 +53,7 @@ def _read_rank(source: RankInput, options: IngestOptions) -> RankTrace:
     trace.boot_ns = source.boot_ns
     trace.tool_version = ", ".join(filter(None, [f"profiler {source.level}" if source.level else None,
                                                  trace.tool_version])) or None
-    trace.metadata = {**trace.metadata, **source.metadata}
+    trace.metadata = checked_metadata({**trace.metadata, **source.metadata})
     if source.communication is not None:
         trace.events = link_by_hash(trace.events, communication_keys(source.communication))
     return trace
@@ -122,6 +123,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     _number_ranks(traces)
     require_unique_ranks([t.rank for t in traces], [str(t.source) for t in traces])
     _name_hosts(traces, notes)
+    notes.extend(note for t in traces for note in t.notes)
 
     def with_rank(frame: pl.DataFrame, trace: RankTrace) -> pl.DataFrame:
         return frame.with_columns(rank=pl.lit(trace.rank, dtype=pl.Int32()))
@@ -135,7 +137,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
                      f"communication.json op@hash: profiler level 0?); their process group is unknown")
 
     world = max([max(t.rank for t in traces) + 1]
-                + [int((m.get("distributed_args") or {}).get("world_size") or 0) for m in metadata])
+                + [m["distributed_args"].get("world_size") or 0 for m in metadata])
     ranks = pl.DataFrame(
         [{"rank": t.rank, "host": t.host, "device": t.device, "pid": t.pid, "rank_source": t.rank_source,
           "source": str(t.source)} for t in traces],
@@ -156,7 +158,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
             "device_events": events,
             "collectives": comm,
             "annotations": pl.concat([with_rank(t.annotations, t) for t in traces]),
-            "steps": pl.concat([with_rank(t.steps, t) for t in traces]),
+            "steps": pl.concat([with_rank(t.steps, t) for t in traces], how="vertical_relaxed"),  # STEP_TIME or marker
             # None when no rank recorded memory (a database export without MEMORY_RECORD: profile_memory off)
             "memory": pl.concat(sampled) if (sampled := [with_rank(t.memory, t) for t in traces
                                                          if t.memory is not None]) else None,

@@ -15,7 +15,8 @@ from pathlib import Path
 import polars as pl
 
 from traceana.errors import TraceanaError
-from traceana.ingest.ascend_memory import memory_from_database
+from traceana.ingest.ascend_memory import EMPTY as NO_MEMORY
+from traceana.ingest.ascend_memory import SCHEMA as MEMORY_SCHEMA
 from traceana.ingest.ascend_tasks import (
     RUNTIME_TASKS,
     RankTrace,
@@ -27,6 +28,8 @@ from traceana.ingest.ascend_tasks import (
 from traceana.ingest.ascend_timeline import DEFAULT_STEP_MARKER
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import marker_steps
+from traceana.ingest.sqlite_read import decode_text, typed_frame, unknown_id
+from traceana.ingest.validate import checked_rank
 
 SCHEMA_MAJOR = "1"  # the schema family read here (META_DATA SCHEMA_VERSION 1.x)
 
@@ -43,30 +46,33 @@ _OPTIONAL = {
 }
 
 _COMPUTE_SQL = """
-SELECT t.startNs AS start_ns, t.endNs AS end_ns, s.value AS name, t.streamId AS stream
+SELECT t.startNs AS start_ns, t.endNs AS end_ns, s.value AS name, {stream} AS stream
 FROM TASK t JOIN COMPUTE_TASK_INFO c ON c.globalTaskId = t.globalTaskId JOIN STRING_IDS s ON s.id = c.name
 """
 _RUNTIME_SQL = """
-SELECT t.startNs AS start_ns, t.endNs AS end_ns, s.value AS name, t.streamId AS stream
+SELECT t.startNs AS start_ns, t.endNs AS end_ns, s.value AS name, {stream} AS stream
 FROM TASK t JOIN STRING_IDS s ON s.id = t.taskType
 WHERE t.globalTaskId NOT IN (SELECT globalTaskId FROM COMPUTE_TASK_INFO) {not_comm_task}
 """
 _HCOM_SQL = """
 SELECT o.startNs AS start_ns, o.endNs AS end_ns, n.value AS name, 'comm' AS category, NULL AS stream,
-       {dtype} AS hccl_dtype, CAST(o.count AS INTEGER) AS count, g.value AS comm
+       {dtype} AS hccl_dtype, {count} AS count, g.value AS comm
 FROM COMMUNICATION_OP o JOIN STRING_IDS n ON n.id = o.opName LEFT JOIN STRING_IDS g ON g.id = o.groupName
 {dtype_join}
 """
 _HCCL_TASK_SQL = """
-SELECT t.startNs AS start_ns, t.endNs AS end_ns, ty.value AS name, g.value AS "group", c.planeId AS plane,
-       op.value AS op, ty.value AS task_type, nullif(c.srcRank, 4294967295) AS src_rank,
-       nullif(c.dstRank, 4294967295) AS dst_rank, {transport} AS transport, {link} AS link_type, c.size AS size_bytes,
-       CASE WHEN t.endNs > t.startNs THEN CAST(c.size AS REAL) / (t.endNs - t.startNs) END AS bandwidth_GBps,
-       CAST(c.notifyId AS TEXT) AS notify_id, t.streamId AS stream
+SELECT t.startNs AS start_ns, t.endNs AS end_ns, ty.value AS name, g.value AS "group", {plane} AS plane,
+       op.value AS op, ty.value AS task_type, {src} AS src_rank, {dst} AS dst_rank, {transport} AS transport,
+       {link} AS link_type, {size} AS size_bytes,
+       CASE WHEN t.endNs > t.startNs THEN CAST({size} AS REAL) / (t.endNs - t.startNs) END AS bandwidth_GBps,
+       CAST(c.notifyId AS TEXT) AS notify_id, {stream} AS stream
 FROM COMMUNICATION_TASK_INFO c JOIN TASK t ON t.globalTaskId = c.globalTaskId
 LEFT JOIN STRING_IDS ty ON ty.id = c.taskType LEFT JOIN STRING_IDS g ON g.id = c.groupName
 LEFT JOIN STRING_IDS op ON op.id = c.name {joins}
 """
+# Ids that may hold the profiler's "none" (uint32 -1) are read through unknown_id: NULL, not an overflow.
+_IDS = {"stream": unknown_id("t.streamId"), "count": unknown_id("o.count"), "plane": unknown_id("c.planeId", 32),
+        "src": unknown_id("c.srcRank", 32), "dst": unknown_id("c.dstRank", 32), "size": unknown_id("c.size")}
 _CPU_OPS_SQL = """
 SELECT CAST(p.startNs AS INTEGER) AS start_ns, CAST(p.endNs AS INTEGER) AS end_ns, s.value AS name,
        'Python' AS domain, 'cpu_op' AS kind, NULL AS args
@@ -79,12 +85,14 @@ class _Database:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.notes: list[str] = []
         # A finished export has no pending write-ahead log: open it immutable, which writes no -shm file beside it
         # (the profiler leaves its databases in WAL mode, and input folders may be read-only).
         wal = path.with_name(path.name + "-wal")
         mode = "ro" if wal.is_file() and wal.stat().st_size else "ro&immutable=1"
         try:
             self.con = sqlite3.connect(f"file:{path}?mode={mode}", uri=True)
+            self.con.text_factory = decode_text
             tables = [r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         except sqlite3.Error as exc:
             raise TraceanaError(f"{path}: not a readable SQLite database ({exc})") from None
@@ -93,13 +101,21 @@ class _Database:
     def has(self, table: str, columns: tuple[str, ...] = ()) -> bool:
         return table in self.columns and set(columns) <= self.columns[table]
 
-    def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
-        """Rows of ``sql`` typed by ``schema`` (looked up by the query's column names)."""
-        cursor = self.con.execute(sql)
-        return pl.DataFrame(cursor.fetchall(), schema={c[0]: schema[c[0]] for c in cursor.description}, orient="row")
+    def frame(self, sql: str, schema: dict[str, pl.DataType], where: str) -> pl.DataFrame:
+        """Rows of ``sql`` typed by ``schema`` (looked up by the query's column names); ``where`` names the table
+        in an error."""
+        try:
+            cursor = self.con.execute(sql)
+            rows = cursor.fetchall()
+        except sqlite3.Error as exc:
+            raise TraceanaError(f"{self.path}: cannot read {where} ({exc})") from None
+        return typed_frame(rows, {c[0]: schema[c[0]] for c in cursor.description}, self.path, where)
 
     def rows(self, sql: str) -> list[tuple]:
-        return self.con.execute(sql).fetchall()
+        try:
+            return self.con.execute(sql).fetchall()
+        except sqlite3.Error as exc:
+            raise TraceanaError(f"{self.path}: cannot read the database ({exc})") from None
 
     def enum(self, table: str, column: str) -> tuple[str, str]:
         """(value expression, join) resolving ``column`` through ENUM table ``table`` when the database has it."""
@@ -137,16 +153,16 @@ _ANNOTATION = {"start_ns": pl.Int64(), "end_ns": pl.Int64(), "name": pl.String()
 
 
 def _events(db: _Database, rules: list[Rule]) -> pl.DataFrame:
-    compute = db.frame(_COMPUTE_SQL, _EVENT)
+    compute = db.frame(_COMPUTE_SQL.format(**_IDS), _EVENT, "TASK/COMPUTE_TASK_INFO")
     comm_task = "AND t.globalTaskId NOT IN (SELECT globalTaskId FROM COMMUNICATION_TASK_INFO)" \
         if db.has("COMMUNICATION_TASK_INFO") else ""
-    runtime = db.frame(_RUNTIME_SQL.format(not_comm_task=comm_task), _EVENT).filter(
+    runtime = db.frame(_RUNTIME_SQL.format(**_IDS, not_comm_task=comm_task), _EVENT, "TASK").filter(
         pl.col("name").is_in([k for k, v in RUNTIME_TASKS.items() if v]))  # kernel-typed containers are dropped
     tasks = pl.concat([compute, runtime]).with_columns(task_category(pl.col("name"), rules))
     hcom = pl.DataFrame(schema=_HCOM)
     if db.has("COMMUNICATION_OP"):
         dtype, join = db.enum("ENUM_HCCL_DATA_TYPE", "o.dataType")
-        hcom = db.frame(_HCOM_SQL.format(dtype=dtype, dtype_join=join), _HCOM)
+        hcom = db.frame(_HCOM_SQL.format(**_IDS, dtype=dtype, dtype_join=join), _HCOM, "COMMUNICATION_OP")
     return rank_events(tasks, hcom_columns(hcom))
 
 
@@ -157,11 +173,12 @@ def _annotations(db: _Database) -> pl.DataFrame:
         op_type = ""
         if db.has("PYTORCH_API", ("type",)) and db.has("ENUM_API_TYPE", ("id", "name")):
             op_type = "WHERE p.type IN (SELECT id FROM ENUM_API_TYPE WHERE name = 'op')"
-        annotations = db.frame(_CPU_OPS_SQL.format(op_type=op_type), _ANNOTATION)
+        annotations = db.frame(_CPU_OPS_SQL.format(op_type=op_type), _ANNOTATION, "PYTORCH_API")
     if db.has("COMMUNICATION_TASK_INFO"):
         transport, join_t = db.enum("ENUM_HCCL_TRANSPORT_TYPE", "c.transportType")
         link, join_l = db.enum("ENUM_HCCL_LINK_TYPE", "c.linkType")
-        tasks = db.frame(_HCCL_TASK_SQL.format(transport=transport, link=link, joins=join_t + join_l), _HCCL_TASK)
+        sql = _HCCL_TASK_SQL.format(**_IDS, transport=transport, link=link, joins=join_t + join_l)
+        tasks = db.frame(sql, _HCCL_TASK, "COMMUNICATION_TASK_INFO")
         annotations = pl.concat([annotations, hccl_task_annotations(tasks)])
     return annotations
 
@@ -177,31 +194,58 @@ def _metadata(db: _Database) -> dict:
         raise TraceanaError(f"{db.path}: META_DATA holds malformed JSON ({exc})") from None
 
 
+def _memory(db: _Database) -> pl.DataFrame:
+    """The PTA allocator samples. Memory is an extra: a table that cannot be read is left out with a note."""
+    try:
+        return db.frame(
+            f"SELECT m.timestamp AS ts_ns, {unknown_id('m.totalAllocated')} AS allocated_bytes, "
+            f"{unknown_id('m.totalReserved')} AS reserved_bytes FROM MEMORY_RECORD m "
+            "JOIN STRING_IDS s ON s.id = m.component WHERE s.value = 'PTA' ORDER BY m.timestamp",
+            MEMORY_SCHEMA, "MEMORY_RECORD")
+    except TraceanaError as exc:
+        db.notes.append(f"{exc}; memory samples left out")
+        return NO_MEMORY
+
+
+def _dangling_names(db: _Database) -> str | None:
+    """How many compute tasks and HCCL ops name a STRING_IDS id that is not there, or None when all resolve."""
+    counts = [(what, db.rows(f"SELECT count(*) FROM {table} x LEFT JOIN STRING_IDS s ON s.id = x.{column} "
+                             "WHERE s.id IS NULL")[0][0])
+              for what, table, column in (("compute tasks", "COMPUTE_TASK_INFO", "name"),
+                                          ("HCCL ops", "COMMUNICATION_OP", "opName")) if db.has(table, (column,))]
+    found = [f"{n} {what}" for what, n in counts if n]
+    return " and ".join(found) + " name no STRING_IDS row" if found else None
+
+
 def read_database(path: Path, rules: list[Rule], step_marker: str | None) -> RankTrace:
     """Parse one rank's database export."""
     db = _Database(path)
     version = _check_schema(db)
     annotations = _annotations(db)
     if step_marker is None and db.has("STEP_TIME", ("id", "startNs", "endNs")):
-        steps = db.frame("SELECT id AS step, startNs AS start_ns, endNs AS end_ns FROM STEP_TIME",
-                         {"step": pl.Int32(), "start_ns": pl.Int64(), "end_ns": pl.Int64()})
+        steps = db.frame(f"SELECT {unknown_id('id', 32)} AS step, startNs AS start_ns, endNs AS end_ns FROM STEP_TIME",
+                         {"step": pl.Int32(), "start_ns": pl.Int64(), "end_ns": pl.Int64()}, "STEP_TIME")
+        if steps["step"].null_count():  # a step id that is the profiler's "none": number the steps by order
+            steps = steps.sort("start_ns").with_columns(step=pl.int_range(pl.len(), dtype=pl.Int32()))
     else:
         steps = marker_steps(annotations.filter(pl.col("kind") == "cpu_op"), step_marker or DEFAULT_STEP_MARKER)
     trace = RankTrace(source=path, events=_events(db, rules), annotations=annotations, steps=steps,
-                      pid=db.rows("SELECT min(globalPid) FROM TASK")[0][0], metadata=_metadata(db),
+                      pid=db.rows(f"SELECT min({unknown_id('globalPid')}) FROM TASK")[0][0], metadata=_metadata(db),
                       tool_version=f"database schema {version}")
+    if dangling := _dangling_names(db):
+        trace.notes.append(f"{path}: {dangling} (a missing or cut-down STRING_IDS table); they are left out")
     if db.has("MEMORY_RECORD", ("component", "timestamp", "totalAllocated", "totalReserved")):
-        trace.memory = memory_from_database(db.rows(
-            "SELECT m.timestamp, m.totalAllocated, m.totalReserved FROM MEMORY_RECORD m "
-            "JOIN STRING_IDS s ON s.id = m.component WHERE s.value = 'PTA' ORDER BY m.timestamp"))
+        trace.memory = _memory(db)
+    trace.notes.extend(db.notes)
     if db.has("RANK_DEVICE_MAP", ("rankId", "deviceId")):
-        found = db.rows("SELECT rankId, deviceId FROM RANK_DEVICE_MAP")
+        found = db.rows(f"SELECT rankId, {unknown_id('deviceId', 32)} FROM RANK_DEVICE_MAP")
         if len(found) > 1:
             raise TraceanaError(f"{path}: holds {len(found)} devices (RANK_DEVICE_MAP); ingest one database per rank")
         if found:
             trace.device = found[0][1]
-            if found[0][0] is not None and found[0][0] >= 0:  # -1: a run without ranks
-                trace.rank, trace.rank_source = found[0][0], "RANK_DEVICE_MAP"
+            rank = checked_rank(found[0][0], str(path), "RANK_DEVICE_MAP.rankId")  # -1: a run without ranks
+            if rank is not None:
+                trace.rank, trace.rank_source = rank, "RANK_DEVICE_MAP"
     if db.has("HOST_INFO", ("hostName", "hostUid")):
         hosts = db.rows("SELECT hostName, hostUid FROM HOST_INFO")
         trace.host = f"{hosts[0][0]}#{hosts[0][1]}" if hosts else None  # the uid tells apart hosts of one name

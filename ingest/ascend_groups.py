@@ -15,6 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from traceana.errors import TraceanaError
+from traceana.ingest.validate import MAX_RANK, rank_list
 from traceana.layout import Layout
 
 _MASK = 0xFFFFFFFF
@@ -33,11 +34,12 @@ def metadata_groups(metadata: list[dict]) -> pl.DataFrame:
     """pg (communicator name), name (group_name), ranks from every rank's parallel_group_info, deduplicated."""
     groups: dict[str, tuple[str | None, list[int]]] = {}
     for meta in metadata:
-        info = meta.get("parallel_group_info") or {}
-        if isinstance(info, str):
-            info = json.loads(info)
+        info = _object(meta.get("parallel_group_info"), "parallel_group_info")
         for comm, group in info.items():
-            groups[comm] = (group.get("group_name") or None, sorted(int(r) for r in group.get("global_ranks") or []))
+            group = _object(group, f"parallel_group_info {comm}")
+            groups[comm] = (group.get("group_name") or None,
+                            rank_list(group.get("global_ranks"), "profiler metadata",
+                                      f"parallel_group_info {comm} global_ranks"))
     return pl.DataFrame(
         [{"pg": comm, "name": name, "ranks": ranks} for comm, (name, ranks) in groups.items()],
         schema={"pg": pl.String(), "name": pl.String(), "ranks": pl.List(pl.Int32())},
@@ -76,15 +78,38 @@ def link_by_hash(ops: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
 def layout_from_metadata(metadata: list[dict]) -> Layout | None:
     """The Megatron layout MindSpeed records in ``distributed_args``, if any (Megatron's default order)."""
     for meta in metadata:
-        args = meta.get("distributed_args")
-        if isinstance(args, str):
-            args = json.loads(args)
+        args = _object(meta.get("distributed_args"), "distributed_args")
         if args:
-            return Layout(tp=int(args.get("tensor_model_parallel_size") or 1),
-                          cp=int(args.get("context_parallel_size") or 1),
-                          ep=int(args.get("expert_model_parallel_size") or 1),
-                          dp=int(args.get("data_parallel_size") or 1),
-                          pp=int(args.get("pipeline_model_parallel_size") or 1))
+            sizes = {dim: args.get(f"{key}_parallel_size") or 1 for dim, key in
+                     (("tp", "tensor_model"), ("cp", "context"), ("ep", "expert_model"), ("dp", "data"),
+                      ("pp", "pipeline_model"))}
+            if bad := next((f"{d}={v!r}" for d, v in sizes.items() if not isinstance(v, int) or v < 1), None):
+                raise TraceanaError(f"profiler metadata: distributed_args {bad} is not a group size")
+            return Layout(**sizes)
     return None
+
+
+def checked_metadata(meta: dict) -> dict:
+    """``meta`` with parallel_group_info and distributed_args as objects (a database holds them as JSON text), and
+    distributed_args.world_size a number of ranks; a field of another type is a one-line error naming it."""
+    meta = {**meta, **{key: _object(meta.get(key), key) for key in ("parallel_group_info", "distributed_args")}}
+    size = meta["distributed_args"].get("world_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_RANK + 1):
+        raise TraceanaError(f"profiler metadata: distributed_args world_size is {size!r}, not a number of ranks")
+    return meta
+
+
+def _object(value: object, field: str) -> dict:
+    """A metadata field that must be a JSON object (or its text); absent is empty; else a one-line error."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise TraceanaError(f"profiler metadata: {field} is not valid JSON ({value[:60]!r})") from None
+    if value is None or value == "":
+        return {}
+    if not isinstance(value, dict):
+        raise TraceanaError(f"profiler metadata: {field} is {json.dumps(value)[:60]}, not an object")
+    return value
 
 

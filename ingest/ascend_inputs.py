@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from traceana.errors import TraceanaError
+from traceana.ingest.validate import MAX_TIME_NS, checked_rank
 
 OUTPUT = "ASCEND_PROFILER_OUTPUT"
 _DB = re.compile(r"^(?:ascend_(?:pytorch|mindspore)_profiler(?:_(\d+))?|msprof_\d+)\.db$")
@@ -70,9 +71,20 @@ def is_ascend(path: Path) -> bool:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise TraceanaError(f"{path}: not readable as JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise TraceanaError(f"{path}: holds {type(value).__name__} JSON, not an object")
+    return value
+
+
+def _field(info: dict, *keys: str) -> object:
+    """info[k1][k2]..., or None where a level is absent or not an object."""
+    value: object = info
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
 
 
 def _folder_context(source: RankInput, folder: Path) -> RankInput:
@@ -80,18 +92,19 @@ def _folder_context(source: RankInput, folder: Path) -> RankInput:
     infos = sorted(folder.glob("profiler_info*.json"))
     if infos:
         info = _read_json(infos[0])
-        source.level = ((info.get("config") or {}).get("experimental_config") or {}).get("_profiler_level")
+        level = _field(info, "config", "experimental_config", "_profiler_level")
+        source.level = str(level) if level is not None else None
         number = re.search(r"profiler_info_(\d+)\.json$", infos[0].name)
-        rank = info.get("rank_id")
-        if isinstance(rank, int) and rank >= 0:
+        rank = checked_rank(info.get("rank_id"), str(infos[0]), "rank_id")
+        if rank is not None:
             source.rank, source.rank_source = rank, "profiler_info"
         elif number:
             source.rank, source.rank_source = int(number.group(1)), "profiler_info"
-        end = info.get("end_info") or {}
-        if isinstance(end.get("collectionTimeEnd"), int):
-            source.collected_ns = end["collectionTimeEnd"]
-            if isinstance(end.get("MonotonicTimeEnd"), int):
-                source.boot_ns = end["collectionTimeEnd"] - end["MonotonicTimeEnd"]
+        end, monotonic = _field(info, "end_info", "collectionTimeEnd"), _field(info, "end_info", "MonotonicTimeEnd")
+        if isinstance(end, int) and 0 <= end <= MAX_TIME_NS:
+            source.collected_ns = end
+            if isinstance(monotonic, int) and 0 <= monotonic <= end:
+                source.boot_ns = end - monotonic
     if (folder / "profiler_metadata.json").is_file():
         source.metadata = _read_json(folder / "profiler_metadata.json")
     return source
@@ -138,8 +151,8 @@ def _prof_folder(prof: Path) -> RankInput:
         raise TraceanaError(f"{prof}: no msprof_*.db and no mindstudio_profiler_output/msprof_*.json "
                             f"(export with `msprof --export=on` first)")
     for info in sorted(prof.glob("device_*/info.json.*")):
-        rank = _read_json(info).get("rank_id")
-        if isinstance(rank, int) and rank >= 0:
+        rank = checked_rank(_read_json(info).get("rank_id"), str(info), "rank_id")
+        if rank is not None:
             source.rank, source.rank_source = rank, "rank_id"
     return source
 

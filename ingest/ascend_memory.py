@@ -14,11 +14,20 @@ SCHEMA = {"ts_ns": pl.Int64(), "allocated_bytes": pl.Int64(), "reserved_bytes": 
 EMPTY = pl.DataFrame(schema=SCHEMA)
 
 
-def memory_from_csv(path: Path) -> pl.DataFrame:
-    """PTA rows of memory_record.csv (Timestamp(us) as text with three decimals, read exactly)."""
+def memory_from_csv(path: Path, notes: list[str]) -> pl.DataFrame:
+    """PTA rows of memory_record.csv (Timestamp(us) as text with three decimals, read exactly). Memory is an
+    extra: a file that cannot be read (broken rows, missing columns, not UTF-8) is left out with a note."""
     if not path.is_file():
         return EMPTY
     source = str(path).replace("'", "''")
+    try:
+        return _read_csv(source)
+    except (duckdb.Error, OSError, UnicodeDecodeError) as exc:
+        notes.append(f"{path}: memory samples left out, the file is not readable ({str(exc).splitlines()[0][:120]})")
+        return EMPTY
+
+
+def _read_csv(source: str) -> pl.DataFrame:
     return duckdb.sql(f"""
         SELECT CAST(CAST(trim("Timestamp(us)") AS DECIMAL(24, 3)) * 1000 AS BIGINT) AS ts_ns,
                CAST(round("Total Allocated(MB)" * 1048576) AS BIGINT) AS allocated_bytes,
@@ -27,8 +36,3 @@ def memory_from_csv(path: Path) -> pl.DataFrame:
                       types = {{'Timestamp(us)': 'VARCHAR', 'Total Allocated(MB)': 'DOUBLE',
                                'Total Reserved(MB)': 'DOUBLE'}})
         WHERE Component = 'PTA' ORDER BY ts_ns""").pl().cast(SCHEMA)  # type: ignore[arg-type]
-
-
-def memory_from_database(rows: list[tuple]) -> pl.DataFrame:
-    """PTA rows of MEMORY_RECORD, given as (timestamp ns, totalAllocated, totalReserved)."""
-    return pl.DataFrame(rows, schema=SCHEMA, orient="row") if rows else EMPTY

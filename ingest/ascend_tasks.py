@@ -111,3 +111,4 @@ class RankTrace:
     metadata: dict = field(default_factory=dict)  # profiler_metadata.json / META_DATA (parallel_group_info ...)
     memory: pl.DataFrame | None = None  # allocator samples (ts_ns, allocated_bytes, reserved_bytes)
     tool_version: str | None = None
+    notes: list[str] = field(default_factory=list)  # what the reader noticed (a broken memory file ...)

@@ -40,12 +40,16 @@ FROM (SELECT DISTINCT pid, tid FROM ev) LEFT JOIN process USING (pid) LEFT JOIN 
 LEFT JOIN thread USING (pid, tid) LEFT JOIN sort USING (pid, tid)
 """
 
-_SPANS_SQL = """
+# A time or duration no clock produces (|ts| past 2^62 ns, |dur| past 2^61 ns) is NULL here, so start + dur cannot
+# overflow; validation then leaves the span out with a note. A span without dur is an instant.
+_SPANS_SQL = f"""
 CREATE TEMP TABLE x AS
-SELECT t.process, t.thread, t.pid, t.tid, t.sort_index, e.name, e.cat, e.args,
-       CAST(TRY_CAST(e.ts AS DECIMAL(20, 3)) * 1000 AS BIGINT) AS start_ns,
-       coalesce(CAST(round(TRY_CAST(e.dur AS DOUBLE) * 1000) AS BIGINT), 0) AS dur_ns
-FROM ev e JOIN tracks t USING (pid, tid)
+SELECT t.process, t.thread, t.pid, t.tid, t.sort_index, e.name, e.cat, e.args, start_ns,
+       CASE WHEN e.dur IS NULL THEN 0 WHEN dur_raw BETWEEN -{2**61} AND {2**61} THEN dur_raw END AS dur_ns
+FROM ev e JOIN tracks t USING (pid, tid),
+     LATERAL (SELECT TRY_CAST(TRY_CAST(e.ts AS DECIMAL(20, 3)) * 1000 AS BIGINT) AS start_raw,
+                     TRY_CAST(round(TRY_CAST(e.dur AS DOUBLE) * 1000) AS BIGINT) AS dur_raw),
+     LATERAL (SELECT CASE WHEN start_raw BETWEEN -{2**62} AND {2**62} THEN start_raw END AS start_ns)
 WHERE e.ph = 'X' AND TRY_CAST(e.ts AS DECIMAL(20, 3)) IS NOT NULL
 """
 
@@ -101,7 +105,7 @@ def _load(con: duckdb.DuckDBPyConnection, files: list[Path]) -> None:
     try:
         con.execute(f"CREATE TEMP TABLE ev AS SELECT * FROM read_json([{listing}], format='array', "
                     f"columns={_COLUMNS}, maximum_object_size=1073741824)")
-    except duckdb.Error as exc:
+    except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
         where = files[0] if len(files) == 1 else f"{files[0].parent} (msprof slices)"
         detail = str(exc).strip().splitlines()[0][:160]
         raise TraceanaError(f"{where}: not a complete JSON array of trace events ({detail})") from None
@@ -131,10 +135,16 @@ def read_timeline(files: list[Path], rules: list[Rule], step_marker: str | None)
         annotations = pl.concat([annotations, hccl_task_annotations(planes)])
     python = con.execute("SELECT min(pid) FROM tracks WHERE process = 'Python'").fetchall()[0][0]
     device = re.search(r"(\d+)", hardware[0][1] or "")
+    notes: list[str] = []
     return RankTrace(
         source=files[0], events=events, annotations=annotations,
         steps=marker_steps(annotations.filter(pl.col("kind") == "cpu_op"), step_marker or DEFAULT_STEP_MARKER),
-        device=int(device.group(1)) if device else None,
-        pid=int(python) if python and python.isdigit() else None,
-        memory=memory_from_csv(files[0].parent / "memory_record.csv"),
+        device=_id(device.group(1), 32) if device else None,
+        pid=_id(python, 64),
+        memory=memory_from_csv(files[0].parent / "memory_record.csv", notes), notes=notes,
     )
+
+
+def _id(text: str | None, bits: int) -> int | None:
+    """A device or process id from a label; None when there is none, or it is a sentinel no id column holds."""
+    return int(text) if text and text.isdigit() and int(text) < 2 ** (bits - 1) and int(text) != 4294967295 else None

@@ -10,6 +10,7 @@ from types import ModuleType
 from traceana.errors import TraceanaError
 from traceana.ingest.rules import Rule, load_rules
 from traceana.ingest.run_data import RunData, finish
+from traceana.ingest.validate import validate
 from traceana.layout import Layout
 
 # Format name -> module. Each module has ``matches(path) -> bool`` (cheap: names and a few header bytes) and
@@ -75,6 +76,6 @@ def read_run(paths: list[Path], fmt: str, options: IngestOptions) -> RunData:
     module = _module(fmt) if fmt in FORMATS else None
     if module is None:
         raise TraceanaError(f"format {fmt!r} is not supported (known: {', '.join(FORMATS)})")
-    data = module.read(paths, options)
+    data = validate(module.read(paths, options))
     options.progress.phase("assigning coordinates, process groups and collective instances")
     return finish(data, options.layout)

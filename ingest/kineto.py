@@ -30,6 +30,7 @@ from traceana.ingest.run_data import (
     require_overlapping_clocks,
     require_unique_ranks,
 )
+from traceana.ingest.validate import MAX_RANK, MAX_TIME_NS, checked_rank, rank_list
 
 _SUFFIXES = (".json", ".json.gz")
 _STEP = r"^ProfilerStep#(\d+)$"
@@ -86,16 +87,22 @@ def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
               f"columns={{'traceEvents': '{_EVENT}', 'distributedInfo': 'JSON', 'baseTimeNanoseconds': 'JSON'}})")
     try:
         meta = con.execute(f"SELECT distributedInfo, baseTimeNanoseconds, len(traceEvents) FROM {reader}").fetchall()
-    except duckdb.Error as exc:
+    except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
         raise TraceanaError(f"{file}: not a readable Kineto trace ({_first_line(exc)})") from None
     if len(meta) != 1 or meta[0][2] is None:
         raise TraceanaError(f"{file}: not a Kineto trace (no traceEvents array)")
-    info = json.loads(meta[0][0]) if meta[0][0] else {}
-    base = int(json.loads(meta[0][1])) if meta[0][1] else 0
-    con.execute(
-        f"""INSERT INTO ev SELECT {index} AS f, e.ph, e.cat, e.name, e.pid->>'$' AS pid, e.tid->>'$' AS tid,
-            {base} + CAST(e.ts * 1000 AS BIGINT) AS start_ns,
-            {base} + CAST(e.ts * 1000 AS BIGINT) + CAST(coalesce(e.dur, 0) * 1000 AS BIGINT) AS end_ns,
+    info, base = _metadata(file, meta[0][0], meta[0][1])
+    # Times in HUGEINT, then TRY_CAST: a time no BIGINT holds becomes NULL, and validation drops it with a note.
+    try:
+        con.execute(_INSERT.format(index=index, base=base, reader=reader))
+    except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
+        raise TraceanaError(f"{file}: not a readable Kineto trace ({_first_line(exc)})") from None
+    return info
+
+
+_INSERT = """INSERT INTO ev SELECT {index} AS f, e.ph, e.cat, e.name, e.pid->>'$' AS pid, e.tid->>'$' AS tid,
+            TRY_CAST({base}::HUGEINT + e.ts * 1000 AS BIGINT) AS start_ns,
+            TRY_CAST({base}::HUGEINT + e.ts * 1000 + coalesce(e.dur, 0) * 1000 AS BIGINT) AS end_ns,
             TRY_CAST(e.args."External id"->>'$' AS BIGINT) AS ext_id,
             TRY_CAST(e.args.correlation->>'$' AS BIGINT) AS corr,
             TRY_CAST(e.args.stream->>'$' AS BIGINT) AS stream,
@@ -114,8 +121,29 @@ def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
             TRY_CAST(e.args."Device Type"->>'$' AS INTEGER) AS mem_device_type,
             TRY_CAST(e.args."Group size"->>'$' AS INTEGER) AS group_size
         FROM (SELECT unnest(traceEvents) AS e FROM {reader}) WHERE e.ph = 'X' OR e.name = '[memory]'"""
-    )
-    return info
+
+
+def _metadata(file: Path, distributed: str | None, base: str | None) -> tuple[dict, int]:
+    """distributedInfo (rank, world_size and pg_config checked and normalized) and baseTimeNanoseconds; a field
+    of the wrong type is a one-line error naming it."""
+    info = json.loads(distributed) if distributed else {}
+    if not isinstance(info, dict):
+        raise TraceanaError(f"{file}: distributedInfo is {json.dumps(info)[:60]}, not an object")
+    info["rank"] = checked_rank(info.get("rank"), str(file), "distributedInfo.rank")
+    size = info.get("world_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_RANK + 1):
+        raise TraceanaError(f"{file}: distributedInfo.world_size is {size!r}, not a number of ranks")
+    groups = info.get("pg_config")
+    if groups is not None and not (isinstance(groups, list) and all(isinstance(g, dict) for g in groups)):
+        raise TraceanaError(f"{file}: distributedInfo.pg_config is {json.dumps(groups)[:60]}, not a list of objects")
+    for group in groups or []:
+        group["ranks"] = rank_list(group.get("ranks"), file, "distributedInfo.pg_config ranks")
+    value = json.loads(base) if base else 0
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TIME_NS:
+        raise TraceanaError(f"{file}: baseTimeNanoseconds is {value!r}, not a time in ns")
+    return info, value
 
 
 def _first_line(exc: Exception) -> str:
@@ -173,16 +201,12 @@ def _process_groups(infos: list[dict], con: duckdb.DuckDBPyConnection) -> pl.Dat
     rows = []
     for info in infos:
         for pg in info.get("pg_config") or []:
-            ranks = pg.get("ranks")
-            if isinstance(ranks, str):
-                ranks = json.loads(ranks) if ranks.strip().startswith("[") else []
-            rows.append((str(pg.get("pg_name")), pg.get("pg_desc"), sorted(int(r) for r in ranks or [])))
+            rows.append((str(pg.get("pg_name")), pg.get("pg_desc"), pg["ranks"]))  # checked by _metadata
     seen = con.execute(
         "SELECT DISTINCT pg_name, pg_desc, pg_ranks FROM ev WHERE pg_name IS NOT NULL AND pg_ranks IS NOT NULL"
     ).fetchall()
     for name, desc, ranks in seen:
-        text = ranks if ranks.strip().startswith("[") else f"[{ranks}]"
-        rows.append((name, desc, sorted(int(r) for r in json.loads(text))))
+        rows.append((name, desc, rank_list(ranks, f"kernel args of group {name}", "Process Group Ranks")))
     unique = {(name, tuple(ranks)): desc for name, desc, ranks in rows if ranks}
     frame = pl.DataFrame(
         [{"name_key": n, "name": d if d not in (None, "undefined") else None, "ranks": list(r)}
@@ -211,6 +235,10 @@ _GROUP_SIZE = f"""coalesce(group_size, CASE
     WHEN name IN ('c10d::_allgather_base_', 'c10d::all_gather_into_tensor')
          AND {_SECOND_INPUT_NELEMS} > 0 AND {FIRST_INPUT_NELEMS} % {_SECOND_INPUT_NELEMS} = 0
         THEN {FIRST_INPUT_NELEMS} // {_SECOND_INPUT_NELEMS} END)"""
+
+# Each kernel's launch: the first runtime call of its correlation id (the host time it was queued).
+_LAUNCHES_SQL = """SELECT f, corr, min(start_ns) AS launch_ns FROM ev
+    WHERE cat IN ('cuda_runtime', 'cuda_driver') AND corr IS NOT NULL GROUP BY f, corr"""
 
 _LAUNCHERS_SQL = f"""
 -- For each communication kernel: the innermost comm CPU op around the runtime call that launched it.
@@ -247,9 +275,7 @@ def _device_frames(con: duckdb.DuckDBPyConnection, options: IngestOptions) -> tu
                l.l_in_nelems, l.l_dtype, l.l_pg_name, l.l_seq, coalesce(k.group_size, l.l_group_size) AS group_size,
                r.launch_ns
         FROM ev k LEFT JOIN launchers l ON l.f = k.f AND l.corr = k.corr AND l.k_start = k.start_ns
-        LEFT JOIN (SELECT f, corr, min(start_ns) AS launch_ns FROM ev  -- the runtime call that launched it
-                   WHERE cat IN ('cuda_runtime', 'cuda_driver') AND corr IS NOT NULL GROUP BY f, corr) r
-               ON r.f = k.f AND r.corr = k.corr
+        LEFT JOIN ({_LAUNCHES_SQL}) r ON r.f = k.f AND r.corr = k.corr
         WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
     ).pl()
     events = events.with_columns(classify(pl.col("name"), options.rules)).with_columns(
@@ -326,6 +352,8 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         "SELECT f, start_ns AS ts_ns, mem_allocated AS allocated_bytes, mem_reserved AS reserved_bytes FROM ev "
         f"WHERE name = '[memory]' AND mem_device_type = {1 if mode == 'gpu' else 0} ORDER BY f, start_ns"
     ).pl().join(file_rank, on="f")
+    if options.step_marker is not None:
+        notes.append(f"--step-marker {options.step_marker!r} ignored: Kineto steps are the profiler's ProfilerStep#N")
     if mode == "cpu":
         notes.append("no device activity: CPU-only run, compute from the main thread's CPU ops")
         if not memory.is_empty():
@@ -398,15 +426,15 @@ def _device_steps(con: duckdb.DuckDBPyConnection, notes: list[str]) -> pl.DataFr
     backward launches from autograd's thread); one without a recorded launch to the step of Kineto's own
     gpu_user_annotation ProfilerStep#N range that holds it, if any, else to its stream's previous event's step."""
     markers = con.sql(
-        f"""SELECT f AS rank, CAST(regexp_extract(name, '{_STEP}', 1) AS INTEGER) AS step, start_ns, end_ns
+        f"""SELECT f AS rank, TRY_CAST(regexp_extract(name, '{_STEP}', 1) AS INTEGER) AS step, start_ns, end_ns
             FROM ev WHERE regexp_matches(name, '{_STEP}') AND cat IN ('user_annotation', 'cpu_op')"""
     ).pl()
+    if unnumbered := markers["step"].null_count():
+        notes.append(f"{unnumbered} ProfilerStep ranges left out: their step number does not fit an INTEGER")
+        markers = markers.drop_nulls("step")
     events = con.sql(
-        f"""WITH launch AS (
-            SELECT f, corr, min(start_ns) AS launch_ns FROM ev
-            WHERE cat IN ('cuda_runtime', 'cuda_driver') AND corr IS NOT NULL GROUP BY ALL
-        ), device_step AS (
-            SELECT f, CAST(regexp_extract(name, '{_STEP}', 1) AS INTEGER) AS step, start_ns, end_ns FROM ev
+        f"""WITH launch AS ({_LAUNCHES_SQL}), device_step AS (
+            SELECT f, TRY_CAST(regexp_extract(name, '{_STEP}', 1) AS INTEGER) AS step, start_ns, end_ns FROM ev
             WHERE cat = 'gpu_user_annotation' AND regexp_matches(name, '{_STEP}')
         )
         SELECT k.f AS rank, coalesce(k.stream, TRY_CAST(k.tid AS BIGINT)) AS stream, k.start_ns, k.end_ns,

@@ -88,7 +88,7 @@ def cpu_frames(con: duckdb.DuckDBPyConnection, file_rank: pl.DataFrame, groups: 
     comm = pl.concat([_collective_groups(comm.filter(~is_p2p), groups), _p2p_groups(con, comm.filter(is_p2p))],
                      how="diagonal_relaxed")
     steps = con.sql(f"""
-        SELECT e.f, CAST(regexp_extract(e.name, '{_STEP}', 1) AS INTEGER) AS step, e.start_ns, e.end_ns
+        SELECT e.f, TRY_CAST(regexp_extract(e.name, '{_STEP}', 1) AS INTEGER) AS step, e.start_ns, e.end_ns
         FROM ev e JOIN main_thread m USING (f, tid) WHERE regexp_matches(e.name, '{_STEP}')
         ORDER BY e.f, step""").pl()
     return events, comm, steps

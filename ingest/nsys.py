@@ -38,6 +38,7 @@ from traceana.ingest.run_data import (
     require_overlapping_clocks,
     require_unique_ranks,
 )
+from traceana.ingest.validate import checked_rank
 
 if TYPE_CHECKING:
     from traceana.ingest.dispatch import IngestOptions
@@ -135,6 +136,9 @@ def _device_activity(export: Export, strings: pl.DataFrame) -> pl.DataFrame | No
             .join(names.rename({"_sid": "demangledName", "_sval": "_full"}), on="demangledName", how="left")
             .with_columns(pl.coalesce("_full", "short", pl.lit("kernel")).alias("name"))
         )
+        if nameless := kernels.filter(pl.col("short").is_null()).height:
+            export.notes.append(f"{export.path.name}: {nameless} kernels name no string in StringIds (a missing or "
+                                f"cut-down string table); they are named 'kernel' and classified as compute")
         parts.append(kernels)
     memcpy = export.frame("CUPTI_ACTIVITY_KIND_MEMCPY", {**_DEVICE_COLUMNS, "copyKind": _I64}, required=required)
     if memcpy is not None:
@@ -147,11 +151,26 @@ def _device_activity(export: Export, strings: pl.DataFrame) -> pl.DataFrame | No
         return None
     frame = pl.concat([p.select(*_DEVICE_COLUMNS, "name", pl.col("short") if "short" in p.columns
                                 else pl.lit(None, _STR).alias("short")) for p in parts])
-    return frame.select(
+    frame = frame.select(
         _pid("globalPid").alias("pid"), pl.col("deviceId").alias("device"), pl.col("streamId").alias("stream"),
         pl.col("start").alias("start_ns"), pl.col("end").alias("end_ns"), "name",
         pl.coalesce("short", "name").alias("short"), "correlationId",
-    ).with_row_index("key").with_columns(pl.col("key").cast(_I64))
+    )
+    frame = _attributed(frame, export.notes, export.path.name)
+    return frame.with_row_index("key").with_columns(pl.col("key").cast(_I64))
+
+
+def _attributed(frame: pl.DataFrame, notes: list[str], source: str) -> pl.DataFrame:
+    """Rows whose process or device id is unknown (NULL, or the "none" sentinel) must not become a rank of their
+    own: an unknown process is the device's only process; a row without a device, where others have one, is left
+    out with a note."""
+    known = pl.col("pid").drop_nulls()
+    frame = frame.with_columns(pl.when(pl.col("pid").is_null() & (known.n_unique().over("device") == 1))
+                               .then(known.first().over("device")).otherwise(pl.col("pid")).alias("pid"))
+    lost = pl.col("device").is_null() & pl.col("device").is_not_null().any()
+    if dropped := frame.filter(lost).height:
+        notes.append(f"{source}: {dropped} GPU activity rows without a device id left out")
+    return frame.filter(~lost)
 
 
 def _nvtx_ranges(export: Export, strings: pl.DataFrame) -> pl.DataFrame | None:
@@ -190,23 +209,25 @@ def _launches(export: Export) -> pl.DataFrame | None:
 
 def _stated_ranks(export: Export, strings: pl.DataFrame, pids: list[int | None]) -> dict[int | None, tuple[int, str]]:
     """pid -> (rank, source) where the report says it: MPI_RANKS, "MPI Rank N" thread names, captured env."""
-    stated: dict[int | None, tuple[int, str]] = {}
+    stated: dict[int | None, tuple[int | None, str]] = {}
     threads = export.frame("ThreadNames", {"nameId": _I64, "globalTid": _I64})
     if threads is not None:
         named = threads.join(strings.rename({"id": "nameId"}), on="nameId").select(
             _pid("globalTid").alias("pid"), pl.col("value").str.extract(r"^MPI Rank (\d+)$").cast(_I64).alias("rank")
         ).drop_nulls()
-        stated |= {pid: (rank, "thread-name") for pid, rank in named.unique("pid").iter_rows()}
+        stated |= {pid: (checked_rank(rank, str(export.path), "thread name 'MPI Rank N'"), "thread-name")
+                   for pid, rank in named.unique("pid").iter_rows()}
     mpi = export.frame("MPI_RANKS", {"globalTid": _I64, "rank": _I64})
     if mpi is not None:
-        stated |= {pid: (rank, "MPI_RANKS") for pid, rank in
-                   mpi.select(_pid("globalTid").alias("pid"), "rank").unique("pid").iter_rows()}
+        stated |= {pid: (checked_rank(rank, str(export.path), "MPI_RANKS.rank"), "MPI_RANKS") for pid, rank in
+                   mpi.select(_pid("globalTid").alias("pid"), "rank").drop_nulls().unique("pid").iter_rows()}
     if len(pids) == 1 and pids[0] not in stated:  # the captured environment is the launched process's
         env = export.capture_env()
         var = next((v for v in ENV_RANK_VARS if env.get(v, "").isdigit()), None)
         if var is not None:
-            stated[pids[0]] = (int(env[var]), f"env:{var}")
-    return stated
+            stated[pids[0]] = (checked_rank(int(env[var]), str(export.path), f"captured environment {var}"),
+                               f"env:{var}")
+    return {pid: (rank, source) for pid, (rank, source) in stated.items() if rank is not None}
 
 
 def _read_report(source: Path, options: IngestOptions) -> Report:

@@ -19,8 +19,10 @@ from urllib.parse import quote
 import polars as pl
 
 from traceana.errors import TraceanaError
+from traceana.ingest.sqlite_read import decode_text, typed_frame, unknown_id
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+TIMES = ("start", "end")  # read as they are: a time that is not an integer is an error; other ids may be unknown
 META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")  # 2023+ name, 2022 name
 
 
@@ -52,6 +54,16 @@ def _check_header(path: Path) -> None:
             raise TraceanaError(f"{path}: truncated SQLite file ({actual} bytes, its header says {expected})")
 
 
+def _read(column: str, dtype: pl.DataType) -> str:
+    """The SQL that reads ``column`` as ``dtype``: ids through unknown_id, text as text, times as they are."""
+    quoted = f'"{column}"'
+    if dtype.is_integer() and column not in TIMES:
+        return f'{unknown_id(quoted)} AS "{column}"'
+    if dtype == pl.String():
+        return f'CAST({quoted} AS TEXT) AS "{column}"'
+    return quoted
+
+
 class Export:
     """A read-only view of one export: tables, columns, metadata, strings."""
 
@@ -61,7 +73,7 @@ class Export:
         self.notes: list[str] = []
         uri = f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1"
         self._con = sqlite3.connect(uri, uri=True)
-        self._con.text_factory = lambda raw: raw.decode("utf-8", "replace")  # some StringIds are not UTF-8
+        self._con.text_factory = decode_text  # some StringIds are not UTF-8
         names = [r[0] for r in self._sql("SELECT name FROM sqlite_master WHERE type = 'table'")]
         self.tables = set(names)
         self._columns: dict[str, list[str]] = {}
@@ -114,9 +126,9 @@ class Export:
             raise TraceanaError(f"{self.path}: table {table} has no column {', '.join(lacking)} (not an nsys export?)")
         if missing:
             self.notes.append(f"{self.path.name}: {table} has no column {', '.join(missing)}")
-        select = ", ".join(f'"{c}"' if c in present else f'NULL AS "{c}"' for c in columns)
+        select = ", ".join(_read(c, t) if c in present else f'NULL AS "{c}"' for c, t in columns.items())
         rows = self._sql(f'SELECT {select} FROM "{table}" {where}')
-        return pl.DataFrame(rows, schema=columns, orient="row")
+        return typed_frame(rows, columns, self.path, f"table {table}")
 
     def strings(self) -> pl.DataFrame:
         """StringIds as (id, value): every name in the export is an id into it."""

@@ -28,11 +28,11 @@ class Rule:
 
 def _read(text: str, source: str) -> list[Rule]:
     rules = []
-    for line, row in enumerate(csv.DictReader(text.splitlines()), start=2):
-        try:
-            pattern, category = row["pattern"], row["category"]
-        except KeyError:
-            raise TraceanaError(f"{source}: needs the columns pattern,category,op") from None
+    rows = csv.DictReader(text.splitlines())
+    for line, row in enumerate(rows, start=2):
+        pattern, category = row.get("pattern"), row.get("category")
+        if pattern is None or category is None:
+            raise TraceanaError(f"{source}:{line}: needs the columns pattern,category,op")
         try:
             re.compile(pattern)
         except re.error as exc:
@@ -52,7 +52,12 @@ def load_rules(extra: Path | None = None) -> list[Rule]:
         text = extra.read_text()
     except OSError as exc:
         raise TraceanaError(f"{extra}: cannot read rules file ({exc.strerror})") from None
-    return _read(text, str(extra)) + builtin
+    except UnicodeDecodeError:
+        raise TraceanaError(f"{extra}: not a text file (rules are CSV: pattern,category,op)") from None
+    try:
+        return _read(text, str(extra)) + builtin
+    except csv.Error as exc:
+        raise TraceanaError(f"{extra}: not readable as CSV ({exc})") from None
 
 
 def classify(names: pl.Expr, rules: list[Rule]) -> list[pl.Expr]:

@@ -26,3 +26,21 @@ def run_cli(*args: object, check: bool = True) -> subprocess.CompletedProcess[st
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def run_main(*args: object) -> tuple[int, str, str]:
+    """Run the CLI's entry point in this process, as `traceana ARGS` would: (exit code, stdout, stderr). No
+    interpreter start per call, so property tests can afford hundreds of them."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from traceana.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code: int = 0
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            main([str(a) for a in args])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    return code, out.getvalue(), err.getvalue()

@@ -37,6 +37,6 @@ def test_help_imports_nothing_heavy() -> None:
 
 def test_runs_needs_duckdb_only(tmp_path: Path) -> None:
     db = tmp_path / "t.duckdb"
-    with store.connect(db):  # an empty store
+    with store.connect(db) as con, store.transaction(con):  # an empty store
         pass
     assert loaded("runs", "--db", str(db)) == ["duckdb"]

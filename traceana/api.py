@@ -115,10 +115,15 @@ class Traces:
 
     def sql(self, query: str, run: str | None = None) -> pl.DataFrame:
         """Ad-hoc SQL over the tables and views; with ``run`` (or the run given to open), that run's rows only."""
+        if not query.strip():
+            raise TraceanaError("sql: the query is empty")
         with store.connect(self.db, read_only=True) as con:
             if run or self.run:
                 store.restrict_to_run(con, store.resolve_run(con, run or self.run))
             try:
-                return con.sql(query).pl()
+                relation = con.sql(query)
+                if relation is None:
+                    raise TraceanaError("sql: the statement returns no rows (sql runs queries such as SELECT)")
+                return relation.pl()
             except duckdb.Error as exc:
                 raise TraceanaError(f"query failed: {str(exc).splitlines()[0]}") from None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import traceback
 from pathlib import Path
 from typing import Annotated
 
@@ -52,6 +54,7 @@ def ingest(
             re.compile(step_marker)
         except re.error as exc:
             raise TraceanaError(f"--step-marker {step_marker!r}: not a regular expression ({exc})") from None
+    store.check_path(db)
     options = IngestOptions(layout=parsed_layout, step_marker=step_marker, rules=load_rules(rules),
                             cache_dir=db.resolve().parent / ".traceana-cache")
     with ingest_progress() as bar:
@@ -135,13 +138,22 @@ def sql(
     emit(Traces(db, run).sql(query), fmt=fmt)
 
 
-def main() -> None:
-    """Entry point: user mistakes become one line on stderr and exit code 2, never a traceback."""
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: user mistakes become one line on stderr and exit code 2, never a traceback. Anything else is a
+    bug: one line and exit code 1, the traceback only with TRACEANA_DEBUG=1."""
     try:
-        app()
+        app(args=argv, prog_name="traceana")
     except TraceanaError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from None
+    except Exception as exc:
+        if os.environ.get("TRACEANA_DEBUG", "") not in ("", "0"):
+            traceback.print_exc()
+        else:
+            line = next(iter(str(exc).strip().splitlines()), "")
+            typer.echo(f"error: internal error: {type(exc).__name__}: {line} "
+                       "(run again with TRACEANA_DEBUG=1 for the traceback)", err=True)
+        raise SystemExit(1) from None
 
 
 # Commands owned by other modules register here, one line each.

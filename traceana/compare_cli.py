@@ -10,7 +10,7 @@ import typer
 from traceana import store
 from traceana.cli import DbOption, JsonOption
 from traceana.errors import TraceanaError
-from traceana.output import emit, emit_json, progress
+from traceana.output import emit, emit_json, plot_path, progress
 
 if TYPE_CHECKING:  # imported where used: the CLI's fixed cost stays small (`traceana --help` loads no Polars)
     import polars as pl
@@ -29,7 +29,8 @@ def compare(
                                                      "run). Several make a sweep.", show_default=False)] = None,
     measured: Annotated[Path | None, typer.Option("--measured", help="CSV of configuration and measured columns "
                                                   "(e.g. ../shared/validation/*.csv): a sweep over its rows.")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write estimated vs measured (PNG).")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write estimated vs measured (PNG).",
+                                              callback=plot_path)] = None,
     fit: Annotated[bool, typer.Option("--fit", help="Fit the calibration block on every other row, report the "
                                       "error on the rows held out.")] = False,
     write_calibration: Annotated[Path | None, typer.Option("--write-calibration", help="Write the fitted values as "

@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 
 from traceana.breakdown import label
 from traceana.compare import DIMS, PEAK, RunComparison
-from traceana.plots import PART_COLORS
+from traceana.plots import PART_COLORS, save_figure
 
 COLORS = {**PART_COLORS, "COMP": "0.35", "IDLE": "tab:olive", "TOTAL": "black", "peak_memory": "tab:cyan"}
 ORDER = {d: i for i, d in enumerate((*DIMS, "peak_memory"))}
@@ -66,8 +66,7 @@ def _draw(time: pl.DataFrame, memory: pl.DataFrame | None, path: Path, title: st
         _panel(ax, points, unit)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path, dpi=130)
 
 
 def _panel(ax: Axes, points: pl.DataFrame, unit: str) -> None:

@@ -82,6 +82,8 @@ class Layout:
         for part in filter(None, (p.strip() for p in spec.split(","))):
             key, sep, value = part.partition("=")
             key = key.strip().lower()
+            if key in values or (key == "order" and "order" in values):
+                raise TraceanaError(f"layout {spec!r}: {key} is given twice")
             if not sep or not value.strip():
                 raise TraceanaError(f"layout {spec!r}: {part!r} is not name=value")
             if key == "order":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+
+from traceana.errors import TraceanaError
 
 if TYPE_CHECKING:  # imported where used: a command that prints a few rows must not pay for Polars
     import polars as pl
@@ -111,3 +114,28 @@ def ingest_progress() -> Iterator[IngestProgress]:
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True,
                   disable=not sys.stderr.isatty()) as bar:
         yield IngestProgress(bar)
+
+
+IMAGE_TYPES = (".png", ".svg", ".pdf")
+
+
+def plot_path(path: Path | None) -> Path | None:
+    """The callback of every --plot: an image file name in a folder that exists and can be written, checked before
+    any work is done (matplotlib would add .png to a folder's name, or fail only at the end)."""
+    if path is None:
+        return None
+    try:
+        is_dir, folder_exists = path.is_dir(), path.parent.is_dir()
+        path.resolve()
+    except (OSError, RuntimeError) as exc:  # a name too long, a symlink loop
+        raise TraceanaError(f"--plot {path}: cannot write the plot ({getattr(exc, 'strerror', None) or exc})") from None
+    if is_dir:
+        raise TraceanaError(f"--plot {path}: is a folder; give a file name ending in .png")
+    if path.suffix.lower() not in IMAGE_TYPES:
+        raise TraceanaError(f"--plot {path}: unknown image type {path.suffix or '(no extension)'}; "
+                            f"use {', '.join(IMAGE_TYPES)}")
+    if not folder_exists:
+        raise TraceanaError(f"--plot {path}: folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK):
+        raise TraceanaError(f"--plot {path}: cannot write in {path.parent}")
+    return path

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from traceana import store
 from traceana.errors import TraceanaError
 
 if TYPE_CHECKING:
@@ -89,26 +90,20 @@ def import_dataset(con: duckdb.DuckDBPyConnection, source: Path,
         raise TraceanaError(f"{source}: not a traceana Parquet dataset (no {SCHEMA_FILE})")
     statements = schema.read_text().replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ")
     counts: dict[str, int] = {}
-    con.execute("BEGIN TRANSACTION")
     try:
-        con.execute(statements)
-        for name, columns, _ in _tables(con):
-            folder = source / name
-            if not folder.is_dir():
-                continue
-            key = next((k for k in KEYS if k in columns), None)
-            reader = (f"read_parquet('{_sql_path(folder)}/**/*.parquet', hive_partitioning = true, "
-                      "hive_types_autocast = false)")
-            if key is not None:
-                con.execute(f'DELETE FROM "{name}" WHERE {key} IN (SELECT DISTINCT {key} FROM {reader})')
-            con.execute(f'INSERT INTO "{name}" BY NAME SELECT * FROM {reader}')
-            counts[name] = con.execute(f"SELECT count(*) FROM {reader}").fetchall()[0][0]
-            progress(name)
-        con.execute("COMMIT")
+        with store.transaction(con, statements):  # this version's schema and views too, all or nothing
+            for name, columns, _ in _tables(con):
+                folder = source / name
+                if not folder.is_dir():
+                    continue
+                key = next((k for k in KEYS if k in columns), None)
+                reader = (f"read_parquet('{_sql_path(folder)}/**/*.parquet', hive_partitioning = true, "
+                          "hive_types_autocast = false)")
+                if key is not None:
+                    con.execute(f'DELETE FROM "{name}" WHERE {key} IN (SELECT DISTINCT {key} FROM {reader})')
+                con.execute(f'INSERT INTO "{name}" BY NAME SELECT * FROM {reader}')
+                counts[name] = con.execute(f"SELECT count(*) FROM {reader}").fetchall()[0][0]
+                progress(name)
     except duckdb.Error as exc:
-        con.execute("ROLLBACK")
         raise TraceanaError(f"{source}: cannot import ({str(exc).splitlines()[0]})") from None
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
     return counts

@@ -9,10 +9,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import polars as pl
+from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from traceana.breakdown import DIM_LANES, WAITS, label
+from traceana.errors import TraceanaError
 from traceana.idle import CAUSES
 
 COMP_COLOR = "0.55"
@@ -21,6 +23,16 @@ DIM_COLORS = dict(zip(DIM_LANES, ["tab:blue", "tab:purple", "tab:orange", "tab:g
                       strict=True))
 PART_COLORS = {"COMP": COMP_COLOR, **dict(zip(WAITS, DIM_COLORS.values(), strict=True)), "IDLE": IDLE_COLOR}
 IDLE_CAUSE_COLORS = dict(zip(CAUSES, ["tab:red", "tab:purple", "tab:orange", "tab:blue", "0.8"], strict=True))
+
+
+def save_figure(fig: Figure, path: Path, dpi: int) -> None:
+    """Write ``fig`` to ``path`` and close it; a write the file system refuses is one line naming the file."""
+    try:
+        fig.savefig(path, dpi=dpi)
+    except OSError as exc:
+        raise TraceanaError(f"--plot {path}: cannot write the plot ({exc.strerror or exc})") from None
+    finally:
+        plt.close(fig)
 
 
 def _stage_positions(stages: list[int | None]) -> tuple[list[float], list[tuple[float, str]]]:
@@ -68,8 +80,7 @@ def breakdown_bars(frame: pl.DataFrame, path: Path, title: str, stack: dict[str,
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path, dpi=130)
 
 
 def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, title: str,
@@ -117,8 +128,7 @@ def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, t
         handles += [Line2D([], [], color="red", linewidth=2, label="critical path (thin, pale: idle on it)")]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path, dpi=130)
 
 
 def _draw_path(ax: plt.Axes, critical: pl.DataFrame, rows: dict[int, int], origin: int) -> None:
@@ -166,8 +176,7 @@ def comm_heatmaps(pairs: pl.DataFrame, world: int, path: Path, title: str) -> No
         ax.set_title(heading, fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path, dpi=130)
 
 
 def memory_timeline(samples: pl.DataFrame, windows: pl.DataFrame, path: Path, title: str) -> None:
@@ -198,5 +207,4 @@ def memory_timeline(samples: pl.DataFrame, windows: pl.DataFrame, path: Path, ti
     ax.set_title(title + suffix, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path, dpi=130)

@@ -10,7 +10,7 @@ import typer
 from traceana import store
 from traceana.cli import DbOption, JsonOption, RunArgument
 from traceana.errors import TraceanaError
-from traceana.output import emit, emit_json
+from traceana.output import emit, emit_json, plot_path
 
 if TYPE_CHECKING:  # imported where used: the CLI's fixed cost stays small (`traceana --help` loads no Polars)
     import polars as pl
@@ -47,7 +47,8 @@ def breakdown(
     run: RunArgument = None,
     by: Annotated[str, typer.Option("--by", help="rank or stage.")] = "rank",
     step: StepOption = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write stacked bars per rank to this PNG.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write stacked bars per rank to this PNG.",
+                                              callback=plot_path)] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -97,7 +98,7 @@ def _stage_table(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def timeline(
-    plot: Annotated[Path, typer.Option("--plot", help="PNG file to write.")],
+    plot: Annotated[Path, typer.Option("--plot", help="PNG file to write.", callback=plot_path)],
     step: Annotated[int | None, typer.Option("--step", help="The step to draw (default: the first analysed step: "
                                              "the first after the warm-up step, or the only one).")] = None,
     run: RunArgument = None,
@@ -128,8 +129,8 @@ def stragglers(
 
     from traceana import breakdown as bd
 
-    if threshold < 0:
-        raise TraceanaError(f"--threshold {threshold}: must be a percentage >= 0")
+    if not threshold >= 0 or threshold == float("inf"):  # NaN compares false with everything
+        raise TraceanaError(f"--threshold {threshold}: must be a finite percentage >= 0")
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         per_rank = bd.stragglers(con, rid)

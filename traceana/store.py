@@ -1,10 +1,17 @@
-"""The DuckDB store: schema on first use, one transaction per run, and the views from queries/*.sql."""
+"""The DuckDB store: schema on first use, one transaction per run, and the views from queries/*.sql.
+
+What it guarantees: a write that fails leaves an existing store byte-for-byte as it was (schema, views and rows
+change only inside the write's transaction) and leaves no file behind where there was none; a file that is not a
+store of this schema is a one-line error for every command, before anything is read or written.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +26,9 @@ if TYPE_CHECKING:  # imported where used, so that `traceana --help` loads neithe
 DEFAULT_DB = "traceana.duckdb"
 # What a report says when a view it reads could not be defined on an older database (see connect).
 OUTDATED = "this database was written by an older traceana and lacks columns this report reads: ingest the run again"
+# No extension is installed or loaded behind the user's back (a SQLite file would otherwise pull in sqlite_scanner).
+_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+_FRESH = "ingest again into a new --db file"
 
 
 def _schema_sql() -> str:
@@ -31,47 +41,170 @@ def view_sql() -> list[str]:
     return [p.read_text() for p in sorted(root.iterdir(), key=lambda p: p.name) if p.name.endswith(".sql")]
 
 
+@functools.cache
+def _expected_columns() -> dict[str, list[tuple[str, str]]]:
+    """Each store table's (column, type) list, as this version's schema.sql creates them."""
+    import duckdb
+
+    with duckdb.connect(":memory:") as con:
+        con.execute(_schema_sql())
+        return _columns(con)
+
+
+def _columns(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[str, str]]]:
+    rows = con.execute("SELECT table_name, column_name, data_type FROM information_schema.columns "
+                       "WHERE table_catalog = current_database() AND table_schema = 'main' "
+                       "AND table_name IN (SELECT table_name FROM information_schema.tables "
+                       "WHERE table_type = 'BASE TABLE') ORDER BY table_name, ordinal_position").fetchall()
+    found: dict[str, list[tuple[str, str]]] = {}
+    for table, column, kind in rows:
+        found.setdefault(table, []).append((column, kind))
+    return found
+
+
+@functools.cache
+def _added_columns() -> set[tuple[str, str]]:
+    """(table, column) that schema.sql adds to stores written before the column existed (ALTER TABLE ... ADD COLUMN
+    IF NOT EXISTS): a store lacking only those is an older store of this schema, upgraded by its next write."""
+    return set(re.findall(r"ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+)", _schema_sql()))
+
+
+def check_schema(con: duckdb.DuckDBPyConnection, path: Path, *, read_only: bool) -> None:
+    """A one-line error unless the database holds this version's tables with this version's columns (an older
+    store may lack the columns schema.sql adds later), or is empty and about to be written. A file shorter than
+    the blocks its header says are in use was cut short (a copy that stopped); other damage is found when a read
+    reaches it (:func:`file_error`)."""
+    size, blocks = con.execute("SELECT block_size, used_blocks FROM pragma_database_size() "
+                               "WHERE database_name = current_database()").fetchall()[0]
+    if path.stat().st_size < size * blocks:
+        raise TraceanaError(f"{path}: the database file is truncated or damaged; restore it from a copy or {_FRESH}")
+    found = _columns(con)
+    if not found:
+        if read_only:
+            raise TraceanaError(f"{path}: the database holds no runs yet (run `traceana ingest PATH` first)")
+        return
+    expected = _expected_columns()
+    if "runs" not in found:
+        raise TraceanaError(f"{path}: a DuckDB database but not a traceana store (its tables: "
+                            f"{', '.join(sorted(found)[:5])}); pass --db with a traceana store or a new file name")
+    added = _added_columns()
+    for table, columns in expected.items():
+        have = {c for c, _ in found.get(table, [])}
+        if found.get(table) != [(c, t) for c, t in columns if c in have or (table, c) not in added]:
+            have = {c for c, _ in found.get(table, [])}
+            lacking = [c for c, _ in columns if c not in have]
+            problem = (f"no {table} table" if table not in found else f"{table} lacks {', '.join(lacking)}"
+                       if lacking else f"{table} has other columns or types")
+            raise TraceanaError(f"{path}: a store of another traceana schema ({problem}); {_FRESH}")
+
+
+def _open_error(path: Path, exc: duckdb.Error, read_only: bool) -> TraceanaError:
+    """The one line for a database that cannot be opened: locked (by whom), damaged, or not DuckDB at all."""
+    import duckdb
+
+    text = str(exc).splitlines()[0]
+    if "lock" in text.lower():
+        if read_only:
+            return TraceanaError(f"{path}: another traceana process is writing this database; retry when it ends")
+        try:  # readers share the file with each other, never with a writer: a read-only open tells who holds it
+            duckdb.connect(str(path), read_only=True, config=_CONFIG).close()
+        except duckdb.Error:
+            return TraceanaError(f"{path}: another traceana process is writing this database; retry when it ends")
+        return TraceanaError(f"{path}: a reader (another traceana command) has this database open; "
+                             "retry when it ends")
+    if "not a valid DuckDB database" in text or "extension" in text.lower():
+        return TraceanaError(f"{path}: not a DuckDB database; pass --db with a traceana store or a new file name")
+    return file_error(path, exc) or TraceanaError(f"{path}: cannot open as a DuckDB database ({text})")
+
+
+def file_error(path: Path, exc: duckdb.Error) -> TraceanaError | None:
+    """The one line for a damaged file or a write the file system refused, or None for any other error."""
+    text = str(exc)
+    if "read enough bytes" in text or "checksum" in text.lower() or "corrupt" in text.lower():
+        return TraceanaError(f"{path}: the database file is truncated or damaged; restore it from a copy or {_FRESH}")
+    if "No space left on device" in text:
+        return TraceanaError(f"{path}: no space left on device; the store is unchanged")
+    if "Permission denied" in text or "Read-only file system" in text:
+        return TraceanaError(f"{path}: cannot write here ({text.splitlines()[0]}); the store is unchanged")
+    return None
+
+
+def check_path(path: Path) -> bool:
+    """Whether the store file exists, after making sure ``path`` can name one (not a folder, not a symlink loop)."""
+    try:
+        path.resolve()
+        exists = path.exists()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop on Python < 3.13
+        raise TraceanaError(f"{path}: cannot use as --db ({getattr(exc, 'strerror', None) or exc})") from None
+    if path.is_dir():
+        raise TraceanaError(f"{path}: is a folder; --db names the store file")
+    return exists
+
+
 @contextmanager
 def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False,
             views: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
-    """Open the store. A writer creates schema and views on first use. Read-only opens need the file and take no
-    lock against each other; they define this version's views as temporary views, which shadow the stored ones,
-    so reports always run the installed queries even on a database an older traceana wrote. A reader that only
-    reads tables passes ``views=False`` and skips defining them (a quarter second: `traceana runs`)."""
+    """Open the store. Read-only opens need the file and take no lock against each other; they define this
+    version's views as temporary views, which shadow the stored ones, so reports always run the installed queries
+    (a reader that only reads tables passes ``views=False`` and skips them: a quarter second for `traceana runs`).
+    A writer changes nothing until :func:`transaction`; a file it created is removed again when the work fails."""
     import duckdb
 
     path = Path(db)
-    if read_only and not path.exists():
+    if not check_path(path) and read_only:
         raise TraceanaError(f"{path}: no such database (run `traceana ingest` first, or pass --db)")
+    leftovers = [path, path.with_name(path.name + ".wal")]
+    existed = {p for p in leftovers if p.exists()}
     try:
-        con = duckdb.connect(str(path), read_only=read_only)
-    except duckdb.IOException as exc:
-        if "lock" in str(exc).lower():
-            message = "another traceana process is writing this database; retry when it ends"
-            raise TraceanaError(f"{path}: {message}") from None
-        raise TraceanaError(f"{path}: cannot open as a DuckDB database ({str(exc).splitlines()[0]})") from None
+        con = duckdb.connect(str(path), read_only=read_only, config=_CONFIG)
+    except duckdb.Error as exc:
+        raise _open_error(path, exc, read_only) from None
     try:
-        if not read_only:
-            con.execute(_schema_sql())
-        for sql in view_sql() if views or not read_only else []:
-            try:
-                con.execute(sql.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW", 1) if read_only
-                            else sql)
-            except duckdb.BinderException:
-                if not read_only:
-                    raise
-                # a read-only database older than a column this view reads: the reports that need it raise OUTDATED
+        check_schema(con, path, read_only=read_only)
+        for sql in view_sql() if read_only and views else []:
+            # an older store may lack a column a view reads: the reports that need that view raise OUTDATED
+            with suppress(duckdb.BinderException):
+                con.execute(sql.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW", 1))
         yield con
-    finally:
         con.close()
+    except BaseException as exc:
+        with suppress(duckdb.Error):
+            con.close()
+        _remove_new(leftovers, existed)
+        if isinstance(exc, duckdb.Error) and (mapped := file_error(path, exc)):
+            raise mapped from None
+        raise
+
+
+def _remove_new(paths: list[Path], existed: set[Path]) -> None:
+    for p in paths:
+        if p not in existed:
+            p.unlink(missing_ok=True)
+
+
+@contextmanager
+def transaction(con: duckdb.DuckDBPyConnection, *schema: str) -> Iterator[None]:
+    """One transaction that also creates ``schema`` (and this version's views), so that nothing of a failed write,
+    not even a table or a view, reaches the file."""
+    import duckdb
+
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for sql in (_schema_sql(), *schema, *view_sql()):
+            con.execute(sql)
+        yield
+        con.execute("COMMIT")
+    except BaseException:
+        with suppress(duckdb.Error):  # a failed commit (disk full) may have ended the transaction already
+            con.execute("ROLLBACK")
+        raise
 
 
 def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData) -> None:
     """Replace run ``run_id`` with ``data`` in one transaction: all of it or none of it."""
     from traceana.ingest.run_data import TABLES, conform
 
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(con):
         for table in ("runs", *TABLES):
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
         con.execute(
@@ -87,10 +220,6 @@ def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData) -> Non
             arrow = frame.to_arrow()  # noqa: F841  (DuckDB reads the local by name)
             columns = ", ".join(frame.columns)
             con.execute(f"INSERT INTO {table} (run_id, {columns}) SELECT ?, {columns} FROM arrow", [run_id])
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
 
 
 def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None) -> str:

@@ -1,0 +1,162 @@
+"""The checks every format shares, applied to each parsed run before the shared ``finish`` step and the store.
+
+Readers parse; what no store row may be (a NULL time or name, an interval that ends before it starts, a time no
+clock produces, a rank no INTEGER holds) is decided here once. Rows that cannot be stored are dropped with a note
+that counts them; a rank that cannot be represented is a one-line error, since the run would be wrong without it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+
+from traceana.errors import TraceanaError
+from traceana.ingest.run_data import SCHEMAS, TIME_COLUMNS, RunData, conform
+
+MAX_RANK = 2**31 - 1  # ranks are INTEGER in the store
+SENTINEL_RANKS = (-1, 4294967295, 2**64 - 1)  # "no rank": -1 as int32, uint32, uint64
+# Timestamps are ns since some epoch (Unix or boot): 0 .. 2^62 (year 2116) holds every clock a profiler uses, and
+# leaves room for the shared step's clock shifts without overflow. Anything outside is a damaged value.
+MAX_TIME_NS = 2**62
+# A profile covers seconds to hours: a time more than a day from the median of its rank's times is a damaged value
+# (ts -1e15 us on a trace with a wall-clock base still lands in 1989), not an event of this run.
+MAX_SPREAD_NS = 86_400 * 10**9
+MAX_BYTES = 2**50  # 1 PiB: more than any one message of any collective
+# Store columns that are NOT NULL (besides run_id and rank, which readers always set).
+REQUIRED = {table: [c for c in ("start_ns", "end_ns", "ts_ns", "name", "category", "kind", "step", "event_id")
+                     if c in schema]
+            for table, schema in SCHEMAS.items()}
+
+
+def checked_rank(value: object, source: str, field: str) -> int | None:
+    """A rank a trace states: None when absent or a "no rank" sentinel, else an int the store holds, else a
+    one-line error naming the source, the field and the value."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        if value in SENTINEL_RANKS:
+            return None
+        if 0 <= value <= MAX_RANK:
+            return value
+    raise TraceanaError(f"{source}: {field} is {value!r}, not a rank (an integer 0 .. {MAX_RANK})")
+
+
+def rank_list(value: object, source: object, field: str) -> list[int]:
+    """Group members as a trace writes them (a list, "[0, 1]" or "0,1"; absent or "" = none) as sorted ranks."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = json.loads(text if text.startswith("[") else f"[{text}]")
+        except ValueError:
+            raise TraceanaError(f"{source}: {field} {text[:60]!r} is not a list of ranks") from None
+    if value is not None and not isinstance(value, list):
+        raise TraceanaError(f"{source}: {field} {json.dumps(value)[:60]} is not a list of ranks")
+    ranks = []
+    for member in value or []:
+        if isinstance(member, str) and member.strip().isdigit():
+            member = int(member)
+        rank = checked_rank(member, str(source), field) if isinstance(member, int) else None
+        if rank is None:
+            raise TraceanaError(f"{source}: {field} {json.dumps(value)[:60]} is not a list of ranks")
+        ranks.append(rank)
+    return sorted(ranks)
+
+
+def validate(data: RunData) -> RunData:
+    """Drop the rows of ``data`` that no store row may be, with one note per table saying how many and why."""
+    ranks = data.table("ranks")
+    if (bad := ranks.filter((pl.col("rank") < 0) | pl.col("rank").is_null())).height:
+        raise TraceanaError(f"{ranks['source'][0]}: rank {bad['rank'][0]} is not a rank (an integer 0 .. {MAX_RANK})")
+    for table in ("device_events", "annotations", "steps", "memory"):
+        frame = data.frames.get(table)
+        if frame is None or frame.is_empty():
+            continue
+        frame = conform(table, frame) if set(SCHEMAS[table]) - set(frame.columns) else frame
+        reasons = _reasons(table, frame)
+        if not reasons:
+            continue
+        bad = pl.any_horizontal([cond for cond, _ in reasons])
+        dropped = frame.filter(bad)
+        data.frames[table] = frame.filter(~bad)
+        why = ", ".join(label for _, label in reasons)
+        data.notes.append(f"{dropped.height} {table.replace('_', ' ')} rows left out ({why})")
+    for table, key in (("process_groups", ["pg"]), ("steps", ["rank", "step"])):
+        _unique(data, table, key)
+    _drop_orphans(data)
+    _unknown_sizes(data)
+    _unknown_launches(data)
+    return data
+
+
+def _unknown_launches(data: RunData) -> None:
+    """A launch time no clock produces is read as unknown: the event itself is good, only the host call's time
+    (optional: the idle and step analyses use it where present) is damaged."""
+    events = data.frames.get("device_events")
+    if events is None or "launch_ns" not in events.columns:
+        return
+    absurd = ~pl.col("launch_ns").is_between(0, MAX_TIME_NS)
+    if count := events.select(absurd.fill_null(False).sum()).item():
+        data.frames["device_events"] = events.with_columns(
+            pl.when(absurd).then(None).otherwise(pl.col("launch_ns")).alias("launch_ns"))
+        data.notes.append(f"{count} device events have a launch time outside 0 .. 2^62 ns; read as unknown")
+
+
+def _unique(data: RunData, table: str, key: list[str]) -> None:
+    """Rows repeating a primary key (the same group id or step number twice) keep the first, with a note."""
+    frame = data.frames.get(table)
+    if frame is None or frame.is_empty() or not set(key) <= set(frame.columns):
+        return
+    unique = frame.unique(key, keep="first", maintain_order=True)
+    if repeated := frame.height - unique.height:
+        data.frames[table] = unique
+        data.notes.append(f"{repeated} {table.replace('_', ' ')} rows repeat a {'/'.join(key)} of another; "
+                          "the first is kept")
+
+
+def _unknown_sizes(data: RunData) -> None:
+    """A message size below 0 or above 2^50 bytes (uint64 -1 written as -1 and multiplied by the element size, or
+    a product that wrapped) is no size a collective moves: it is read as unknown."""
+    coll = data.frames.get("collectives")
+    if coll is None or "bytes" not in coll.columns:
+        return
+    absurd = ~pl.col("bytes").is_between(0, MAX_BYTES)
+    if count := coll.select(absurd.fill_null(False).sum()).item():
+        data.frames["collectives"] = coll.with_columns(pl.when(absurd).then(None).otherwise(pl.col("bytes"))
+                                                       .alias("bytes"))
+        data.notes.append(f"{count} collectives have a message size outside 0 .. 2^50 bytes; read as unknown")
+
+
+def _reasons(table: str, frame: pl.DataFrame) -> list[tuple[pl.Expr, str]]:
+    """(condition that makes a row unstorable, what to call it) for the conditions that hold on some row."""
+    conditions: list[tuple[pl.Expr, str]] = []
+    for column in REQUIRED[table]:
+        conditions.append((pl.col(column).is_null(), f"no {column}"))
+    times = [c for c in TIME_COLUMNS[table] if c in REQUIRED[table]]  # launch_ns is optional: _unknown_launches
+    by = "rank" if "rank" in frame.columns else None
+    median = pl.col(times[0]).median().over(by) if by else pl.col(times[0]).median()
+    conditions.append((pl.any_horizontal([~pl.col(c).is_between(0, MAX_TIME_NS) for c in times]),
+                       "a time outside 0 .. 2^62 ns"))
+    conditions.append((pl.any_horizontal([(pl.col(c) - median).abs() > MAX_SPREAD_NS for c in times]),
+                       "a time more than a day from the rank's others"))
+    if "end_ns" in times:
+        conditions.append((pl.col("end_ns") < pl.col("start_ns"), "end before start"))
+    if "rank" in frame.columns:
+        conditions.append((pl.col("rank").is_null(), "no rank"))
+    if table == "steps":  # numbers from marker names ("ProfilerStep#99999999999") must fit the store's INTEGER
+        conditions.append((~pl.col("step").is_between(0, MAX_RANK), "a step number outside 0 .. 2^31"))
+    present = frame.select([cond.fill_null(False).any().alias(str(i)) for i, (cond, _) in enumerate(conditions)])
+    return [(cond.fill_null(False), label) for (cond, label), hit in zip(conditions, present.row(0), strict=True)
+            if hit]
+
+
+def _drop_orphans(data: RunData) -> None:
+    """Collectives whose device event was left out go too (they point at it); the note above counted the events."""
+    coll, events = data.frames.get("collectives"), data.frames.get("device_events")
+    if coll is None or coll.is_empty() or events is None or "event_id" not in coll.columns:
+        return
+    kept = coll.join(events.select("rank", "event_id"), on=["rank", "event_id"], how="semi")
+    if kept.height < coll.height:
+        data.frames["collectives"] = kept
