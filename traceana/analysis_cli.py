@@ -1,24 +1,18 @@
 """The analysis commands beyond the breakdown: critical-path, comm, kernels, idle, memory and diff. Each is thin:
 it opens the store, calls the module that owns the concept (traceana/critical_path.py, comm.py, kernels.py,
-idle.py, memory.py, diff.py), and prints or plots."""
+idle.py, memory.py, diff.py), and prints or plots. Those modules (and Polars) are imported where used, so that
+`traceana --help` stays cheap (tests/test_lazy_imports.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated
 
-import polars as pl
 import typer
 
 from traceana import store
 from traceana.cli import DbOption, JsonOption, RunArgument
-from traceana.comm import by_group, by_op, matrix, slow_links, slowest
-from traceana.critical_path import default_step, hops, load_step, report, walk
-from traceana.diff import breakdown_diff, collective_diff, kernel_diff
 from traceana.errors import TraceanaError
-from traceana.idle import CAUSES, idle_causes
-from traceana.kernels import top_kernels
-from traceana.memory import peaks
 from traceana.output import emit, emit_json
 
 
@@ -32,11 +26,11 @@ def critical_path(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """The chain of work and waits across ranks that set one step's length: segments, totals by rank, stage, kind."""
+    from traceana.critical_path import hops, of_step, report
+
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
-        step = default_step(con, rid) if step is None else step
-        windows, nodes = load_step(con, rid, step)
-        segments = walk(windows, nodes)
+        step, windows, segments = of_step(con, rid, step)
         intervals = con.sql("SELECT rank, lane, start_ns, end_ns FROM activity_intervals WHERE run_id = ? AND "
                             "step = ?", params=[rid, step]).pl() if plot is not None else None
     parts = report(segments)
@@ -70,6 +64,8 @@ def comm(
 ) -> None:
     """Communication per op and dim (count, bytes, time, algbw and busbw as nccl-tests defines them, intra- or
     inter-node), the slowest instances, the rank-pair matrix and the slow links."""
+    from traceana.comm import by_group, by_op, matrix, slow_links, slowest
+
     if top < 1 or not 0 <= threshold < 100:
         raise TraceanaError("--top must be >= 1 and --threshold a percentage in [0, 100)")
     with store.connect(db, read_only=True) as con:
@@ -106,17 +102,13 @@ def kernels(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """Top kernels by total device time: short name, category, calls, mean, share of COMP, time per rank-step."""
-    if by not in ("run", "stage"):
-        raise TraceanaError(f"--by {by!r}: choose run or stage")
-    if top < 1:
-        raise TraceanaError(f"--top {top}: must be >= 1")
+    from traceana.kernels import ranking
+
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
-        frame = top_kernels(con, rid, top, by_stage=by == "stage")
+        frame = ranking(con, rid, top, by)
     if frame.is_empty():
         raise TraceanaError(f"run {rid!r} has no device events in its steps, so no kernels")
-    if by == "run":
-        frame = frame.drop("stage")
     emit(frame, title=f"{rid}: top {top} kernels by total time" + (" per stage" if by == "stage" else "")
          + " (share of COMP over the same ranks and steps)", fmt="json" if json else "table")
 
@@ -132,6 +124,10 @@ def idle(
 ) -> None:
     """Why the device was idle: IDLE per rank split into host-bound launch gaps, sync waits, queued work waiting,
     and step-boundary gaps (ms and % of IDLE)."""
+    import polars as pl
+
+    from traceana.idle import CAUSES, idle_causes
+
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         frame = idle_causes(con, rid, step)
@@ -167,6 +163,10 @@ def memory(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """Peak allocated and reserved memory per rank and step, and the timeline of both (--plot)."""
+    import polars as pl
+
+    from traceana.memory import peaks
+
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         frame = peaks(con, rid)
@@ -201,6 +201,10 @@ def diff(
 ) -> None:
     """What changed from run A to run B: step time and breakdown per stage (which dims explain the change),
     kernels whose time changed most, new and vanished kernels, collectives by op and dim (all per rank and step)."""
+    import polars as pl
+
+    from traceana.diff import breakdown_diff, collective_diff, kernel_diff
+
     if top < 1:
         raise TraceanaError(f"--top {top}: must be >= 1")
     with store.connect(db, read_only=True) as con:

@@ -57,6 +57,14 @@ def load_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> tuple[p
     return windows, nodes
 
 
+def of_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None) -> tuple[int, pl.DataFrame, pl.DataFrame]:
+    """(step, windows, segments): the path of ``step`` (None: :func:`default_step`), as the command, the report,
+    the Perfetto export and the Python API all take it."""
+    step = default_step(con, run_id) if step is None else step
+    windows, nodes = load_step(con, run_id, step)
+    return step, windows, walk(windows, nodes)
+
+
 def walk(windows: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     """The path's segments in time order (columns SEGMENT_COLUMNS, ns on the run timeline); see the module doc."""
     origin = int(windows["start_ns"].min())

@@ -5,12 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import polars as pl
 import typer
 
-from traceana import store, trace_profile
+from traceana import store
 from traceana.cli import DbOption, JsonOption
-from traceana.estimator import config
 from traceana.output import emit, emit_json
 
 
@@ -24,6 +22,11 @@ def calibrate(
 ) -> None:
     """Measure a hardware profile from a run's trace: GEMM time by shape (µs), host time per layer, link
     bandwidth (GB/s); --write saves it for `estimate` and `compare`."""
+    import polars as pl  # here, not at the top: `traceana --help` stays cheap (tests/test_lazy_imports.py)
+
+    from traceana import trace_profile
+    from traceana.estimator import config
+
     cfg = config.load(cfg_path)
     result = trace_profile.measure(db, run_id, cfg)
     if write is not None:
