@@ -133,12 +133,12 @@ def test_a_step_without_work_is_one_idle_segment() -> None:
 SYNTH_CONFIG = ROOT / "examples" / "synth_gpt_tp2pp2.yaml"
 
 
-def synthesized_path(tmp: Path, *straggler: object) -> tuple[dict, pl.DataFrame]:
+def synthesized_path(tmp: Path, *straggler: object, fmt: str = "kineto") -> tuple[dict, pl.DataFrame]:
     """Synthesize 8 ranks (tp=2 dp=2 pp=2) x 3 steps with a straggler, ingest, and walk step 1's path. Returns the
     ground truth and the path's compute time per rank (ns), with the truth's COMP_ns of the step beside it."""
     out, db = tmp / "run", tmp / "run.duckdb"
     runner = CliRunner()
-    for args in (["synth", SYNTH_CONFIG, out, "--ranks", 8, "--steps", 3, *straggler],
+    for args in (["synth", SYNTH_CONFIG, out, "--ranks", 8, "--steps", 3, "--format", fmt, *straggler],
                  ["ingest", out / "traces", "--db", db, "--layout", "tp=2,dp=2,pp=2", "--run-id", "synth"]):
         result = runner.invoke(app, [str(a) for a in args])
         assert result.exit_code == 0, result.output
@@ -151,11 +151,13 @@ def synthesized_path(tmp: Path, *straggler: object) -> tuple[dict, pl.DataFrame]
     return truth, comp.join(on_path, on="rank", how="left").with_columns(pl.col("path_ns").fill_null(0)).sort("rank")
 
 
-def test_synthesized_straggler_rank_carries_the_path(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fmt", ["kineto", "nsys", "ascend"])
+def test_synthesized_straggler_rank_carries_the_path(tmp_path: Path, fmt: str) -> None:
     # Rank 5's compute runs 1.3x longer, so its TP partner (rank 4) waits for it at every all-reduce: the path walks
-    # rank 5's compute through the step. Measured: 19.4 ms of its 21.2 ms COMP (truth) is on the path, 92 %; the
-    # rest is the optimizer tail, which the path takes on rank 4 (its data-parallel reduce-scatter ends later).
-    truth, comp = synthesized_path(tmp_path, "--straggler-rank", 5, "--slowdown", 1.3)
+    # rank 5's compute through the step. Measured (Kineto): 19.4 ms of its 21.2 ms COMP (truth) is on the path,
+    # 92 %; the rest is the optimizer tail, which the path takes on rank 4 (its data-parallel reduce-scatter ends
+    # later).
+    truth, comp = synthesized_path(tmp_path, "--straggler-rank", 5, "--slowdown", 1.3, fmt=fmt)
     assert truth["straggler"]["rank"] == 5
     share = dict(zip(comp["rank"], comp["path_ns"] / comp["COMP_ns"], strict=True))
     assert share[5] > 0.85

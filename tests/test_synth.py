@@ -136,7 +136,7 @@ def test_pg_args_without_pg_config_give_every_dim(tmp_path: Path) -> None:
 
 def test_without_process_group_metadata_the_comm_time_is_kept(tmp_path: Path) -> None:
     """No pg_config and no PG args (traces like hta_rank0of16): the op still comes from the CPU op, and the
-    exposed communication is all there, as OTHER until group matching (issue 10) gives it a dim."""
+    exposed communication is all there, with the dims group matching (issue 10) gives it."""
     truth, db = synth_and_ingest(tmp_path, "--pg-metadata", "none")  # Kineto
     diff = compare(truth, db)
     assert diff.select(pl.max_horizontal("TOTAL_ns", "COMP_ns", "IDLE_ns", "OVERLAPPED_ns").max()).item() <= 1
@@ -145,8 +145,18 @@ def test_without_process_group_metadata_the_comm_time_is_kept(tmp_path: Path) ->
     steps = pl.DataFrame(truth["steps"])
     exposed = steps.select(pl.sum_horizontal("MP_WAIT_ns", "CP_WAIT_ns", "EP_WAIT_ns", "DP_WAIT_ns", "PP_WAIT_ns"))
     assert got == pytest.approx(exposed.to_series().sum(), abs=len(steps) * 5)
-    evidence = views(db, "SELECT DISTINCT evidence FROM collectives")["evidence"].to_list()
-    assert evidence == ["cpu-op"]
+    # no group is named in the trace, so every dim comes from group matching (issue 10), none from the trace
+    evidence = views(db, "SELECT DISTINCT evidence FROM collectives ORDER BY 1")["evidence"].to_list()
+    assert set(evidence) <= {"timing-match", "fingerprint"} and evidence
+
+
+@pytest.mark.xfail(strict=True, reason="issue 10 follow-up: without process-group metadata, timing-match labels the "
+                   "data-parallel reduce-scatters TP (4032 collectives: 3264 TP, 768 PP, 0 DP), so DP's exposed wait "
+                   "(1.28 ms per rank-step at most) is counted as MP_WAIT")
+def test_without_process_group_metadata_group_matching_recovers_every_dim(tmp_path: Path) -> None:
+    truth, db = synth_and_ingest(tmp_path, "--pg-metadata", "none")
+    waits = ["MP_WAIT_ns", "CP_WAIT_ns", "EP_WAIT_ns", "DP_WAIT_ns", "PP_WAIT_ns"]
+    assert compare(truth, db).select(pl.max_horizontal(waits).max()).item() <= 1
 
 
 def test_same_seed_same_files_other_seed_other_files(tmp_path: Path) -> None:

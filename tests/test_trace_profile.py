@@ -81,9 +81,10 @@ def test_link_bandwidth_from_all_reduces_by_hand(tmp_path: Path) -> None:
     nccl-tests' bus bandwidth is bytes x 2(n-1)/n / time; across nodes the model's figure is one NIC's: / 8."""
     db = tmp_path / "links.duckdb"
     with stores.connect(db) as con:
-        con.execute("INSERT INTO process_groups VALUES ('r', 'g16', 'DP', range(16), NULL, 'trace'), "
-                    "('r', 'g8', 'TP', range(8), NULL, 'trace')")
-        con.execute("INSERT INTO device_events VALUES ('r', 0, 1, 7, 0, 10000000, 'nccl', 'comm'), "
+        con.execute("INSERT INTO process_groups (run_id, pg, dim, ranks, name, source) VALUES "
+                    "('r', 'g16', 'DP', range(16), NULL, 'trace'), ('r', 'g8', 'TP', range(8), NULL, 'trace')")
+        con.execute("INSERT INTO device_events (run_id, rank, event_id, stream, start_ns, end_ns, name, category) "
+                    "VALUES ('r', 0, 1, 7, 0, 10000000, 'nccl', 'comm'), "
                     "('r', 0, 2, 7, 0, 5000000, 'nccl', 'comm'), ('r', 0, 3, 7, 0, 20000, 'nccl', 'comm')")
         con.execute("INSERT INTO collectives VALUES "
                     "('r', 0, 1, 'AllReduce', NULL, 1073741824, 'bf16', 'g16', 'DP', NULL, NULL, NULL, 'pg-args'), "
