@@ -79,3 +79,39 @@ def test_mistakes_are_traceana_errors(db: Path, tmp_path: Path) -> None:
         traceana.open(db).breakdown(by="host")
     with pytest.raises(TraceanaError, match="query failed"):
         traceana.open(db).sql("SELECT nothing FROM nowhere")
+
+
+def same(frame: pl.DataFrame, rows: list[dict]) -> None:
+    """The API's frame holds exactly the rows the command printed with --json."""
+    assert frame.height == len(rows) > 0
+    assert frame.equals(pl.DataFrame(rows, schema=frame.schema)), (frame, rows[:3])
+
+
+def test_analyses_equal_the_commands_json(db: Path) -> None:
+    traces = traceana.open(db, run=TOY)
+
+    def cli(*args: object) -> dict | list:
+        return json.loads(run_cli(*args, TOY, "--json", "--db", db).stdout)
+
+    path = cli("critical-path")  # the default step on both sides: toy8's steps are 2 and 3, so 3
+    assert path["step"] == 3
+    for by, key in (("segments", "segments"), ("rank", "by_rank"), ("stage", "by_stage"), ("kind", "by_kind")):
+        same(traces.critical_path(by=by), path[key])
+    same(traces.critical_path(step=2, by="kind"), cli("critical-path", "--step", 2)["by_kind"])
+    comm = cli("comm")
+    same(traces.comm(), comm["by_op"])
+    same(traces.comm_matrix(), comm["matrix"])
+    assert traces.slow_links().to_dicts() == comm["slow_links"]
+    same(traces.kernels(), cli("kernels"))
+    same(traces.kernels(top=3, by="stage"), cli("kernels", "--top", 3, "--by", "stage"))
+    same(traces.idle(), cli("idle")["ranks"])
+    same(traces.memory(), cli("memory"))
+    both = json.loads(run_cli("diff", TOY, "moe_balanced", "--json", "--db", db).stdout)
+    same(traces.diff(TOY, "moe_balanced"), both["breakdown"])
+    same(traces.diff(TOY, "moe_balanced", part="collectives"), both["collectives"])
+    kernels = traces.diff(TOY, "moe_balanced", part="kernels")
+    same(kernels.filter(pl.col("status") == "both").head(15), both["kernels_changed"])
+    with pytest.raises(TraceanaError, match="by='hop'"):
+        traces.critical_path(by="hop")
+    with pytest.raises(TraceanaError, match="no-such-run"):
+        traces.diff(TOY, "no-such-run")

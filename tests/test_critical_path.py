@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import SAMPLES, TRACES
+from tests.conftest import ROOT, SAMPLES, TRACES
 from tests.test_breakdown import run_data
 from tests.test_breakdown_real import _union_ns
 from tests.test_sample_traces import EXPERIMENTS
@@ -128,3 +128,52 @@ def test_a_step_without_work_is_one_idle_segment() -> None:
                                  "name": pl.String, "dim": pl.String, "ranks_seen": pl.Int32, "last_rank": pl.Int32,
                                  "last_start_ns": pl.Int64, "launch_ns": pl.Int64})
     assert cp.walk(windows, nodes).select("rank", "kind", "start_ns", "end_ns").rows() == [(0, "idle", 100, 400)]
+
+
+SYNTH_CONFIG = ROOT / "examples" / "synth_gpt_tp2pp2.yaml"
+
+
+def synthesized_path(tmp: Path, *straggler: object, fmt: str = "kineto") -> tuple[dict, pl.DataFrame]:
+    """Synthesize 8 ranks (tp=2 dp=2 pp=2) x 3 steps with a straggler, ingest, and walk step 1's path. Returns the
+    ground truth and the path's compute time per rank (ns), with the truth's COMP_ns of the step beside it."""
+    out, db = tmp / "run", tmp / "run.duckdb"
+    runner = CliRunner()
+    for args in (["synth", SYNTH_CONFIG, out, "--ranks", 8, "--steps", 3, "--format", fmt, *straggler],
+                 ["ingest", out / "traces", "--db", db, "--layout", "tp=2,dp=2,pp=2", "--run-id", "synth"]):
+        result = runner.invoke(app, [str(a) for a in args])
+        assert result.exit_code == 0, result.output
+    truth = json.loads((out / "truth.json").read_text())
+    with store.connect(db, read_only=True) as connection:
+        segments = path_of(connection, "synth", 1)
+    on_path = (segments.filter(pl.col("kind") == "compute").group_by("rank")
+               .agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("path_ns")))
+    comp = pl.DataFrame(truth["steps"]).filter(pl.col("step") == 1).select(pl.col("rank").cast(pl.Int32), "COMP_ns")
+    return truth, comp.join(on_path, on="rank", how="left").with_columns(pl.col("path_ns").fill_null(0)).sort("rank")
+
+
+@pytest.mark.parametrize("fmt", ["kineto", "nsys", "ascend"])
+def test_synthesized_straggler_rank_carries_the_path(tmp_path: Path, fmt: str) -> None:
+    # Rank 5's compute runs 1.3x longer, so its TP partner (rank 4) waits for it at every all-reduce: the path walks
+    # rank 5's compute through the step. Measured (Kineto): 19.4 ms of its 21.2 ms COMP (truth) is on the path,
+    # 92 %; the rest is the optimizer tail, which the path takes on rank 4 (its data-parallel reduce-scatter ends
+    # later).
+    truth, comp = synthesized_path(tmp_path, "--straggler-rank", 5, "--slowdown", 1.3, fmt=fmt)
+    assert truth["straggler"]["rank"] == 5
+    share = dict(zip(comp["rank"], comp["path_ns"] / comp["COMP_ns"], strict=True))
+    assert share[5] > 0.85
+    others = {r: s for r, s in share.items() if r != 5}
+    assert max(others.values()) < 0.15, others
+    path_compute = comp["path_ns"].sum()
+    assert comp.filter(pl.col("rank") == 5)["path_ns"].item() > 0.85 * path_compute
+
+
+@pytest.mark.xfail(strict=True, reason="synthesizer follow-up: stages meet only through the step period (pipeline "
+                   "sends and receives keep their planned times, synth/schedule.py), so a slowed stage 0 never "
+                   "delays stage 1 and the step's end, hence its path, stays on stage 1")
+def test_synthesized_straggler_stage_carries_the_path(tmp_path: Path) -> None:
+    # Stage 0's compute runs 1.5x longer: 1.5 x 12.7 ms > stage 1's 16.3 ms (truth COMP per rank), so stage 0
+    # should set the step, and most of the path's compute should be stage 0's.
+    truth, comp = synthesized_path(tmp_path, "--straggler-stage", 0, "--slowdown", 1.5)
+    stage0 = [r["rank"] for r in truth["ranks"] if r["pp"] == 0]
+    assert len(stage0) == 4
+    assert comp.filter(pl.col("rank").is_in(stage0))["path_ns"].sum() > 0.5 * comp["path_ns"].sum()

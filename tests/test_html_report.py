@@ -68,10 +68,19 @@ def test_self_contained_with_the_numbers_of_the_cli(report: tuple[Path, Path]) -
     sources = re.findall(r'(?:src|href)\s*=\s*"([^"]*)"', text) + re.findall(r"url\(([^)]*)\)", text)
     assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
     assert "http:" not in text and "https:" not in text and "<script" not in text
-    assert len(re.findall(r"<img ", text)) == 3  # rank bars, timeline, estimate vs measured
+    assert len(re.findall(r"<img ", text)) == 4  # rank bars, timeline, critical path, estimate vs measured
     headings = re.findall(r"<h2>([^<]*)</h2>", text)
     assert headings == ["Run summary", "Breakdown per pipeline stage", "Breakdown per rank",
-                        "Timeline of the first analysed step", "Stragglers", "Communication", "Estimate vs measured"]
+                        "Timeline of the first analysed step", "Stragglers", "Critical path", "Communication",
+                        "Top kernels", "Why the device was idle", "Memory", "Estimate vs measured"]
+    # the critical path's totals and the communication per op are the commands' numbers
+    path = json.loads(run_cli("critical-path", TOY, "--json", "--db", db).stdout)
+    assert f"Step {path['step']}: {path['length_ms']:,.3f} ms" in text
+    for row in path["by_rank"]:
+        assert (f'<td class="n">{row["rank"]}</td><td class="n">{row["stage"]}</td><td class="n">{row["segments"]}'
+                f'</td><td class="n">{row["duration_ms"]:,.3f}</td>') in text
+    for row in json.loads(run_cli("comm", TOY, "--json", "--db", db).stdout)["by_op"]:
+        assert f'<td class="n">{row["instances"]}</td><td class="n">{row["size_bytes"]}</td>' in text
     # the stage table holds what `traceana breakdown --by stage --json` prints, to the table's 3 decimals
     stages = json.loads(run_cli("breakdown", TOY, "--by", "stage", "--json", "--db", db).stdout)
     for stage in stages:

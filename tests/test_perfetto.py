@@ -54,7 +54,9 @@ def check_structure(trace: dict) -> dict[str, list[dict]]:
         tracks[x["pid"], x["tid"]].append((x["ts"], x["ts"] + x["dur"]))
     for spans in tracks.values():
         spans.sort()
-        assert all(b[0] >= a[1] for a, b in itertools.pairwise(spans))  # disjoint on every track
+        # disjoint on every track (1e-6 µs: ts + dur of adjacent slices, each the double nearest a whole ns, may
+        # sum one ulp past the next ts; the critical path's slices tile their step exactly)
+        assert all(b[0] >= a[1] - 1e-6 for a, b in itertools.pairwise(spans))
     starts = {(x["pid"], x["tid"], x["ts"]) for x in by_phase["X"]}
     flows = Counter()
     for phase in "stf":
@@ -73,9 +75,9 @@ def test_toy_run_matches_the_store(db: Path, tmp_path: Path) -> None:
     phases = check_structure(trace)
     names = {m["pid"]: m["args"]["name"] for m in phases["M"] if m["name"] == "process_name"}
     coords = store(db, "SELECT rank, tp, dp, pp FROM ranks WHERE run_id = ? ORDER BY rank", TOY)
-    assert names == {r: f"rank {r} · tp{tp} dp{dp} pp{pp}" for r, tp, dp, pp in coords}
+    assert names == {r: f"rank {r} · tp{tp} dp{dp} pp{pp}" for r, tp, dp, pp in coords} | {8: "critical path"}
     assert names[5] == "rank 5 · tp1 dp0 pp1"  # tp fastest, then dp, then pp (tp=2,pp=2,dp=2)
-    slices = [x for x in phases["X"] if x["cat"] != "step"]
+    slices = [x for x in phases["X"] if x["cat"] not in ("step", "critical_path")]
     per_rank = Counter(x["pid"] for x in slices)
     assert per_rank == dict(store(db, "SELECT rank, count(*) FROM device_events WHERE run_id = ? GROUP BY rank", TOY))
     comm = [x for x in slices if x["cat"] == "comm"]
@@ -98,6 +100,17 @@ def test_toy_run_matches_the_store(db: Path, tmp_path: Path) -> None:
     assert trace["otherData"]["t0_ns"] == store(db, "SELECT min(start_ns) FROM step_windows WHERE run_id = ?",
                                                  TOY)[0][0]
     assert min(x["ts"] for x in phases["X"]) == 0
+    # the critical path: its own process above the ranks, one track per step, one slice per segment of the path
+    # `traceana critical-path` walks, in the same order, tiling the same length
+    path = [x for x in phases["X"] if x["cat"] == "critical_path"]
+    assert {x["pid"] for x in path} == {8}
+    for step in (2, 3):
+        walked = json.loads(run_cli("critical-path", TOY, "--step", step, "--json", "--db", db).stdout)
+        mine = sorted((x for x in path if x["tid"] == step), key=lambda x: x["ts"])
+        assert len(mine) == len(walked["segments"]) > 100
+        assert [(x["args"]["rank"], x["args"]["kind"]) for x in mine] == [
+            (s["rank"], s["kind"]) for s in walked["segments"]]
+        assert sum(x["dur"] for x in mine) == pytest.approx(walked["length_ms"] * 1e3, abs=1e-3)
 
 
 def test_steps_window_and_gzip(db: Path, tmp_path: Path) -> None:
@@ -106,7 +119,8 @@ def test_steps_window_and_gzip(db: Path, tmp_path: Path) -> None:
     assert {x["args"]["step"] for x in phases["X"] if x["cat"] == "step"} == {3}
     expected = store(db, "SELECT count(*) FROM device_events e JOIN step_windows w USING (run_id, rank) "
                          "WHERE run_id = ? AND w.step = 3 AND e.end_ns > w.start_ns AND e.start_ns < w.end_ns", TOY)
-    assert len([x for x in phases["X"] if x["cat"] != "step"]) == expected[0][0]
+    assert len([x for x in phases["X"] if x["cat"] not in ("step", "critical_path")]) == expected[0][0]
+    assert {x["tid"] for x in phases["X"] if x["cat"] == "critical_path"} == {3}
 
 
 def test_a_real_gpu_run(db: Path, tmp_path: Path) -> None:
@@ -115,7 +129,7 @@ def test_a_real_gpu_run(db: Path, tmp_path: Path) -> None:
     phases = check_structure(export(db, tmp_path / "sampled.json", run="sampled"))
     kernels = store(db, "SELECT count(*), count(*) FILTER (WHERE category = 'comm') FROM device_events "
                         "WHERE run_id = 'sampled'")[0]
-    slices = [x for x in phases["X"] if x["cat"] != "step"]
+    slices = [x for x in phases["X"] if x["cat"] not in ("step", "critical_path")]
     assert (len(slices), len([x for x in slices if x["cat"] == "comm"])) == kernels
     # 10 SendRecv instances, each seen on both ranks: 10 arrows of two members
     assert kernels[1] == 20 and len(phases["s"]) == len(phases["f"]) == 10 and not phases["t"]

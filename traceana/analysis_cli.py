@@ -1,7 +1,7 @@
 """The analysis commands beyond the breakdown: critical-path, comm, kernels, idle, memory and diff. Each is thin:
 it opens the store, calls the module that owns the concept (traceana/critical_path.py, comm.py, kernels.py,
-idle.py, memory.py, diff.py), and prints or plots. Those modules are imported inside each command, so that
-`traceana --help` loads neither Polars nor NumPy."""
+idle.py, memory.py, diff.py), and prints or plots. Those modules (and Polars) are imported where used, so that
+`traceana --help` stays cheap (tests/test_lazy_imports.py)."""
 
 from __future__ import annotations
 
@@ -26,13 +26,11 @@ def critical_path(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """The chain of work and waits across ranks that set one step's length: segments, totals by rank, stage, kind."""
-    from traceana.critical_path import default_step, hops, load_step, report, walk
+    from traceana.critical_path import hops, of_step, report
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
-        step = default_step(con, rid) if step is None else step
-        windows, nodes = load_step(con, rid, step)
-        segments = walk(windows, nodes)
+        step, windows, segments = of_step(con, rid, step)
         intervals = con.sql("SELECT rank, lane, start_ns, end_ns FROM activity_intervals WHERE run_id = ? AND "
                             "step = ?", params=[rid, step]).pl() if plot is not None else None
     parts = report(segments)
@@ -104,19 +102,13 @@ def kernels(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """Top kernels by total device time: short name, category, calls, mean, share of COMP, time per rank-step."""
-    from traceana.kernels import top_kernels
+    from traceana.kernels import ranking
 
-    if by not in ("run", "stage"):
-        raise TraceanaError(f"--by {by!r}: choose run or stage")
-    if top < 1:
-        raise TraceanaError(f"--top {top}: must be >= 1")
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
-        frame = top_kernels(con, rid, top, by_stage=by == "stage")
+        frame = ranking(con, rid, top, by)
     if frame.is_empty():
         raise TraceanaError(f"run {rid!r} has no device events in its steps, so no kernels")
-    if by == "run":
-        frame = frame.drop("stage")
     emit(frame, title=f"{rid}: top {top} kernels by total time" + (" per stage" if by == "stage" else "")
          + " (share of COMP over the same ranks and steps)", fmt="json" if json else "table")
 
@@ -135,6 +127,7 @@ def idle(
     import polars as pl
 
     from traceana.idle import CAUSES, idle_causes
+
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         frame = idle_causes(con, rid, step)
@@ -211,6 +204,7 @@ def diff(
     import polars as pl
 
     from traceana.diff import breakdown_diff, collective_diff, kernel_diff
+
     if top < 1:
         raise TraceanaError(f"--top {top}: must be >= 1")
     with store.connect(db, read_only=True) as con:

@@ -86,15 +86,6 @@ class Traces:
             "SELECT * EXCLUDE (run_id) FROM collective_instances WHERE run_id = ? ORDER BY first_start_ns",
             params=[rid]).pl())
 
-    def collective_summary(self, run: str | None = None) -> pl.DataFrame:
-        """Per dim and op: collective instances seen on several ranks, how far apart the ranks arrived (mean and
-        max start spread, ms) and the total wait the last arrivals caused (ms)."""
-        return self.read(run, lambda con, rid: con.sql(
-            "SELECT dim, op, count(*) AS instances, round(avg(ranks_seen), 1) AS mean_ranks, "
-            "avg(start_spread_ns) / 1e6 AS mean_start_spread_ms, max(start_spread_ns) / 1e6 AS max_start_spread_ms, "
-            "sum(total_wait_ns) / 1e6 AS caused_wait_ms FROM collective_instances "
-            "WHERE run_id = ? AND ranks_seen > 1 GROUP BY ALL ORDER BY caused_wait_ms DESC", params=[rid]).pl())
-
     def timeline(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
         """One step's activity across ranks: rank, pp, lane (COMP or a comm dim), start_ns, end_ns — what the
         `timeline` Gantt draws. ``step`` None: the first analysed step (the first after the warm-up one)."""
@@ -103,6 +94,69 @@ class Traces:
             return intervals.join(windows.select("rank", "pp"), on="rank", how="left").select(
                 "rank", "pp", "lane", "start_ns", "end_ns").sort("rank", "start_ns", "lane")
         return self.read(run, intervals_of)
+
+    def critical_path(self, step: int | None = None, by: str = "segments", run: str | None = None) -> pl.DataFrame:
+        """The cross-rank critical path of ``step`` (None: the second step), as `traceana critical-path --json`:
+        its segments (``by="segments"``: rank, stage, kind, dim, name, start_ms, duration_ms, share_pct) or their
+        totals ``by`` "rank", "stage" or "kind"."""
+        from traceana import critical_path as cp
+
+        keys = {"segments": "segments", "rank": "by_rank", "stage": "by_stage", "kind": "by_kind"}
+        if by not in keys:
+            raise TraceanaError(f"by={by!r}: choose {', '.join(map(repr, keys))}")
+        return self.read(run, lambda con, rid: cp.report(cp.of_step(con, rid, step)[2])[keys[by]])
+
+    def comm(self, run: str | None = None) -> pl.DataFrame:
+        """Communication per op, dim and link (intra- / inter-node): instances, bytes, time (ms), algbw and busbw
+        (GB/s, as nccl-tests defines them), as `traceana comm --json` gives ``by_op``."""
+        from traceana.comm import by_op
+
+        return self.read(run, by_op)
+
+    def comm_matrix(self, run: str | None = None) -> pl.DataFrame:
+        """Bytes, messages, time (ms) and GB/s per rank pair (src, dst, dim) from point-to-point and all-to-all."""
+        from traceana.comm import matrix
+
+        return self.read(run, matrix)
+
+    def slow_links(self, threshold_pct: float = 20.0, run: str | None = None) -> pl.DataFrame:
+        """Rank pairs and groups whose bandwidth is ``threshold_pct`` % or more below their peers' median."""
+        from traceana.comm import by_group, matrix, slow_links
+
+        return self.read(run, lambda con, rid: slow_links(matrix(con, rid), by_group(con, rid), threshold_pct))
+
+    def kernels(self, top: int = 20, by: str = "run", run: str | None = None) -> pl.DataFrame:
+        """The ``top`` kernels by total time (short names), over the run or ``by="stage"``, as `traceana kernels`."""
+        from traceana.kernels import ranking
+
+        return self.read(run, lambda con, rid: ranking(con, rid, top, by))
+
+    def idle(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
+        """Per rank: IDLE (ms) split by cause (host launch, sync wait, queued, step boundary, unknown)."""
+        from traceana.idle import idle_causes
+
+        return self.read(run, lambda con, rid: idle_causes(con, rid, step))
+
+    def memory(self, run: str | None = None) -> pl.DataFrame:
+        """Peak allocated and reserved memory (bytes) per rank and step; empty when the run sampled none."""
+        from traceana.memory import peaks
+
+        return self.read(run, peaks)
+
+    def diff(self, run_a: str, run_b: str, part: str = "breakdown") -> pl.DataFrame:
+        """Run A against run B, as `traceana diff`: ``part`` "breakdown" (per stage and part: A, B, delta, %,
+        which dims explain it), "kernels" (every kernel, with its status: both, new or vanished) or
+        "collectives" (by op and dim)."""
+        from traceana import diff
+
+        readers = {"breakdown": diff.breakdown_diff, "kernels": diff.kernel_diff,
+                   "collectives": diff.collective_diff}
+        if part not in readers:
+            raise TraceanaError(f"part={part!r}: choose {', '.join(map(repr, readers))}")
+        with store.connect(self.db, read_only=True) as con:
+            for name in (run_a, run_b):
+                store.resolve_run(con, name)
+            return readers[part](con, run_a, run_b)
 
     def compare(self, config: str | Path, run: str | None = None) -> pl.DataFrame:
         """Estimate (job YAML ``config``) versus measured, per dimension (ms), as `traceana compare` prints it."""

@@ -16,7 +16,7 @@ import polars as pl
 def by_op(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
     """Per op, dim and link: instances, group size, total size and time, algbw and busbw over all instances."""
     return con.sql(
-        "SELECT op, dim, link, any_value(n) AS n, count(*) AS instances, sum(size_bytes) AS size_bytes, "
+        "SELECT op, dim, link, any_value(n) AS n, count(*) AS instances, sum(size_bytes)::BIGINT AS size_bytes, "
         "sum(time_ns) / 1e6 AS time_ms, sum(size_bytes) / nullif(sum(time_ns), 0) AS algbw_GBps, "
         "sum(busbw_GBps * time_ns) / nullif(sum(time_ns) FILTER (WHERE busbw_GBps IS NOT NULL), 0) AS busbw_GBps "
         "FROM collective_bandwidth WHERE run_id = ? GROUP BY ALL ORDER BY time_ms DESC, op, dim",

@@ -57,6 +57,14 @@ def load_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> tuple[p
     return windows, nodes
 
 
+def of_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None) -> tuple[int, pl.DataFrame, pl.DataFrame]:
+    """(step, windows, segments): the path of ``step`` (None: :func:`default_step`), as the command, the report,
+    the Perfetto export and the Python API all take it."""
+    step = default_step(con, run_id) if step is None else step
+    windows, nodes = load_step(con, run_id, step)
+    return step, windows, walk(windows, nodes)
+
+
 def walk(windows: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     """The path's segments in time order (columns SEGMENT_COLUMNS, ns on the run timeline); see the module doc."""
     origin = int(windows["start_ns"].min())
@@ -126,9 +134,10 @@ def report(segments: pl.DataFrame) -> dict[str, pl.DataFrame]:
                                ((pl.col("end_ns") - pl.col("start_ns")) / 1e6).alias("duration_ms"),
                                (100 * (pl.col("end_ns") - pl.col("start_ns")) / length).alias("share_pct"))
 
-    def totals(*keys: str) -> pl.DataFrame:
-        return (ms.group_by(*keys).agg(pl.len().alias("segments"), pl.col("duration_ms").sum(),
-                                       pl.col("share_pct").sum())
+    def totals(*keys: str) -> pl.DataFrame:  # sums of whole ns: exact, whatever order the groups are summed in
+        ns = (pl.col("end_ns") - pl.col("start_ns")).sum()
+        return (ms.group_by(*keys).agg(pl.len().alias("segments"), (ns / 1e6).alias("duration_ms"),
+                                       (100 * ns / length).alias("share_pct"))
                 .sort("duration_ms", *keys, descending=[True, *[False] * len(keys)], nulls_last=True))
 
     return {"segments": ms.drop("start_ns", "end_ns"), "by_rank": totals("rank", "stage"),

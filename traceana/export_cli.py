@@ -53,7 +53,8 @@ def export(
         rid = store.resolve_run(con, run)
         done = write_perfetto(con, rid, perfetto, window)
     typer.echo(f"wrote {done.path} ({rid}: {done.ranks} ranks, {done.slices} slices on {done.tracks} tracks, "
-               f"{done.step_slices} step windows, {done.flows} collective members linked)")
+               f"{done.step_slices} step windows, {done.flows} collective members linked, "
+               f"{done.path_slices} critical path segments)")
 
 
 def _parquet(db: Path, folder: Path, replace: bool) -> None:

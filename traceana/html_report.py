@@ -136,11 +136,65 @@ def stragglers(ctx: Context) -> str:
             + _table(ctx.traces.late_ranks(), "ranks the others waited for: last to arrive at collectives, by dim"))
 
 
+def critical_path(ctx: Context) -> str | None:
+    """The path's totals by rank and kind (as `traceana critical-path`) and the step's timeline with it drawn."""
+    from traceana import critical_path as cp
+    from traceana.plots import timeline_gantt
+
+    def frames(con: duckdb.DuckDBPyConnection, rid: str) -> tuple[int, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+        step, windows, segments = cp.of_step(con, rid, None)
+        return step, windows, bd.timeline(con, rid, step)[1], segments
+
+    step, windows, intervals, segments = ctx.traces.read(ctx.run, frames)
+    parts = cp.report(segments)
+    length_ms = (segments["end_ns"].max() - segments["start_ns"].min()) / 1e6
+    plot = _image(lambda p: timeline_gantt(windows, intervals, p, f"{ctx.run}: step {step}, critical path "
+                                           f"({length_ms:,.3f} ms) in red", critical=segments),
+                  ctx, "critical_path", "the step's timeline across ranks with the critical path drawn over it")
+    return (f"<p>Step {step}: {length_ms:,.3f} ms from the first rank's start to the last rank's end, "
+            f"{segments.height} segments on the path.</p>" + plot
+            + _table(parts["by_rank"], "the path's time per rank") + _table(parts["by_kind"], "and per kind")
+            + _table(cp.hops(parts["segments"]), "hop by hop (consecutive segments on one rank)", limit=40))
+
+
 def communication(ctx: Context) -> str | None:
-    frame = ctx.traces.collective_summary()
+    frame = ctx.traces.comm()
     if frame.is_empty():
         return None
-    return _table(frame, "collective instances per dim and op: arrival spread and the wait the last rank caused")
+    slow = ctx.traces.slow_links()
+    return (_table(frame, "per op, dim and link: instances, bytes, time and bandwidth (algbw, busbw as nccl-tests "
+                          "defines them; GB = 1e9 bytes), as `traceana comm`")
+            + (_table(slow, "pairs and groups more than 20% below their peers' median bandwidth")
+               if not slow.is_empty() else ""))
+
+
+def kernels(ctx: Context) -> str | None:
+    frame = ctx.traces.kernels(top=15)
+    if frame.is_empty():
+        return None
+    return _table(frame, "top 15 kernels by total time over all ranks and steps (share of COMP over the same ranks "
+                         "and steps), as `traceana kernels`")
+
+
+def idle(ctx: Context) -> str | None:
+    from traceana.idle import CAUSES
+
+    frame = ctx.traces.idle()
+    if frame.is_empty() or frame["IDLE_ms"].sum() == 0:
+        return None
+    shown = frame.select("rank", "pp", "IDLE_ms", *[f"{c}_ms" for c in CAUSES if frame[f"{c}_ms"].sum() > 0])
+    return _table(_labelled(shown), "IDLE per rank in its typical step (mean over steps after the first), by cause, "
+                                    "as `traceana idle`")
+
+
+def memory(ctx: Context) -> str | None:
+    frame = ctx.traces.memory()
+    if frame.is_empty():
+        return None
+    mib = [(pl.col(c).max() / 2**20).alias(c.replace("_bytes", " MiB")) for c in ("peak_allocated_bytes",
+                                                                                 "peak_reserved_bytes")]
+    return _table(frame.group_by("rank").agg(pl.len().alias("steps"), pl.col("samples").sum(), *mib).sort("rank"),
+                  "largest peak per rank over its steps (MiB = 2^20 bytes), as `traceana memory`")
 
 
 def estimate(ctx: Context) -> str | None:
@@ -171,7 +225,11 @@ SECTIONS: list[tuple[str, Callable[[Context], str | None]]] = [
     ("Breakdown per rank", ranks),
     ("Timeline of the first analysed step", timeline),
     ("Stragglers", stragglers),
+    ("Critical path", critical_path),
     ("Communication", communication),
+    ("Top kernels", kernels),
+    ("Why the device was idle", idle),
+    ("Memory", memory),
     ("Estimate vs measured", estimate),
 ]
 

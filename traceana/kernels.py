@@ -10,6 +10,8 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
+from traceana.errors import TraceanaError
+
 WORK = ("compute", "memcpy", "memset")
 
 
@@ -31,3 +33,13 @@ def top_kernels(con: duckdb.DuckDBPyConnection, run_id: str, top: int, by_stage:
         GROUP BY t.stage, short_name, category
         QUALIFY row_number() OVER (PARTITION BY t.stage ORDER BY sum(total_ns) DESC, short_name) <= $top
         ORDER BY t.stage NULLS FIRST, total_ms DESC, short_name""", params={"run": run_id, "top": top}).pl()
+
+
+def ranking(con: duckdb.DuckDBPyConnection, run_id: str, top: int, by: str) -> pl.DataFrame:
+    """:func:`top_kernels` as `traceana kernels --by run|stage` shows it (no stage column over the whole run)."""
+    if by not in ("run", "stage"):
+        raise TraceanaError(f"--by {by!r}: choose run or stage")
+    if top < 1:
+        raise TraceanaError(f"--top {top}: must be >= 1")
+    frame = top_kernels(con, run_id, top, by_stage=by == "stage")
+    return frame.drop("stage") if by == "run" else frame

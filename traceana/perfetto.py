@@ -2,8 +2,10 @@
 
 One process per rank, named with its coordinates ("rank 5 · tp1 dp2 pp1"); a track of step windows on top, then
 each stream's compute work, then communication on one track per (dim, stream); flow arrows link the members of
-each collective instance in order of arrival. Times are µs (ns precision) since the first exported event, on the
-run's aligned clock.
+each collective instance in order of arrival. Above the ranks, a process "critical path" holds the run's critical
+path (traceana/critical_path.py): one track per exported step (consecutive steps' paths may overlap where ranks'
+windows do), one slice per path segment, named by its rank and kind. Times are µs (ns precision) since the first
+exported event, on the run's aligned clock.
 
 Colours: chrome://tracing honours ``cname`` (the nearest of its reserved colours to the plots' dim colours);
 Perfetto deliberately ignores it and colours by name, so communication slices are named "<dim> <op>"
@@ -48,15 +50,17 @@ class Exported:
     step_slices: int   # step windows
     flows: int         # collective instances linked by arrows
     tracks: int
+    path_slices: int   # critical path segments, all exported steps
 
 
 def export(con: duckdb.DuckDBPyConnection, run_id: str, out: Path, steps: tuple[int, int] | None = None) -> Exported:
     """Write run ``run_id`` (its steps ``steps[0]..steps[1]`` only, when given) to ``out``."""
     _select(con, run_id, steps)
     _assign_tracks(con)
+    _critical_path(con, run_id)
     t0 = con.execute("SELECT least((SELECT min(start_ns) FROM x_events), (SELECT min(start_ns) FROM x_windows))"
                      ).fetchall()[0][0]
-    metadata = _metadata(con, run_id)
+    metadata = _metadata(con, run_id) + _path_metadata(con)
     with tempfile.TemporaryDirectory(dir=out.resolve().parent) as tmp:
         body = Path(tmp) / "events.jsonl"
         con.execute(f"COPY ({_events_sql(t0)}) TO '{_quoted(body)}' (FORMAT csv, HEADER false, QUOTE '', "
@@ -73,7 +77,8 @@ def export(con: duckdb.DuckDBPyConnection, run_id: str, out: Path, steps: tuple[
             raise TraceanaError(f"{out}: cannot write ({exc.strerror})") from None
     counts = con.execute("SELECT (SELECT count(DISTINCT rank) FROM x_windows), (SELECT count(*) FROM x_events), "
                          "(SELECT count(*) FROM x_windows), (SELECT count(*) FROM x_flows), "
-                         "(SELECT count(DISTINCT (rank, tid)) FROM x_events)").fetchall()[0]
+                         "(SELECT count(DISTINCT (rank, tid)) FROM x_events), (SELECT count(*) FROM x_path)"
+                         ).fetchall()[0]
     return Exported(out, *counts)
 
 
@@ -118,6 +123,36 @@ def _select(con: duckdb.DuckDBPyConnection, run_id: str, steps: tuple[int, int] 
                count(*) OVER (PARTITION BY instance) AS members
         FROM x_events WHERE instance IS NOT NULL
         QUALIFY members > 1""")
+
+
+def _critical_path(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """x_path: the critical path's segments of every exported step (one walk per step, not per event), with the
+    process id of its track group: one past the last rank."""
+    import polars as pl
+
+    from traceana import critical_path as cp
+
+    steps = [r[0] for r in con.execute("SELECT DISTINCT step FROM x_windows ORDER BY step").fetchall()]
+    paths = [cp.of_step(con, run_id, step)[2].with_columns(pl.lit(step, pl.Int32).alias("step")) for step in steps]
+    con.register("x_path_segments", pl.concat(paths).with_row_index("seq"))
+    con.execute("CREATE OR REPLACE TEMP TABLE x_path AS SELECT *, (SELECT max(rank) + 1 FROM x_windows) AS pid "
+                "FROM x_path_segments")
+    con.unregister("x_path_segments")
+
+
+def _path_metadata(con: duckdb.DuckDBPyConnection) -> list[dict]:
+    """The critical path's process (listed first) and its one track per step."""
+    rows = con.execute("SELECT DISTINCT pid, step FROM x_path ORDER BY step").fetchall()
+    if not rows:
+        return []
+    pid = rows[0][0]
+    events = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "critical path"}},
+              {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": -1}}]
+    for _, step in rows:
+        name = f"critical path · step {step}"
+        events += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": step, "args": {"name": name}},
+                   {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": step, "args": {"sort_index": step}}]
+    return events
 
 
 def _assign_tracks(con: duckdb.DuckDBPyConnection) -> None:
@@ -185,6 +220,13 @@ def _events_sql(t0: int) -> str:
                          ELSE json_object('kernel', name, 'op', op, 'dim', dim, 'bytes', bytes, 'pg', pg,
                                           'instance', instance, 'stream', stream, 'event_id', event_id) END)
         FROM x_events
+        UNION ALL
+        SELECT ',' || json_object('ph', 'X', 'pid', pid, 'tid', step, 'ts', {ts}, 'dur', {dur},
+            'name', 'rank ' || rank || ' ' || CASE kind WHEN 'comm' THEN coalesce(dim, 'comm') ELSE kind END,
+            'cat', 'critical_path', 'cname', CASE kind WHEN 'idle' THEN 'grey' ELSE 'terrible' END,
+            'args', json_object('rank', rank, 'stage', stage, 'kind', kind, 'dim', dim, 'name', name, 'step', step,
+                                'segment', seq))
+        FROM x_path
         UNION ALL
         SELECT ',' || json_object('ph', CASE WHEN f.arrival = 1 THEN 's' WHEN f.arrival = f.members THEN 'f'
                                              ELSE 't' END,
