@@ -80,7 +80,7 @@ def test_link_bandwidth_from_all_reduces_by_hand(tmp_path: Path) -> None:
     10 ms, a 1 GiB one over 8 ranks of one node in 5 ms, and a 4 KiB one (latency, not bandwidth: ignored).
     nccl-tests' bus bandwidth is bytes x 2(n-1)/n / time; across nodes the model's figure is one NIC's: / 8."""
     db = tmp_path / "links.duckdb"
-    with stores.connect(db) as con:
+    with stores.connect(db) as con, stores.transaction(con):
         con.execute("INSERT INTO process_groups (run_id, pg, dim, ranks, name, source) VALUES "
                     "('r', 'g16', 'DP', range(16), NULL, 'trace'), ('r', 'g8', 'TP', range(8), NULL, 'trace')")
         con.execute("INSERT INTO device_events (run_id, rank, event_id, stream, start_ns, end_ns, name, category) "
