@@ -22,6 +22,7 @@ import polars as pl
 from traceana.errors import TraceanaError
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op, parse_nccl_kernel
 from traceana.ingest.dispatch import IngestOptions
+from traceana.ingest.parallel import from_ipc, map_files, to_ipc, worker_count
 from traceana.ingest.rules import classify
 from traceana.ingest.run_data import (
     RunData,
@@ -78,44 +79,78 @@ def matches(path: Path) -> bool:
 
 
 def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
-    """Load one file's events into table ``ev`` (tagged with ``f = index``); return its metadata."""
+    """Load one file's events into table ``ev`` (tagged with ``f = index``); return its metadata.
+
+    One typed pass over the JSON: the document lands in a temporary table, from which the three metadata values
+    and the events are read (a second read_json for the metadata alone cost as much as the events)."""
     if file.stat().st_size == 0:
         raise TraceanaError(f"{file}: the file is empty")
     source = str(file).replace("'", "''")
     reader = (f"read_json('{source}', format='unstructured', maximum_object_size=4000000000, "
               f"columns={{'traceEvents': '{_EVENT}', 'distributedInfo': 'JSON', 'baseTimeNanoseconds': 'JSON'}})")
     try:
-        meta = con.execute(f"SELECT distributedInfo, baseTimeNanoseconds, len(traceEvents) FROM {reader}").fetchall()
+        con.execute(f"CREATE OR REPLACE TEMP TABLE kineto_file AS SELECT * FROM {reader}")
     except duckdb.Error as exc:
         raise TraceanaError(f"{file}: not a readable Kineto trace ({_first_line(exc)})") from None
-    if len(meta) != 1 or meta[0][2] is None:
-        raise TraceanaError(f"{file}: not a Kineto trace (no traceEvents array)")
-    info = json.loads(meta[0][0]) if meta[0][0] else {}
-    base = int(json.loads(meta[0][1])) if meta[0][1] else 0
-    con.execute(
-        f"""INSERT INTO ev SELECT {index} AS f, e.ph, e.cat, e.name, e.pid->>'$' AS pid, e.tid->>'$' AS tid,
-            {base} + CAST(e.ts * 1000 AS BIGINT) AS start_ns,
-            {base} + CAST(e.ts * 1000 AS BIGINT) + CAST(coalesce(e.dur, 0) * 1000 AS BIGINT) AS end_ns,
-            TRY_CAST(e.args."External id"->>'$' AS BIGINT) AS ext_id,
-            TRY_CAST(e.args.correlation->>'$' AS BIGINT) AS corr,
-            TRY_CAST(e.args.stream->>'$' AS BIGINT) AS stream,
-            e.args."Collective name" AS coll_name,
-            TRY_CAST(e.args."In msg nelems"->>'$' AS BIGINT) AS in_nelems,
-            e.args.dtype AS dtype,
-            e.args."Process Group Name" AS pg_name,
-            e.args."Process Group Ranks"->>'$' AS pg_ranks,
-            e.args."Process Group Description" AS pg_desc,
-            TRY_CAST(e.args."Seq"->>'$' AS BIGINT) AS seq,
-            e.args."Input Dims" AS input_dims, e.args."Input type" AS input_type,
-            e.args."Concrete Inputs" AS concrete,
-            TRY_CAST(coalesce(e.args."dst rank", e.args."src rank")->>'$' AS INTEGER) AS peer,
-            TRY_CAST(e.args."Total Allocated"->>'$' AS BIGINT) AS mem_allocated,
-            TRY_CAST(e.args."Total Reserved"->>'$' AS BIGINT) AS mem_reserved,
-            TRY_CAST(e.args."Device Type"->>'$' AS INTEGER) AS mem_device_type,
-            TRY_CAST(e.args."Group size"->>'$' AS INTEGER) AS group_size
-        FROM (SELECT unnest(traceEvents) AS e FROM {reader}) WHERE e.ph = 'X' OR e.name = '[memory]'"""
-    )
+    try:
+        meta = con.execute("SELECT distributedInfo, baseTimeNanoseconds, len(traceEvents) FROM kineto_file").fetchall()
+        if len(meta) != 1 or meta[0][2] is None:
+            raise TraceanaError(f"{file}: not a Kineto trace (no traceEvents array)")
+        info = json.loads(meta[0][0]) if meta[0][0] else {}
+        base = int(json.loads(meta[0][1])) if meta[0][1] else 0
+        con.execute(
+            f"""INSERT INTO ev SELECT {index} AS f, e.ph, e.cat, e.name, e.pid->>'$' AS pid, e.tid->>'$' AS tid,
+                {base} + CAST(e.ts * 1000 AS BIGINT) AS start_ns,
+                {base} + CAST(e.ts * 1000 AS BIGINT) + CAST(coalesce(e.dur, 0) * 1000 AS BIGINT) AS end_ns,
+                TRY_CAST(e.args."External id"->>'$' AS BIGINT) AS ext_id,
+                TRY_CAST(e.args.correlation->>'$' AS BIGINT) AS corr,
+                TRY_CAST(e.args.stream->>'$' AS BIGINT) AS stream,
+                e.args."Collective name" AS coll_name,
+                TRY_CAST(e.args."In msg nelems"->>'$' AS BIGINT) AS in_nelems,
+                e.args.dtype AS dtype,
+                e.args."Process Group Name" AS pg_name,
+                e.args."Process Group Ranks"->>'$' AS pg_ranks,
+                e.args."Process Group Description" AS pg_desc,
+                TRY_CAST(e.args."Seq"->>'$' AS BIGINT) AS seq,
+                e.args."Input Dims" AS input_dims, e.args."Input type" AS input_type,
+                e.args."Concrete Inputs" AS concrete,
+                TRY_CAST(coalesce(e.args."dst rank", e.args."src rank")->>'$' AS INTEGER) AS peer,
+                TRY_CAST(e.args."Total Allocated"->>'$' AS BIGINT) AS mem_allocated,
+                TRY_CAST(e.args."Total Reserved"->>'$' AS BIGINT) AS mem_reserved,
+                TRY_CAST(e.args."Device Type"->>'$' AS INTEGER) AS mem_device_type,
+                TRY_CAST(e.args."Group size"->>'$' AS INTEGER) AS group_size
+            FROM (SELECT unnest(traceEvents) AS e FROM kineto_file) WHERE e.ph = 'X' OR e.name = '[memory]'"""
+        )
+    finally:
+        con.execute("DROP TABLE kineto_file")
     return info
+
+
+def _parse_file(file: Path, index: int) -> tuple[dict, bytes]:
+    """One file on its own (in a worker process): its metadata and its ``ev`` rows as an Arrow IPC stream."""
+    con = duckdb.connect()
+    con.execute("SET threads TO 1")
+    con.execute(EVENT_TABLE)
+    info = _load(con, file, index)
+    return info, to_ipc(con.sql("SELECT * FROM ev").arrow())
+
+
+def _read_files(con: duckdb.DuckDBPyConnection, files: list[Path], options: IngestOptions) -> list[dict]:
+    """Every file's events into ``ev``, in file order: here, or parsed in worker processes and inserted here."""
+    infos = []
+    workers = worker_count(options.jobs, files)
+    if workers == 1:
+        for index, file in enumerate(files):
+            infos.append(_load(con, file, index))
+            options.progress.read(file)
+        return infos
+    for file, (info, stream) in zip(files, map_files(_parse_file, files, workers), strict=True):
+        con.register("parsed", from_ipc(stream))
+        con.execute("INSERT INTO ev SELECT * FROM parsed")
+        con.unregister("parsed")
+        infos.append(info)
+        options.progress.read(file)
+    return infos
 
 
 def _first_line(exc: Exception) -> str:
@@ -292,10 +327,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     con = duckdb.connect()
     con.execute("SET threads TO 2")
     con.execute(EVENT_TABLE)
-    infos = []
-    for index, file in enumerate(files):
-        infos.append(_load(con, file, index))
-        options.progress.read(file)
+    infos = _read_files(con, files, options)
     ranks, rank_sources = _ranks(infos, files)
     require_unique_ranks(ranks, [str(f) for f in files])
     options.progress.phase("aligning clocks and classifying events")

@@ -8,6 +8,7 @@ Regenerate (only when a change to the numbers is intended and explained):
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,7 +16,8 @@ import duckdb
 import polars as pl
 import pytest
 
-from tests.conftest import ROOT, SAMPLES, TRACES
+from tests.conftest import ROOT, SAMPLES, TRACES, run_cli
+from traceana.errors import TraceanaError
 from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.ingest.run_data import RunData
 
@@ -61,6 +63,30 @@ def _ingest(name: str, **options: object) -> RunData:
 def test_tables_equal_the_recorded_path(name: str) -> None:
     expected = json.loads(DIGESTS.read_text())[name]
     assert digests(_ingest(name)) == expected
+
+
+@pytest.mark.parametrize("name", ["hta_sampled_2of128", "samples/toy8_tp2pp2dp2_1f1b"])
+def test_files_parsed_in_worker_processes_give_the_same_tables(name: str) -> None:
+    expected = json.loads(DIGESTS.read_text())[name]
+    assert digests(_ingest(name, jobs=2)) == expected
+
+
+def test_a_worker_failing_on_one_file_names_it_and_writes_nothing(tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for rank in (0, 1, 2):
+        shutil.copy(SAMPLES / "moe_balanced" / f"rank{rank}.json.gz", traces)
+    broken = traces / "rank3.json"
+    broken.write_text('{"traceEvents": [{"ph": "X", "name": "k", "ts": 1, "dur": ')  # cut off mid-write
+    for jobs in (1, 2):
+        with pytest.raises(TraceanaError, match=rf"^{broken}: not a readable Kineto trace"):
+            read_run([traces], "kineto", IngestOptions(jobs=jobs))
+    db = tmp_path / "store.duckdb"
+    result = run_cli("ingest", traces, "--db", db, "--jobs", "2", check=False)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{broken}: not a readable Kineto trace" in lines[0]
+    assert not db.exists()
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
