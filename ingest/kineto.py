@@ -23,7 +23,7 @@ from traceana.errors import TraceanaError
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op, parse_nccl_kernel
 from traceana.ingest.dispatch import IngestOptions
 from traceana.ingest.parallel import from_ipc, map_files, to_ipc, worker_count
-from traceana.ingest.rules import classify
+from traceana.ingest.rules import with_classes
 from traceana.ingest.run_data import (
     RunData,
     launched_step_windows,
@@ -126,12 +126,13 @@ def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
     return info
 
 
-def _parse_file(file: Path, index: int) -> tuple[dict, bytes]:
-    """One file on its own (in a worker process): its metadata and its ``ev`` rows as an Arrow IPC stream."""
+def _parse_file(file: Path) -> tuple[dict, bytes]:
+    """One file on its own (in a worker process): its metadata and its ``ev`` rows as an Arrow IPC stream (``f``
+    is set by the main process, which knows the file's place in the run)."""
     con = duckdb.connect()
     con.execute("SET threads TO 1")
     con.execute(EVENT_TABLE)
-    info = _load(con, file, index)
+    info = _load(con, file, 0)
     return info, to_ipc(con.sql("SELECT * FROM ev").arrow())
 
 
@@ -144,9 +145,9 @@ def _read_files(con: duckdb.DuckDBPyConnection, files: list[Path], options: Inge
             infos.append(_load(con, file, index))
             options.progress.read(file)
         return infos
-    for file, (info, stream) in zip(files, map_files(_parse_file, files, workers), strict=True):
+    for index, (file, (info, stream)) in enumerate(zip(files, map_files(_parse_file, files, workers), strict=True)):
         con.register("parsed", from_ipc(stream))
-        con.execute("INSERT INTO ev SELECT * FROM parsed")
+        con.execute(f"INSERT INTO ev SELECT {index} AS f, * EXCLUDE (f) FROM parsed")
         con.unregister("parsed")
         infos.append(info)
         options.progress.read(file)
@@ -287,7 +288,7 @@ def _device_frames(con: duckdb.DuckDBPyConnection, options: IngestOptions) -> tu
                ON r.f = k.f AND r.corr = k.corr
         WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
     ).pl()
-    events = events.with_columns(classify(pl.col("name"), options.rules)).with_columns(
+    events = with_classes(events, "name", options.rules).with_columns(
         pl.when(pl.col("cat") == "gpu_memcpy").then(pl.lit("memcpy"))
         .when(pl.col("cat") == "gpu_memset").then(pl.lit("memset"))
         .otherwise(pl.col("category")).alias("category")

@@ -37,11 +37,14 @@ def worker_count(jobs: int | None, files: list[Path]) -> int:
     return min(jobs, max(len(files), 1))
 
 
-def map_files(parse: Callable[[Path, int], T], files: list[Path], jobs: int) -> Iterator[T]:
-    """``parse(file, index)`` for every file, in file order, across ``jobs`` worker processes."""
+def map_files(parse: Callable[[Path], T], files: list[Path], jobs: int) -> Iterator[T]:
+    """``parse(file)`` for every file, in file order, across ``jobs`` worker processes (1: in this one)."""
+    if jobs == 1:
+        yield from map(parse, files)
+        return
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
     try:
-        futures = [pool.submit(parse, file, index) for index, file in enumerate(files)]
+        futures = [pool.submit(parse, file) for file in files]
         for file, future in zip(files, futures, strict=True):
             try:
                 yield future.result()

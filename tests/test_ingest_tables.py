@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import duckdb
@@ -22,6 +23,7 @@ from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.ingest.run_data import RunData
 
 DIGESTS = ROOT / "tests" / "data" / "ingest_digests.json"
+CACHE = Path(tempfile.gettempdir()) / "traceana-test-cache"  # where .nsys-rep exports go (named in the notes)
 TABLES = ("ranks", "process_groups", "device_events", "collectives", "steps", "memory", "annotations")
 
 _KINETO = TRACES / "kineto"
@@ -33,6 +35,7 @@ RUNS: dict[str, list[Path]] = {
     **{p.name: [p] for p in sorted((TRACES / "ascend").glob("torch_npu_*"))},
     "trace_view_1rank_old_pid_scheme": [TRACES / "ascend" / "trace_view_1rank_old_pid_scheme.json"],
     **{f"samples/{p.name}": [p] for p in sorted(SAMPLES.iterdir()) if p.is_dir()},
+    "samples/nsys": sorted((SAMPLES.parent / "nsys").glob("*.nsys-rep")),  # exported by nsys into the cache
 }
 
 
@@ -56,7 +59,7 @@ def digests(data: RunData) -> dict[str, list]:
 
 
 def _ingest(name: str, **options: object) -> RunData:
-    return read_run(RUNS[name], "auto", IngestOptions(**options))
+    return read_run(RUNS[name], "auto", IngestOptions(cache_dir=CACHE, **options))
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
@@ -65,7 +68,7 @@ def test_tables_equal_the_recorded_path(name: str) -> None:
     assert digests(_ingest(name)) == expected
 
 
-@pytest.mark.parametrize("name", ["hta_sampled_2of128", "samples/toy8_tp2pp2dp2_1f1b"])
+@pytest.mark.parametrize("name", ["hta_sampled_2of128", "samples/toy8_tp2pp2dp2_1f1b", "samples/nsys"])
 def test_files_parsed_in_worker_processes_give_the_same_tables(name: str) -> None:
     expected = json.loads(DIGESTS.read_text())[name]
     assert digests(_ingest(name, jobs=2)) == expected
