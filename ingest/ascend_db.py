@@ -27,6 +27,7 @@ from traceana.ingest.ascend_tasks import (
 from traceana.ingest.ascend_timeline import DEFAULT_STEP_MARKER
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import marker_steps
+from traceana.ingest.sqlite_frame import rows_frame
 
 SCHEMA_MAJOR = "1"  # the schema family read here (META_DATA SCHEMA_VERSION 1.x)
 
@@ -96,7 +97,7 @@ class _Database:
     def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
         """Rows of ``sql`` typed by ``schema`` (looked up by the query's column names)."""
         cursor = self.con.execute(sql)
-        return pl.DataFrame(cursor.fetchall(), schema={c[0]: schema[c[0]] for c in cursor.description}, orient="row")
+        return rows_frame(cursor.fetchall(), {c[0]: schema[c[0]] for c in cursor.description})
 
     def rows(self, sql: str) -> list[tuple]:
         return self.con.execute(sql).fetchall()

@@ -19,6 +19,7 @@ from urllib.parse import quote
 import polars as pl
 
 from traceana.errors import TraceanaError
+from traceana.ingest.sqlite_frame import rows_frame
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")  # 2023+ name, 2022 name
@@ -115,13 +116,7 @@ class Export:
         if missing:
             self.notes.append(f"{self.path.name}: {table} has no column {', '.join(missing)}")
         select = ", ".join(f'"{c}"' if c in present else f'NULL AS "{c}"' for c in columns)
-        rows = self._sql(f'SELECT {select} FROM "{table}" {where}')
-        if not rows:
-            return pl.DataFrame(schema=columns)
-        # Column by column from the transposed rows: a third faster than a row-oriented frame.
-        values = zip(*rows, strict=True)
-        return pl.DataFrame([pl.Series(name, column, dtype)
-                             for (name, dtype), column in zip(columns.items(), values, strict=True)])
+        return rows_frame(self._sql(f'SELECT {select} FROM "{table}" {where}'), columns)
 
     def strings(self) -> pl.DataFrame:
         """StringIds as (id, value): every name in the export is an id into it."""
