@@ -1,9 +1,9 @@
 """Per-file parsing in worker processes (`traceana ingest --jobs N`): results come back in file order.
 
 Workers are spawned (not forked: the parent may hold DuckDB threads), so the function they run must be importable
-at module level and its results picklable; readers hand tables over as Arrow IPC streams (:func:`to_ipc`). A
-worker's TraceanaError ends the whole ingest with that one line; nothing is written, since the store is written
-only after every file is read.
+at module level and its results picklable: Kineto hands its rows over as an Arrow IPC stream (:func:`to_ipc`), nsys
+its frames pickled (which Polars does as IPC). A worker's TraceanaError ends the whole ingest with that one line;
+nothing is written, since the store is written only after every file is read.
 """
 
 from __future__ import annotations
