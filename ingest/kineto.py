@@ -129,7 +129,8 @@ def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
 def _parse_file(file: Path) -> tuple[dict, bytes]:
     """One file on its own (in a worker process): its metadata and its ``ev`` rows as an Arrow IPC stream (``f``
     is set by the main process, which knows the file's place in the run)."""
-    con = duckdb.connect(config={"threads": 1, "enable_progress_bar": False})  # a worker's bar would garble the CLI's
+    con = duckdb.connect(config={"threads": 1})
+    con.execute("SET enable_progress_bar = false")  # a worker's bar would garble the CLI's
     con.execute(EVENT_TABLE)
     info = _load(con, file, 0)
     return info, to_ipc(con.sql("SELECT * FROM ev").arrow())
