@@ -37,6 +37,7 @@ class IngestOptions:
     step_marker: str | None = None          # regex over annotation names; None = the format's defaults
     rules: list[Rule] = field(default_factory=load_rules)
     cache_dir: Path = Path(".traceana-cache")  # where derived files (nsys -> sqlite exports) are written
+    jobs: int | None = None  # worker processes parsing files (1: this process; None: all cores for large runs)
     progress: ReadProgress = field(default_factory=lambda: ReadProgress())  # what the user sees while it runs
 
 

@@ -22,7 +22,8 @@ import polars as pl
 from traceana.errors import TraceanaError
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op, parse_nccl_kernel
 from traceana.ingest.dispatch import IngestOptions
-from traceana.ingest.rules import classify
+from traceana.ingest.parallel import from_ipc, map_files, to_ipc, worker_count
+from traceana.ingest.rules import with_classes
 from traceana.ingest.run_data import (
     RunData,
     launched_step_windows,
@@ -79,24 +80,31 @@ def matches(path: Path) -> bool:
 
 
 def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
-    """Load one file's events into table ``ev`` (tagged with ``f = index``); return its metadata."""
+    """Load one file's events into table ``ev`` (tagged with ``f = index``); return its metadata.
+
+    One typed pass over the JSON: the document lands in a temporary table, from which the three metadata values
+    and the events are read (a second read_json for the metadata alone cost as much as the events)."""
     if file.stat().st_size == 0:
         raise TraceanaError(f"{file}: the file is empty")
     source = str(file).replace("'", "''")
     reader = (f"read_json('{source}', format='unstructured', maximum_object_size=4000000000, "
               f"columns={{'traceEvents': '{_EVENT}', 'distributedInfo': 'JSON', 'baseTimeNanoseconds': 'JSON'}})")
     try:
-        meta = con.execute(f"SELECT distributedInfo, baseTimeNanoseconds, len(traceEvents) FROM {reader}").fetchall()
+        con.execute(f"CREATE OR REPLACE TEMP TABLE kineto_file AS SELECT * FROM {reader}")
     except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
         raise TraceanaError(f"{file}: not a readable Kineto trace ({_first_line(exc)})") from None
-    if len(meta) != 1 or meta[0][2] is None:
-        raise TraceanaError(f"{file}: not a Kineto trace (no traceEvents array)")
-    info, base = _metadata(file, meta[0][0], meta[0][1])
-    # Times in HUGEINT, then TRY_CAST: a time no BIGINT holds becomes NULL, and validation drops it with a note.
     try:
-        con.execute(_INSERT.format(index=index, base=base, reader=reader))
-    except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
-        raise TraceanaError(f"{file}: not a readable Kineto trace ({_first_line(exc)})") from None
+        meta = con.execute("SELECT distributedInfo, baseTimeNanoseconds, len(traceEvents) FROM kineto_file").fetchall()
+        if len(meta) != 1 or meta[0][2] is None:
+            raise TraceanaError(f"{file}: not a Kineto trace (no traceEvents array)")
+        info, base = _metadata(file, meta[0][0], meta[0][1])
+        # Times in HUGEINT, then TRY_CAST: a time no BIGINT holds becomes NULL, and validation drops it with a note.
+        try:
+            con.execute(_INSERT.format(index=index, base=base, reader="kineto_file"))
+        except (duckdb.Error, UnicodeDecodeError) as exc:
+            raise TraceanaError(f"{file}: not a readable Kineto trace ({_first_line(exc)})") from None
+    finally:
+        con.execute("DROP TABLE kineto_file")
     return info
 
 
@@ -144,6 +152,34 @@ def _metadata(file: Path, distributed: str | None, base: str | None) -> tuple[di
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TIME_NS:
         raise TraceanaError(f"{file}: baseTimeNanoseconds is {value!r}, not a time in ns")
     return info, value
+
+
+def _parse_file(file: Path) -> tuple[dict, bytes]:
+    """One file on its own (in a worker process): its metadata and its ``ev`` rows as an Arrow IPC stream (``f``
+    is set by the main process, which knows the file's place in the run)."""
+    con = duckdb.connect(config={"threads": 1})
+    con.execute("SET enable_progress_bar = false")  # a worker's bar would garble the CLI's
+    con.execute(EVENT_TABLE)
+    info = _load(con, file, 0)
+    return info, to_ipc(con.sql("SELECT * FROM ev").arrow())
+
+
+def _read_files(con: duckdb.DuckDBPyConnection, files: list[Path], options: IngestOptions) -> list[dict]:
+    """Every file's events into ``ev``, in file order: here, or parsed in worker processes and inserted here."""
+    infos = []
+    workers = worker_count(options.jobs, files)
+    if workers == 1:
+        for index, file in enumerate(files):
+            infos.append(_load(con, file, index))
+            options.progress.read(file)
+        return infos
+    for index, (file, (info, stream)) in enumerate(zip(files, map_files(_parse_file, files, workers), strict=True)):
+        con.register("parsed", from_ipc(stream))
+        con.execute(f"INSERT INTO ev SELECT {index} AS f, * EXCLUDE (f) FROM parsed")
+        con.unregister("parsed")
+        infos.append(info)
+        options.progress.read(file)
+    return infos
 
 
 def _first_line(exc: Exception) -> str:
@@ -278,7 +314,7 @@ def _device_frames(con: duckdb.DuckDBPyConnection, options: IngestOptions) -> tu
         LEFT JOIN ({_LAUNCHES_SQL}) r ON r.f = k.f AND r.corr = k.corr
         WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
     ).pl()
-    events = events.with_columns(classify(pl.col("name"), options.rules)).with_columns(
+    events = with_classes(events, "name", options.rules).with_columns(
         pl.when(pl.col("cat") == "gpu_memcpy").then(pl.lit("memcpy"))
         .when(pl.col("cat") == "gpu_memset").then(pl.lit("memset"))
         .otherwise(pl.col("category")).alias("category")
@@ -318,10 +354,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     con = duckdb.connect()
     con.execute("SET threads TO 2")
     con.execute(EVENT_TABLE)
-    infos = []
-    for index, file in enumerate(files):
-        infos.append(_load(con, file, index))
-        options.progress.read(file)
+    infos = _read_files(con, files, options)
     ranks, rank_sources = _ranks(infos, files)
     require_unique_ranks(ranks, [str(f) for f in files])
     options.progress.phase("aligning clocks and classifying events")

@@ -42,6 +42,8 @@ def ingest(
     layout: LayoutOption = None,
     step_marker: Annotated[str | None, typer.Option(help="Regex over annotation names that marks steps.")] = None,
     rules: Annotated[Path | None, typer.Option(help="Extra classification rules CSV (pattern,category,op).")] = None,
+    jobs: Annotated[int | None, typer.Option(
+        help="Worker processes parsing files (1: this process; default: every core for runs over 64 MiB).")] = None,
 ) -> None:
     """Read one run's traces into the store (replacing an earlier ingest of the same run id)."""
     from traceana.ingest.dispatch import IngestOptions, read_run
@@ -55,7 +57,7 @@ def ingest(
         except re.error as exc:
             raise TraceanaError(f"--step-marker {step_marker!r}: not a regular expression ({exc})") from None
     store.check_path(db)
-    options = IngestOptions(layout=parsed_layout, step_marker=step_marker, rules=load_rules(rules),
+    options = IngestOptions(layout=parsed_layout, step_marker=step_marker, rules=load_rules(rules), jobs=jobs,
                             cache_dir=db.resolve().parent / ".traceana-cache")
     with ingest_progress() as bar:
         options.progress = bar
