@@ -5,8 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from traceana.estimator.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -44,3 +48,16 @@ def run_main(*args: object) -> tuple[int, str, str]:
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     return code, out.getvalue(), err.getvalue()
+
+
+def job_config(base: dict, **sections: dict) -> Config:
+    """The job config ``base`` (a YAML-shaped dict) with ``sections`` merged into its sections, validated as a file
+    named gpt.yaml would be: the estimator tests' way to vary one knob against hand formulas."""
+    import copy
+
+    from traceana.estimator.config import from_dict
+
+    raw = copy.deepcopy(base)
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    return from_dict(raw, "gpt.yaml")

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import job_config
 from traceana.errors import TraceanaError
 from traceana.estimator import compute, memory
 from traceana.estimator.config import from_dict, load
@@ -24,10 +25,7 @@ GPT: dict[str, Any] = {
 
 
 def gpt(**sections: dict[str, Any]) -> compute.Config:
-    raw = copy.deepcopy(GPT)
-    for name, values in sections.items():
-        raw.setdefault(name, {}).update(values)
-    return from_dict(raw, "gpt.yaml")
+    return job_config(GPT, **sections)
 
 
 def test_fp8_mlp_runs_at_the_fp8_peak() -> None:

@@ -3,13 +3,12 @@ fractions as overrides. Each against the formula worked by hand from the pieces 
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
 
+from tests.conftest import job_config
 from traceana.estimator import comm, compute, memory
-from traceana.estimator.config import from_dict
 from traceana.estimator.estimate import _exposed_tp, estimate
 from traceana.estimator.pipeline import StageCost, simulate
 
@@ -25,10 +24,7 @@ GPT: dict[str, Any] = {
 
 
 def gpt(**sections: dict[str, Any]) -> compute.Config:
-    raw = copy.deepcopy(GPT)
-    for name, values in sections.items():
-        raw.setdefault(name, {}).update(values)
-    return from_dict(raw, "gpt.yaml")
+    return job_config(GPT, **sections)
 
 
 def test_tp_collective_matmul_leaves_what_the_matmul_cannot_cover() -> None:
