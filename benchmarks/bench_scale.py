@@ -24,16 +24,21 @@ CONFIG = ROOT / "examples" / "synth_gpt_tp2pp2.yaml"
 TRACEANA = [sys.executable, "-m", "traceana"]
 
 
-def run(*args: object) -> tuple[float, float, float]:
-    """(wall seconds, CPU seconds, peak RSS MiB) of one traceana command."""
+def measure(command: list[str]) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak RSS MiB) of one command: the CPU time counts the worker processes it waited
+    for; the RSS is its largest single process."""
     began = time.perf_counter()
-    child = subprocess.Popen([*TRACEANA, *map(str, args)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE)
+    child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - began
     if status:
-        raise SystemExit(f"traceana {' '.join(map(str, args))} failed:\n{child.stderr.read().decode()}")
+        raise SystemExit(f"{' '.join(command)} failed:\n{child.stderr.read().decode()}")
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def run(*args: object) -> tuple[float, float, float]:
+    """measure() of one traceana command."""
+    return measure([*TRACEANA, *map(str, args)])
 
 
 def lines(folder: Path) -> tuple[int, int]:
