@@ -79,12 +79,18 @@ def _from_stream(work: pl.DataFrame) -> pl.DataFrame:
     named = work.filter(pl.col("pg").is_not_null()).group_by("rank", "stream").agg(pl.col("pg").unique())
     lend = named.filter(pl.col("pg").list.len() == 1).select(
         "rank", "stream", pl.col("pg").list.first().alias("_spg"))
-    work = work.join(lend, on=["rank", "stream"], how="left")
-    take = pl.col("pg").is_null() & pl.col("_spg").is_not_null()
+    return _adopt(work.join(lend, on=["rank", "stream"], how="left"), "_spg", "stream")
+
+
+def _adopt(work: pl.DataFrame, column: str, evidence: str, only: pl.Expr | None = None) -> pl.DataFrame:
+    """Collectives without a group yet (and ``only`` those) take the one in ``column``, recorded as ``evidence``;
+    one that has a group keeps it, so weaker evidence never overrides stronger. ``column`` is dropped."""
+    take = pl.col("pg").is_null() & pl.col(column).is_not_null()
+    take = take if only is None else take & only
     return work.with_columns(
-        pl.when(take).then(pl.col("_spg")).otherwise(pl.col("pg")).alias("pg"),
-        pl.when(take).then(pl.lit("stream")).otherwise(pl.col("evidence")).alias("evidence"),
-    ).drop("_spg")
+        pl.when(take).then(pl.col(column)).otherwise(pl.col("pg")).alias("pg"),
+        pl.when(take).then(pl.lit(evidence)).otherwise(pl.col("evidence")).alias("evidence"),
+    ).drop(column)
 
 
 def _layout_groups(layout: Layout, world_size: int) -> pl.DataFrame:
@@ -113,12 +119,8 @@ def _from_matching(work: pl.DataFrame, candidates: pl.DataFrame,
     found = match_communicators(todo, candidates).rename({"pg": "_mpg"})
     if found.is_empty():
         return work, empty
-    work = work.join(found, on=["rank", "stream"], how="left")
-    take = pl.col("pg").is_null() & pl.col("_mpg").is_not_null() & ~pl.col("op").is_in(P2P)
-    work = work.with_columns(
-        pl.when(take).then(pl.col("_mpg")).otherwise(pl.col("pg")).alias("pg"),
-        pl.when(take).then(pl.lit("timing-match")).otherwise(pl.col("evidence")).alias("evidence"),
-    ).drop("_mpg")
+    work = _adopt(work.join(found, on=["rank", "stream"], how="left"), "_mpg", "timing-match",
+                  ~pl.col("op").is_in(P2P))
     used = candidates.filter(pl.col("pg").is_in(found["_mpg"].unique().to_list()))
     return work, used.with_columns(pl.lit(None, pl.String()).alias("name"), pl.lit("timing-match").alias("source"))
 
@@ -150,12 +152,8 @@ def _from_fingerprints(work: pl.DataFrame, layout: Layout,
         return work, pl.DataFrame(schema=_GROUP_SCHEMA)
     found = pl.DataFrame(rows, schema={"rank": pl.Int32(), "stream": pl.Int64(), "_fpg": pl.String(),
                                        "ranks": pl.List(pl.Int32())})
-    work = work.join(found.select("rank", "stream", "_fpg"), on=["rank", "stream"], how="left")
-    take = pl.col("pg").is_null() & pl.col("_fpg").is_not_null()
-    work = work.with_columns(
-        pl.when(take).then(pl.col("_fpg")).otherwise(pl.col("pg")).alias("pg"),
-        pl.when(take).then(pl.lit("fingerprint")).otherwise(pl.col("evidence")).alias("evidence"),
-    ).drop("_fpg")
+    work = _adopt(work.join(found.select("rank", "stream", "_fpg"), on=["rank", "stream"], how="left"), "_fpg",
+                  "fingerprint")
     groups = candidates.filter(pl.col("pg").is_in(found["_fpg"].to_list())).with_columns(
         pl.lit(None, pl.String()).alias("name"), pl.lit("fingerprint").alias("source"))
     return work, groups.select(list(_GROUP_SCHEMA))
