@@ -91,20 +91,16 @@ def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
               f"columns={{'traceEvents': '{_EVENT}', 'distributedInfo': 'JSON', 'baseTimeNanoseconds': 'JSON'}})")
     try:
         con.execute(f"CREATE OR REPLACE TEMP TABLE kineto_file AS SELECT * FROM {reader}")
-    except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
-        raise TraceanaError(f"{file}: not a readable Kineto trace ({_first_line(exc)})") from None
-    try:
         meta = con.execute("SELECT distributedInfo, baseTimeNanoseconds, len(traceEvents) FROM kineto_file").fetchall()
         if len(meta) != 1 or meta[0][2] is None:
             raise TraceanaError(f"{file}: not a Kineto trace (no traceEvents array)")
         info, base = _metadata(file, meta[0][0], meta[0][1])
         # Times in HUGEINT, then TRY_CAST: a time no BIGINT holds becomes NULL, and validation drops it with a note.
-        try:
-            con.execute(_INSERT.format(index=index, base=base, reader="kineto_file"))
-        except (duckdb.Error, UnicodeDecodeError) as exc:
-            raise TraceanaError(f"{file}: not a readable Kineto trace ({_first_line(exc)})") from None
+        con.execute(_INSERT.format(index=index, base=base, reader="kineto_file"))
+    except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
+        raise TraceanaError(f"{file}: not a readable Kineto trace ({_first_line(exc)})") from None
     finally:
-        con.execute("DROP TABLE kineto_file")
+        con.execute("DROP TABLE IF EXISTS kineto_file")
     return info
 
 
