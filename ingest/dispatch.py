@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -38,6 +39,8 @@ class IngestOptions:
     rules: list[Rule] = field(default_factory=load_rules)
     cache_dir: Path = Path(".traceana-cache")  # where derived files (nsys -> sqlite exports) are written
     jobs: int | None = None  # worker processes parsing files (1: this process; None: all cores for large runs)
+    spill_near: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "traceana")  # the store: the
+    # per-event tables wait as Parquet in a folder beside it until the store write streams them in
     progress: ReadProgress = field(default_factory=lambda: ReadProgress())  # what the user sees while it runs
 
 
@@ -77,6 +80,11 @@ def read_run(paths: list[Path], fmt: str, options: IngestOptions) -> RunData:
     module = _module(fmt) if fmt in FORMATS else None
     if module is None:
         raise TraceanaError(f"format {fmt!r} is not supported (known: {', '.join(FORMATS)})")
-    data = validate(module.read(paths, options))
-    options.progress.phase("assigning coordinates, process groups and collective instances")
-    return finish(data, options.layout)
+    data = module.read(paths, options)
+    try:
+        data = validate(data, data.dropped)
+        options.progress.phase("assigning coordinates, process groups and collective instances")
+        return finish(data, options.layout)
+    except BaseException:
+        data.discard()
+        raise

@@ -11,9 +11,13 @@ name (name-rule). CPU-only runs (gloo) have no device events: see :mod:`traceana
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
+import os
 import re
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -23,15 +27,20 @@ from traceana.errors import TraceanaError
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op, parse_nccl_kernel
 from traceana.ingest.dispatch import IngestOptions
 from traceana.ingest.parallel import from_ipc, map_files, to_ipc, worker_count
-from traceana.ingest.rules import with_classes
+from traceana.ingest.rules import Rule, with_classes
 from traceana.ingest.run_data import (
+    SCHEMAS,
     RunData,
-    launched_step_windows,
+    Spill,
+    StepLinks,
     rank_in_file_name,
     require_overlapping_clocks,
     require_unique_ranks,
+    spill_folder,
+    spill_part,
+    step_windows_of,
 )
-from traceana.ingest.validate import MAX_RANK, MAX_TIME_NS, checked_rank, rank_list
+from traceana.ingest.validate import MAX_RANK, MAX_TIME_NS, Dropped, check, checked_rank, rank_list
 
 _SUFFIXES = (".json", ".json.gz")
 _STEP = r"^ProfilerStep#(\d+)$"
@@ -150,32 +159,58 @@ def _metadata(file: Path, distributed: str | None, base: str | None) -> tuple[di
     return info, value
 
 
-def _parse_file(file: Path) -> tuple[dict, bytes]:
-    """One file on its own (in a worker process): its metadata and its ``ev`` rows as an Arrow IPC stream (``f``
-    is set by the main process, which knows the file's place in the run)."""
-    con = duckdb.connect(config={"threads": 1})
+_DEVICE = "cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"
+
+
+@dataclass
+class ParsedFile:
+    """What reading one file gives back to the run: everything but its bulky tables, which went to the spill
+    folder as part ``key`` (:func:`run_data.spill_part`). Times are the file's own clock."""
+
+    info: dict  # distributedInfo, checked
+    key: str
+    span: tuple[int, int] | None  # first and last ns of any event: files of one run overlap
+    seen_groups: list[tuple[str, str | None, str]]  # (name, description, ranks) that kernel args state
+    samples: pl.DataFrame  # first communication events (name, end_ns, n, k): the coarse host clock alignment
+    collectives: pl.DataFrame  # raw collective rows (op decided, group by name) with their event's stream and times
+    steps: pl.DataFrame
+    links: StepLinks
+    unnumbered: int  # ProfilerStep ranges whose number does not fit an INTEGER
+    dropped: Dropped  # what validation left out of this file's rows
+    whole: bytes | None  # a file without device events: all its rows (Arrow IPC), for a CPU-only run
+
+
+def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) -> ParsedFile:
+    """Everything about one file that needs no other file (run in a worker process, or in-process for --jobs 1):
+    parse, link kernels to their launches, the rank's step windows, validation; device events, annotations and
+    memory samples are written to ``spill``, the rest comes back. Rows carry rank 0 until the run knows ranks."""
+    con = duckdb.connect(config={"threads": threads})
     con.execute("SET enable_progress_bar = false")  # a worker's bar would garble the CLI's
     con.execute(EVENT_TABLE)
     info = _load(con, file, 0)
-    return info, to_ipc(con.sql("SELECT * FROM ev").arrow())
-
-
-def _read_files(con: duckdb.DuckDBPyConnection, files: list[Path], options: IngestOptions) -> list[dict]:
-    """Every file's events into ``ev``, in file order: here, or parsed in worker processes and inserted here."""
-    infos = []
-    workers = worker_count(options.jobs, files)
-    if workers == 1:
-        for index, file in enumerate(files):
-            infos.append(_load(con, file, index))
-            options.progress.read(file)
-        return infos
-    for index, (file, (info, stream)) in enumerate(zip(files, map_files(_parse_file, files, workers), strict=True)):
-        con.register("parsed", from_ipc(stream))
-        con.execute(f"INSERT INTO ev SELECT {index} AS f, * EXCLUDE (f) FROM parsed")
-        con.unregister("parsed")
-        infos.append(info)
-        options.progress.read(file)
-    return infos
+    span = con.execute("SELECT min(start_ns), max(end_ns) FROM ev").fetchall()[0]
+    seen = con.execute("SELECT DISTINCT pg_name, pg_desc, pg_ranks FROM ev "
+                       "WHERE pg_name IS NOT NULL AND pg_ranks IS NOT NULL").fetchall()
+    devices = con.execute(f"SELECT count(*) FROM ev WHERE {_DEVICE}").fetchall()[0][0]
+    events, comm = _device_frames(con, rules)
+    steps, links, unnumbered = _device_steps(con)
+    data = RunData("kineto", [str(file)], 1, frames={
+        "device_events": events.rename({"f": "rank"}), "steps": steps.rename({"f": "rank"}),
+        "memory": con.sql("SELECT 0 AS rank, start_ns AS ts_ns, mem_allocated AS allocated_bytes, mem_reserved AS "
+                          "reserved_bytes FROM ev WHERE name = '[memory]' AND mem_device_type = 1").pl(),
+        "annotations": con.sql("SELECT 0 AS rank, start_ns, end_ns, name, 'cpu' AS domain, cat AS kind FROM ev "
+                               "WHERE cat IN ('user_annotation', 'gpu_user_annotation')").pl()})
+    dropped = check(data)
+    key = uuid.uuid4().hex
+    for table in ("device_events", "annotations", "memory"):
+        spill_part(spill, table, key, data.frames[table])
+    kept = data.frames["device_events"].select(pl.col("rank").alias("f"), "event_id")
+    comm = comm.join(kept, on=["f", "event_id"], how="semi").select(
+        *[c for c in SCHEMAS["collectives"] if c in comm.columns and c not in ("rank", "pg")], "f", "pg_name",
+        "group_size", "stream", "start_ns", "end_ns")
+    return ParsedFile(info, key, span if span[0] is not None else None, seen, con.sql(_SAMPLES_SQL).pl(), comm,
+                      data.frames["steps"].rename({"rank": "f"}), links, unnumbered, dropped,
+                      None if devices else to_ipc(con.sql("SELECT * FROM ev").arrow()))
 
 
 def _first_line(exc: Exception) -> str:
@@ -214,7 +249,7 @@ def _ranks(infos: list[dict], files: list[Path]) -> tuple[list[int], list[str]]:
     return [s[0] for s in stated if s], [s[1] for s in stated if s]
 
 
-def _require_one_job(infos: list[dict], files: list[Path], con: duckdb.DuckDBPyConnection) -> None:
+def _require_one_job(infos: list[dict], files: list[Path], spans: list[tuple[int, int] | None]) -> None:
     """Files of one run state one world size and were recorded at overlapping times (after host alignment)."""
     sizes = [i.get("world_size") if isinstance(i.get("world_size"), int) else None for i in infos]
     stated = [s for s in sizes if s is not None]
@@ -224,20 +259,17 @@ def _require_one_job(infos: list[dict], files: list[Path], con: duckdb.DuckDBPyC
         first = next(i for i, s in enumerate(sizes) if s == usual)
         raise TraceanaError(f"{files[odd]}: from another job (world size {sizes[odd]}, {files[first].name} has "
                             f"{usual}); ingest each job as its own run")
-    spans = con.execute("SELECT f, min(start_ns), max(end_ns) FROM ev GROUP BY f").fetchall()
-    require_overlapping_clocks([(str(files[f]), start, end) for f, start, end in spans])
+    require_overlapping_clocks([(str(file), *span) for file, span in zip(files, spans, strict=True) if span])
 
 
-def _process_groups(infos: list[dict], con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
-    """Groups from every file's pg_config plus those only seen in kernel args; ranks as list or string."""
+def _process_groups(infos: list[dict], seen: list[tuple[str, str | None, str]]) -> pl.DataFrame:
+    """Groups from every file's pg_config plus those only seen in kernel args (``seen``: name, description,
+    members as list or string)."""
     rows = []
     for info in infos:
         for pg in info.get("pg_config") or []:
             rows.append((str(pg.get("pg_name")), pg.get("pg_desc"), pg["ranks"]))  # checked by _metadata
-    seen = con.execute(
-        "SELECT DISTINCT pg_name, pg_desc, pg_ranks FROM ev WHERE pg_name IS NOT NULL AND pg_ranks IS NOT NULL"
-    ).fetchall()
-    for name, desc, ranks in seen:
+    for name, desc, ranks in dict.fromkeys(seen):
         rows.append((name, desc, rank_list(ranks, f"kernel args of group {name}", "Process Group Ranks")))
     unique = {(name, tuple(ranks)): desc for name, desc, ranks in rows if ranks}
     frame = pl.DataFrame(
@@ -257,6 +289,11 @@ _COMM_CPU_OPS = r"^(record_param_comms|nccl:|c10d::|gloo:)"
 # Elements of an op's first input tensor (Input Dims [[65536, 384], ...]): the payload when args lack msg nelems.
 FIRST_INPUT_NELEMS = "list_reduce(TRY_CAST(input_dims->0 AS BIGINT[]), lambda x, y: x * y, 1)"
 _SECOND_INPUT_NELEMS = FIRST_INPUT_NELEMS.replace("->0", "->1")
+# A file's first communication events, for the coarse alignment of host clocks (_align_hosts).
+_SAMPLES_SQL = f"""SELECT * FROM (
+    SELECT name, end_ns, coalesce(in_nelems, {FIRST_INPUT_NELEMS}) AS n, row_number() OVER (ORDER BY start_ns) AS k
+    FROM ev WHERE (cat = 'kernel' AND regexp_matches(name, '^nccl')) OR starts_with(name, 'gloo:')
+) WHERE k <= 2000"""
 
 # The group size an op states ("Group size" args), else the one its shapes imply: the c10d base ops take
 # (output, input), and a reduce-scatter's input or an all-gather's output is group size x the other.
@@ -297,7 +334,7 @@ FROM linked GROUP BY ALL
 """
 
 
-def _device_frames(con: duckdb.DuckDBPyConnection, options: IngestOptions) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _device_frames(con: duckdb.DuckDBPyConnection, rules: list[Rule]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """device_events and the raw collective rows (op decided, pg by name) for all GPU files."""
     events = con.sql(
         f"""WITH launchers AS ({_LAUNCHERS_SQL})
@@ -310,7 +347,7 @@ def _device_frames(con: duckdb.DuckDBPyConnection, options: IngestOptions) -> tu
         LEFT JOIN ({_LAUNCHES_SQL}) r ON r.f = k.f AND r.corr = k.corr
         WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
     ).pl()
-    events = with_classes(events, "name", options.rules).with_columns(
+    events = with_classes(events, "name", rules).with_columns(
         pl.when(pl.col("cat") == "gpu_memcpy").then(pl.lit("memcpy"))
         .when(pl.col("cat") == "gpu_memset").then(pl.lit("memset"))
         .otherwise(pl.col("category")).alias("category")
@@ -343,67 +380,115 @@ def _device_frames(con: duckdb.DuckDBPyConnection, options: IngestOptions) -> tu
 
 
 def read(paths: list[Path], options: IngestOptions) -> RunData:
+    """The run: each file read on its own (:func:`parse_file`, across ``options.jobs`` workers), then what needs
+    every file (ranks, host clocks, one job, process groups) on the small parts the files gave back. A CPU-only run
+    (no file has device events) is read whole (:func:`_cpu_run`)."""
     files = [f for p in paths for f in _trace_files(p)]
     if not files:
         raise TraceanaError(f"{paths[0]}: no Kineto trace files (*.json, *.json.gz) here")
     options.progress.files(files)
-    con = duckdb.connect()
-    con.execute("SET threads TO 2")
-    con.execute(EVENT_TABLE)
-    infos = _read_files(con, files, options)
+    spill = Spill(spill_folder(options.spill_near))
+    try:
+        workers = worker_count(options.jobs, files)
+        task = functools.partial(parse_file, rules=options.rules, spill=spill.folder,
+                                 threads=max(1, (os.cpu_count() or 1) // workers))
+        parsed = []
+        for file, part in zip(files, map_files(task, files, workers), strict=True):
+            parsed.append(part)
+            options.progress.read(file)
+        return _run(files, parsed, spill, options)
+    except BaseException:
+        spill.remove()
+        raise
+
+
+def _run(files: list[Path], parsed: list[ParsedFile], spill: Spill, options: IngestOptions) -> RunData:
+    infos = [p.info for p in parsed]
     ranks, rank_sources = _ranks(infos, files)
     require_unique_ranks(ranks, [str(f) for f in files])
     options.progress.phase("aligning clocks and classifying events")
     world = max([i.get("world_size") or 0 for i in infos] + [len(files)])
     file_rank = pl.DataFrame({"f": list(range(len(files))), "rank": ranks}, schema={"f": pl.Int32, "rank": pl.Int32})
     hosts = [_host_of(f) for f in files]
-    offsets = _align_hosts(con, hosts)
-    _require_one_job(infos, files, con)
-
-    groups = _process_groups(infos, con)
+    offsets = _align_hosts([p.samples for p in parsed], hosts)
+    _require_one_job(infos, files, [(p.span[0] + o, p.span[1] + o) if p.span else None
+                                    for p, o in zip(parsed, offsets, strict=True)])
+    groups = _process_groups(infos, [g for p in parsed for g in p.seen_groups])
     notes: list[str] = []
-    device_count = con.execute("SELECT count(*) FROM ev WHERE cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')")
-    if device_count.fetchall()[0][0]:
-        events, comm = _device_frames(con, options)
-        steps = _device_steps(con, notes)
+    ranks_frame = pl.DataFrame({"rank": ranks, "host": hosts, "clock_offset_ns": offsets,
+                                "source": [str(f) for f in files], "rank_source": rank_sources})
+    marker_note = [] if options.step_marker is None else [
+        f"--step-marker {options.step_marker!r} ignored: Kineto steps are the profiler's ProfilerStep#N"]
+    if all(p.whole is not None for p in parsed):
+        spill.remove()
+        data = _cpu_run(parsed, file_rank, offsets, groups, options)
+        data.notes[:0] = marker_note
+    else:
+        def tagged(frame: pl.DataFrame, index: int) -> pl.DataFrame:
+            shifted = [pl.col(c) + offsets[index] for c in ("start_ns", "end_ns") if c in frame.columns]
+            return frame.with_columns(pl.lit(index, pl.Int32()).alias("f"), *shifted)
+
+        comm = pl.concat([tagged(p.collectives, i) for i, p in enumerate(parsed)], how="vertical_relaxed")
         comm = comm.join(file_rank, on="f").join(
             groups.select("name_key", "pg", "ranks"), left_on="pg_name", right_on="name_key", how="left"
         ).filter(pl.col("ranks").is_null() | pl.col("ranks").list.contains(pl.col("rank"))).unique(
             ["rank", "event_id"], keep="first", maintain_order=True)
-        mode = "gpu"
-    else:
-        from traceana.ingest.kineto_cpu import cpu_frames
+        steps = pl.concat([tagged(p.steps, i) for i, p in enumerate(parsed)], how="vertical_relaxed")
+        links = sum((StepLinks(p.links.linked, p.links.unlaunched, p.links.annotated, [i] if p.links.unlinked else [])
+                     for i, p in enumerate(parsed)), StepLinks())
+        if unnumbered := sum(p.unnumbered for p in parsed):
+            notes.append(f"{unnumbered} ProfilerStep ranges left out: their step number does not fit an INTEGER")
+        notes += links.notes() + marker_note
+        spill.parts = pl.DataFrame({"key": [p.key for p in parsed], "rank": ranks, "shift": offsets},
+                                   schema=spill.parts.schema)
+        data = RunData(
+            source_format="kineto", sources=[], world_size=world,
+            tool_version=f"kineto schema {infos[0].get('backend', '?')}", notes=notes,
+            frames={"process_groups": groups.drop("name_key"),
+                    "collectives": comm.select(*[c for c in SCHEMAS["collectives"] if c in comm.columns],
+                                               "group_size"),
+                    "steps": steps.join(file_rank, on="f").drop("f") if not steps.is_empty() else steps},
+            spill=spill, comm_events=comm.select("rank", "event_id", "stream", "start_ns", "end_ns"),
+            dropped=sum((p.dropped for p in parsed), Dropped()))
+    data.sources = [str(f.resolve()) for f in files]
+    data.world_size = world
+    data.rank_source = ",".join(sorted(set(rank_sources)))
+    data.frames["ranks"] = ranks_frame
+    return data
 
-        events, comm, steps = cpu_frames(con, file_rank, groups, options)
-        mode = "cpu"
-    # profile_memory=True samples: the allocator of the device the rank computes on (CUDA=1, CPU=0).
-    memory = con.sql(
-        "SELECT f, start_ns AS ts_ns, mem_allocated AS allocated_bytes, mem_reserved AS reserved_bytes FROM ev "
-        f"WHERE name = '[memory]' AND mem_device_type = {1 if mode == 'gpu' else 0} ORDER BY f, start_ns"
-    ).pl().join(file_rank, on="f")
-    if options.step_marker is not None:
-        notes.append(f"--step-marker {options.step_marker!r} ignored: Kineto steps are the profiler's ProfilerStep#N")
-    if mode == "cpu":
-        notes.append("no device activity: CPU-only run, compute from the main thread's CPU ops")
-        if not memory.is_empty():
-            notes.append("CPU memory samples count only what was allocated while the profiler ran: tensors that "
-                         "existed before it started (parameters, optimizer state) are not in them")
 
+def _cpu_run(parsed: list[ParsedFile], file_rank: pl.DataFrame, offsets: list[int], groups: pl.DataFrame,
+             options: IngestOptions) -> RunData:
+    """A CPU-only (gloo) run, read whole: its compute and communication are found across ranks
+    (:mod:`traceana.ingest.kineto_cpu`). Such runs are small (a profiled CPU job, not a GPU cluster's)."""
+    from traceana.ingest.kineto_cpu import cpu_frames
+
+    con = duckdb.connect()
+    con.execute(EVENT_TABLE)
+    for index, part in enumerate(parsed):
+        con.register("parsed", from_ipc(part.whole or b""))
+        con.execute(f"INSERT INTO ev SELECT {index} AS f, * EXCLUDE (f) FROM parsed")
+        con.unregister("parsed")
+    for index, offset in enumerate(offsets):
+        if offset:
+            con.execute("UPDATE ev SET start_ns = start_ns + $o, end_ns = end_ns + $o WHERE f = $f",
+                        {"o": offset, "f": index})
+    events, comm, steps = cpu_frames(con, file_rank, groups, options)
+    # profile_memory=True samples of the CPU allocator (device type 0)
+    memory = con.sql("SELECT f, start_ns AS ts_ns, mem_allocated AS allocated_bytes, mem_reserved AS reserved_bytes "
+                     "FROM ev WHERE name = '[memory]' AND mem_device_type = 0 ORDER BY f, start_ns").pl()
+    notes = ["no device activity: CPU-only run, compute from the main thread's CPU ops"]
+    if not memory.is_empty():
+        notes.append("CPU memory samples count only what was allocated while the profiler ran: tensors that "
+                     "existed before it started (parameters, optimizer state) are not in them")
     return RunData(
-        source_format="kineto",
-        sources=[str(f.resolve()) for f in files],
-        world_size=world,
-        tool_version=f"kineto schema {infos[0].get('backend', '?')}" if mode == "gpu" else "kineto (cpu-only)",
-        rank_source=",".join(sorted(set(rank_sources))),
-        notes=notes,
+        source_format="kineto", sources=[], world_size=0, tool_version="kineto (cpu-only)", notes=notes,
         frames={
-            "ranks": pl.DataFrame({"rank": ranks, "host": hosts, "clock_offset_ns": offsets,
-                                   "source": [str(f) for f in files], "rank_source": rank_sources}),
             "process_groups": groups.drop("name_key"),
             "device_events": events.join(file_rank, on="f"),
             "collectives": comm,
             "steps": steps.join(file_rank, on="f") if not steps.is_empty() else steps,
-            "memory": memory,
+            "memory": memory.join(file_rank, on="f"),
             "annotations": con.sql(
                 "SELECT f, start_ns, end_ns, name, 'cpu' AS domain, cat AS kind FROM ev "
                 "WHERE cat IN ('user_annotation', 'gpu_user_annotation')"
@@ -412,55 +497,50 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     )
 
 
-def _align_hosts(con: duckdb.DuckDBPyConnection, hosts: list[str | None]) -> list[int]:
+def _align_hosts(samples: list[pl.DataFrame], hosts: list[str | None]) -> list[int]:
     """Coarse clock alignment across hosts, before anything is matched by time; returns each file's offset.
 
     One collective ends at nearly the same instant on all its ranks, so between two hosts the differences of end
     times of same-named, same-size communication events pile up at the clock offset, while unrelated pairs spread
     out. Per host, the densest 100 us bin of those differences against the first host (one rank each, its first
-    2,000 events) gives the offset, the median inside it the value. finish() refines it by matched collectives and
-    Send/Recv pairs.
+    2,000 events: ``samples``, per file) gives the offset, the median inside it the value. finish() refines it by
+    matched collectives and Send/Recv pairs.
     """
     if len({h for h in hosts if h is not None}) < 2:
         return [0] * len(hosts)
+    con = duckdb.connect()
     con.register("file_host", pl.DataFrame({"f": range(len(hosts)), "host": hosts}).to_arrow())
-    shifts = dict(con.execute(f"""
-        WITH comm AS (
-            SELECT h.host, e.name, e.end_ns, coalesce(e.in_nelems, {FIRST_INPUT_NELEMS}) AS n,
-                   row_number() OVER (PARTITION BY e.f ORDER BY e.start_ns) AS k
-            FROM ev e JOIN file_host h USING (f)
-            WHERE e.f IN (SELECT min(f) FROM file_host GROUP BY host)
-              AND ((e.cat = 'kernel' AND regexp_matches(e.name, '^nccl')) OR starts_with(e.name, 'gloo:'))
-        ), ref AS (SELECT * FROM comm WHERE k <= 2000 AND host = (SELECT host FROM file_host ORDER BY f LIMIT 1)),
+    firsts = {hosts.index(h) for h in set(hosts)}
+    sampled = pl.concat([s.with_columns(pl.lit(f).alias("f")) for f, s in enumerate(samples) if f in firsts],
+                        how="vertical_relaxed")
+    con.register("sampled", sampled.to_arrow())
+    shifts = dict(con.execute("""
+        WITH comm AS (SELECT h.host, e.name, e.end_ns, e.n, e.k FROM sampled e JOIN file_host h USING (f)),
+        ref AS (SELECT * FROM comm WHERE host = (SELECT host FROM file_host ORDER BY f LIMIT 1)),
         diff AS (
             SELECT c.host, r.end_ns - c.end_ns AS d FROM comm c JOIN ref r ON c.name = r.name AND c.n = r.n
-            WHERE c.host <> r.host AND c.k <= 2000
+            WHERE c.host <> r.host
         ), best AS (
             SELECT host, arg_max(bin, n) AS bin FROM (
                 SELECT host, round(d / 1e5) AS bin, count(*) AS n FROM diff GROUP BY ALL) GROUP BY host
         )
         SELECT d.host, CAST(round(median(d.d)) AS BIGINT) FROM diff d JOIN best b USING (host)
         WHERE abs(d.d / 1e5 - b.bin) <= 1 GROUP BY d.host""").fetchall())
-    offsets = [int(shifts.get(h) or 0) for h in hosts]
-    for index, offset in enumerate(offsets):
-        if offset:
-            con.execute("UPDATE ev SET start_ns = start_ns + $o, end_ns = end_ns + $o WHERE f = $f",
-                        {"o": offset, "f": index})
-    return offsets
+    return [int(shifts.get(h) or 0) for h in hosts]
 
 
-def _device_steps(con: duckdb.DuckDBPyConnection, notes: list[str]) -> pl.DataFrame:
+def _device_steps(con: duckdb.DuckDBPyConnection) -> tuple[pl.DataFrame, StepLinks, int]:
     """ProfilerStep#N on the device (run_data.device_step_windows): each kernel / copy / memset belongs to the step
     whose CPU range on its process was open when the runtime call that launched it ran (correlation id, any thread:
     backward launches from autograd's thread); one without a recorded launch to the step of Kineto's own
-    gpu_user_annotation ProfilerStep#N range that holds it, if any, else to its stream's previous event's step."""
+    gpu_user_annotation ProfilerStep#N range that holds it, if any, else to its stream's previous event's step.
+    Returns the windows, how they were found, and how many ProfilerStep ranges were left out (unnumbered)."""
     markers = con.sql(
         f"""SELECT f AS rank, TRY_CAST(regexp_extract(name, '{_STEP}', 1) AS INTEGER) AS step, start_ns, end_ns
             FROM ev WHERE regexp_matches(name, '{_STEP}') AND cat IN ('user_annotation', 'cpu_op')"""
     ).pl()
-    if unnumbered := markers["step"].null_count():
-        notes.append(f"{unnumbered} ProfilerStep ranges left out: their step number does not fit an INTEGER")
-        markers = markers.drop_nulls("step")
+    unnumbered = markers["step"].null_count()
+    markers = markers.drop_nulls("step")
     events = con.sql(
         f"""WITH launch AS ({_LAUNCHES_SQL}), device_step AS (
             SELECT f, TRY_CAST(regexp_extract(name, '{_STEP}', 1) AS INTEGER) AS step, start_ns, end_ns FROM ev
@@ -472,4 +552,5 @@ def _device_steps(con: duckdb.DuckDBPyConnection, notes: list[str]) -> pl.DataFr
         FROM ev k LEFT JOIN launch l ON l.f = k.f AND l.corr = k.corr
         WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
     ).pl()
-    return launched_step_windows(events, markers, notes).rename({"rank": "f"})
+    windows, links = step_windows_of(events, markers)
+    return windows.rename({"rank": "f"}), links, unnumbered

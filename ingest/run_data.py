@@ -1,20 +1,33 @@
-"""What every ingester returns: one run's tables as Polars frames in the store schema (minus ``run_id``).
+"""What every ingester returns: one run's tables in the store schema (minus ``run_id``).
 
 Ingesters only parse; :func:`finish` applies the steps every format shares (layout coordinates, group
 dimensions, collective instance numbers) so that no ingester re-implements them.
+
+The compact tables (ranks, groups, collectives, steps) are Polars frames. The bulky per-event tables may instead be
+*spilled*: written as Parquet by the worker that parsed each file (:class:`Spill`), so that the run is never held in
+memory; the cross-rank steps then work on the collectives' own event times (``RunData.comm_events``) and record
+clock shifts per part, which the store adds as it streams the Parquet in.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import tempfile
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from traceana.errors import TraceanaError
 from traceana.ingest.communicators import attribute
 from traceana.layout import Layout, dim_from_name
+
+if TYPE_CHECKING:
+    from traceana.ingest.validate import Dropped
 
 # Column name -> Polars dtype, per table, in store order (run_id is added by the store).
 SCHEMAS: dict[str, dict[str, pl.DataType]] = {
@@ -46,6 +59,7 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
 TABLES = tuple(SCHEMAS)
 TIME_COLUMNS = {"device_events": ("start_ns", "end_ns", "launch_ns"), "annotations": ("start_ns", "end_ns"),
                 "steps": ("start_ns", "end_ns"), "memory": ("ts_ns",)}
+SPILLED = ("device_events", "annotations", "memory")  # the tables that grow with events: written per file
 
 
 def conform(table: str, frame: pl.DataFrame | None) -> pl.DataFrame:
@@ -58,9 +72,53 @@ def conform(table: str, frame: pl.DataFrame | None) -> pl.DataFrame:
     )
 
 
+class Spill:
+    """A folder of Parquet parts, ``<folder>/<table>/<key>.parquet``, each one input file's rows of a
+    :data:`SPILLED` table (store columns without ``rank``); ``parts`` (key, rank, shift) says whose rows each part
+    holds and the ns to add to their times. The folder is removed by :meth:`remove`, or when the object goes."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.parts = pl.DataFrame(schema={"key": pl.String(), "rank": pl.Int32(), "shift": pl.Int64()})
+        self._remove = weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)
+
+    def remove(self) -> None:
+        self._remove()
+
+    def glob(self, table: str) -> str | None:
+        """The Parquet files of ``table`` as a read_parquet pattern, or None when no part has rows of it."""
+        return str(self.folder / table / "*.parquet") if any((self.folder / table).glob("*.parquet")) else None
+
+    def select_sql(self, table: str, pattern: str) -> str:
+        """SELECT of ``table``'s store columns (without run_id) from its Parquet, ranked and shifted by ``parts``
+        (registered as ``spill_parts``)."""
+        cols = ["p.rank" if c == "rank" else f"t.{c} + p.shift AS {c}" if c in TIME_COLUMNS[table] else f"t.{c}"
+                for c in SCHEMAS[table]]
+        pattern = pattern.replace("'", "''")
+        return (f"SELECT {', '.join(cols)} FROM read_parquet('{pattern}', filename = true) t "
+                "JOIN spill_parts p ON p.key = parse_filename(t.filename, true)")
+
+
+def spill_part(folder: Path, table: str, key: str, frame: pl.DataFrame) -> None:
+    """One file's rows of ``table`` (store columns; ``rank`` comes from the parts) as part ``key`` of a Spill."""
+    if frame.is_empty():
+        return
+    (folder / table).mkdir(parents=True, exist_ok=True)
+    conform(table, frame).drop("rank").write_parquet(folder / table / f"{key}.parquet", compression="lz4",
+                                                     statistics=False)
+
+
+def spill_folder(near: Path) -> Path:
+    """A new empty folder for one ingest's Parquet parts next to ``near`` (the store), named after it."""
+    near.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{near.name}.ingest-{os.getpid()}-", dir=near.parent))
+
+
 @dataclass
 class RunData:
-    """One run, parsed. Frames may omit columns; :func:`conform` fills them when the store writes."""
+    """One run, parsed. Frames may omit columns; :func:`conform` fills them when the store writes. With a
+    :class:`Spill`, its tables are not in ``frames`` and ``comm_events`` holds the (rank, event_id, stream,
+    start_ns, end_ns) of the collectives' device events, all the cross-rank steps read of them."""
 
     source_format: str
     sources: list[str]
@@ -70,9 +128,33 @@ class RunData:
     notes: list[str] = field(default_factory=list)
     frames: dict[str, pl.DataFrame] = field(default_factory=dict)
     layout: Layout | None = None  # the user's --layout, else one the trace states (MindSpeed distributed_args)
+    spill: Spill | None = None
+    comm_events: pl.DataFrame | None = None
+    dropped: Dropped | None = None  # what validation left out of the rows spilled by the workers
 
     def table(self, name: str) -> pl.DataFrame:
+        """The whole table as a frame (for a spilled one, read back from its Parquet: tests and small runs)."""
+        if self.spill is not None and name in SPILLED:
+            pattern = self.spill.glob(name)
+            if pattern is None:
+                return conform(name, None)
+            import duckdb
+
+            with duckdb.connect() as con:
+                con.register("spill_parts", self.spill.parts.to_arrow())
+                return conform(name, con.sql(self.spill.select_sql(name, pattern)).pl())
         return conform(name, self.frames.get(name))
+
+    def device_times(self) -> pl.DataFrame:
+        """(rank, event_id, stream, start_ns, end_ns) of at least every collective's device event."""
+        if self.comm_events is not None:
+            return self.comm_events
+        return self.table("device_events").select("rank", "event_id", "stream", "start_ns", "end_ns")
+
+    def discard(self) -> None:
+        """Remove the spilled Parquet (the run is in the store, or will never be)."""
+        if self.spill is not None:
+            self.spill.remove()
 
 
 def finish(data: RunData, layout: Layout | None) -> RunData:
@@ -93,7 +175,7 @@ def finish(data: RunData, layout: Layout | None) -> RunData:
     stated = data.frames.get("collectives")
     if stated is not None and "group_size" in stated.columns:  # kept for the fingerprints, not stored
         coll = coll.with_columns(stated["group_size"].cast(pl.Int64))
-    coll, data.frames["process_groups"], notes = attribute(coll, data.table("device_events"), groups, layout,
+    coll, data.frames["process_groups"], notes = attribute(coll, data.device_times(), groups, layout,
                                                            data.world_size)
     data.frames["collectives"] = number_instances(coll)
     data.notes += notes
@@ -115,7 +197,7 @@ def instance_ends(data: RunData) -> pl.DataFrame:
     Send/Recv without a known peer are not paired and not used."""
     ops = data.table("collectives").filter(
         pl.col("instance").is_not_null() & (~pl.col("op").is_in(["Send", "Recv"]) | pl.col("peer").is_not_null()))
-    return (ops.join(data.table("device_events").select("rank", "event_id", "end_ns"), on=["rank", "event_id"])
+    return (ops.join(data.device_times().select("rank", "event_id", "end_ns"), on=["rank", "event_id"])
             .group_by("rank", "instance").agg(pl.col("end_ns").max()))
 
 
@@ -222,14 +304,25 @@ def align_ranks(data: RunData) -> None:
 
 
 def _shift_ranks(data: RunData, shift: pl.DataFrame) -> None:
-    """Add ``shift`` (rank, shift ns) to every time of those ranks and to their ``clock_offset_ns``."""
+    """Add ``shift`` (rank, shift ns) to every time of those ranks and to their ``clock_offset_ns``: in the frames
+    held here, and for spilled tables in the parts' shift, which the store adds as it reads them."""
     if shift.is_empty() or shift["shift"].abs().max() == 0:
         return
+
+    def shifted(frame: pl.DataFrame, columns: tuple[str, ...]) -> pl.DataFrame:
+        return frame.join(shift, on="rank", how="left").with_columns(
+            [pl.col(c) + pl.col("shift").fill_null(0) for c in columns]).drop("shift")
+
     for table, columns in TIME_COLUMNS.items():
-        frame = data.table(table)
-        if not frame.is_empty():
-            data.frames[table] = frame.join(shift, on="rank", how="left").with_columns(
-                [pl.col(c) + pl.col("shift").fill_null(0) for c in columns]).drop("shift")
+        if data.spill is None or table not in SPILLED:
+            frame = data.table(table)
+            if not frame.is_empty():
+                data.frames[table] = shifted(frame, columns)
+    if data.comm_events is not None:
+        data.comm_events = shifted(data.comm_events, ("start_ns", "end_ns"))
+    if data.spill is not None:
+        data.spill.parts = data.spill.parts.join(shift, on="rank", how="left", suffix="_by").select(
+            "key", "rank", pl.col("shift") + pl.col("shift_by").fill_null(0))
     data.frames["ranks"] = data.table("ranks").join(shift, on="rank", how="left").with_columns(
         (pl.col("clock_offset_ns").fill_null(0) + pl.col("shift").fill_null(0)).alias("clock_offset_ns")
     ).drop("shift")
@@ -335,29 +428,62 @@ def launch_steps(events: pl.DataFrame, markers: pl.DataFrame) -> pl.Series:
     return keyed.join(found, on="_row", how="left").sort("_row")["step"]
 
 
+@dataclass
+class StepLinks:
+    """How :func:`step_windows_of` found steps, counted so that ranks windowed apart (in workers) give the notes of
+    the whole run: whether some rank linked launches to steps, device events without a launch record, whether the
+    format has device-side step ranges, and the ranks whose steps are their markers' CPU ranges."""
+
+    linked: bool = False
+    unlaunched: int = 0
+    annotated: bool = False
+    unlinked: list[int] = field(default_factory=list)
+
+    def __add__(self, other: StepLinks) -> StepLinks:
+        return StepLinks(self.linked or other.linked, self.unlaunched + other.unlaunched,
+                         self.annotated or other.annotated, self.unlinked + other.unlinked)
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.linked:
+            note = "step windows on the device: each event in the step that launched it (correlation id), cut " \
+                   "where consecutive steps' work overlaps least"
+            if self.unlaunched:
+                by = "the profiler's device-side step ranges, else " if self.annotated else ""
+                note += f"; {self.unlaunched} events without a launch record placed by {by}their stream's previous " \
+                        "event"
+            out.append(note)
+        if self.unlinked:
+            out.append(f"no launch records on rank(s) {', '.join(map(str, sorted(set(self.unlinked))))}: steps "
+                       "there are the step markers' CPU ranges")
+        return out
+
+
 def launched_step_windows(events: pl.DataFrame, markers: pl.DataFrame, notes: list[str]) -> pl.DataFrame:
-    """Steps of a GPU run: device windows (:func:`device_step_windows`) on every rank where some device event's
-    launch (``launch_ns``, the runtime call's time; else the format's own device-side ``step``, if any) falls in a
-    step marker's CPU range; the marker ranges themselves on ranks without such links. Says which in ``notes``."""
+    """Steps of a GPU run (:func:`step_windows_of`), saying which in ``notes``."""
     if markers.is_empty() or events.is_empty():
         return markers
-    launched = launch_steps(events, markers)
+    windows, links = step_windows_of(events, markers)
+    notes += links.notes()
+    return windows
+
+
+def step_windows_of(events: pl.DataFrame, markers: pl.DataFrame) -> tuple[pl.DataFrame, StepLinks]:
+    """Steps of a GPU run: device windows (:func:`device_step_windows`) on every rank where some device event's
+    launch (``launch_ns``, the runtime call's time; else the format's own device-side ``step``, if any) falls in a
+    step marker's CPU range; the marker ranges themselves on ranks without such links."""
     annotated = events["step"] if "step" in events.columns else pl.Series("step", [None] * len(events), pl.Int64)
+    if markers.is_empty() or events.is_empty():  # (run apart, a rank's events without markers have no step)
+        return markers, StepLinks(unlaunched=events.height, annotated=annotated.is_not_null().any(),
+                                  unlinked=markers["rank"].unique().to_list())
+    launched = launch_steps(events, markers)
     events = events.with_columns(pl.coalesce(launched, annotated).alias("step"))
     linked = events.filter(~pl.col("step").is_in([_BEFORE, _AFTER]))["rank"].unique()
     windows = device_step_windows(events.filter(pl.col("rank").is_in(linked.implode())))
     rest = markers.filter(~pl.col("rank").is_in(linked.implode()))
-    if not linked.is_empty():
-        note = "step windows on the device: each event in the step that launched it (correlation id), cut where " \
-               "consecutive steps' work overlaps least"
-        if unlaunched := launched.null_count():
-            by = "the profiler's device-side step ranges, else " if annotated.is_not_null().any() else ""
-            note += f"; {unlaunched} events without a launch record placed by {by}their stream's previous event"
-        notes.append(note)
-    if not rest.is_empty():
-        notes.append(f"no launch records on rank(s) {', '.join(map(str, rest['rank'].unique().sort()))}: steps "
-                     "there are the step markers' CPU ranges")
-    return pl.concat([windows, rest.select(windows.columns)], how="vertical_relaxed")
+    links = StepLinks(not linked.is_empty(), launched.null_count(), annotated.is_not_null().any(),
+                      rest["rank"].unique().to_list())
+    return pl.concat([windows, rest.select(windows.columns)], how="vertical_relaxed"), links
 
 
 def device_step_windows(events: pl.DataFrame) -> pl.DataFrame:

@@ -8,6 +8,8 @@ that counts them; a rank that cannot be represented is a one-line error, since t
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
+from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -65,12 +67,62 @@ def rank_list(value: object, source: object, field: str) -> list[int]:
     return sorted(ranks)
 
 
-def validate(data: RunData) -> RunData:
-    """Drop the rows of ``data`` that no store row may be, with one note per table saying how many and why."""
+@dataclass
+class Dropped:
+    """What validation left out or read as unknown, counted, so that parts validated apart (each file in its worker)
+    add up to the notes the whole run validated at once gives."""
+
+    rows: dict[str, int] = field(default_factory=dict)  # table -> rows left out
+    reasons: dict[str, set[str]] = field(default_factory=dict)  # table -> why (labels of _conditions)
+    repeated: dict[str, int] = field(default_factory=dict)  # table -> rows repeating a key
+    sizes: int = 0  # collectives whose size was read as unknown
+    launches: int = 0  # device events whose launch time was read as unknown
+
+    def __add__(self, other: Dropped) -> Dropped:
+        def add(a: dict, b: dict) -> dict:
+            return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
+
+        reasons = {k: self.reasons.get(k, set()) | other.reasons.get(k, set())
+                   for k in {**self.reasons, **other.reasons}}
+        return Dropped(add(self.rows, other.rows), reasons, add(self.repeated, other.repeated),
+                       self.sizes + other.sizes, self.launches + other.launches)
+
+    def notes(self) -> list[str]:
+        out = []
+        for table in _ROW_TABLES:
+            if count := self.rows.get(table):
+                order = [label for _, label in _conditions(table, SCHEMAS[table])]
+                why = ", ".join(sorted(self.reasons[table], key=order.index))
+                out.append(f"{count} {table.replace('_', ' ')} rows left out ({why})")
+        for table, key in _KEYS.items():
+            if repeated := self.repeated.get(table):
+                out.append(f"{repeated} {table.replace('_', ' ')} rows repeat a {'/'.join(key)} of another; "
+                           "the first is kept")
+        if self.sizes:
+            out.append(f"{self.sizes} collectives have a message size outside 0 .. 2^50 bytes; read as unknown")
+        if self.launches:
+            out.append(f"{self.launches} device events have a launch time outside 0 .. 2^62 ns; read as unknown")
+        return out
+
+
+_ROW_TABLES = ("device_events", "annotations", "steps", "memory")
+_KEYS = {"process_groups": ["pg"], "steps": ["rank", "step"]}
+
+
+def validate(data: RunData, earlier: Dropped | None = None) -> RunData:
+    """Drop the rows of ``data`` that no store row may be, with one note per table saying how many and why (adding
+    what the workers that read its files dropped, ``earlier``)."""
+    data.notes += (check(data) + (earlier or Dropped())).notes()
+    return data
+
+
+def check(data: RunData) -> Dropped:
+    """:func:`validate` without the notes: the rows are dropped, the counts returned."""
+    dropped = Dropped()
     ranks = data.table("ranks")
     if (bad := ranks.filter((pl.col("rank") < 0) | pl.col("rank").is_null())).height:
         raise TraceanaError(f"{ranks['source'][0]}: rank {bad['rank'][0]} is not a rank (an integer 0 .. {MAX_RANK})")
-    for table in ("device_events", "annotations", "steps", "memory"):
+    for table in _ROW_TABLES:
         frame = data.frames.get(table)
         if frame is None or frame.is_empty():
             continue
@@ -79,63 +131,62 @@ def validate(data: RunData) -> RunData:
         if not reasons:
             continue
         bad = pl.any_horizontal([cond for cond, _ in reasons])
-        dropped = frame.filter(bad)
+        count = frame.select(bad.sum()).item()
         data.frames[table] = frame.filter(~bad)
-        why = ", ".join(label for _, label in reasons)
-        data.notes.append(f"{dropped.height} {table.replace('_', ' ')} rows left out ({why})")
-    for table, key in (("process_groups", ["pg"]), ("steps", ["rank", "step"])):
-        _unique(data, table, key)
+        dropped.rows[table] = count
+        dropped.reasons[table] = {label for _, label in reasons}
+    for table, key in _KEYS.items():
+        dropped.repeated[table] = _unique(data, table, key)
     _drop_orphans(data)
-    _unknown_sizes(data)
-    _unknown_launches(data)
-    return data
+    dropped.sizes = _unknown_sizes(data)
+    dropped.launches = _unknown_launches(data)
+    return dropped
 
 
-def _unknown_launches(data: RunData) -> None:
+def _unknown_launches(data: RunData) -> int:
     """A launch time no clock produces is read as unknown: the event itself is good, only the host call's time
     (optional: the idle and step analyses use it where present) is damaged."""
     events = data.frames.get("device_events")
     if events is None or "launch_ns" not in events.columns:
-        return
+        return 0
     absurd = ~pl.col("launch_ns").is_between(0, MAX_TIME_NS)
     if count := events.select(absurd.fill_null(False).sum()).item():
         data.frames["device_events"] = events.with_columns(
             pl.when(absurd).then(None).otherwise(pl.col("launch_ns")).alias("launch_ns"))
-        data.notes.append(f"{count} device events have a launch time outside 0 .. 2^62 ns; read as unknown")
+    return count
 
 
-def _unique(data: RunData, table: str, key: list[str]) -> None:
-    """Rows repeating a primary key (the same group id or step number twice) keep the first, with a note."""
+def _unique(data: RunData, table: str, key: list[str]) -> int:
+    """Rows repeating a primary key (the same group id or step number twice) keep the first."""
     frame = data.frames.get(table)
     if frame is None or frame.is_empty() or not set(key) <= set(frame.columns):
-        return
+        return 0
     unique = frame.unique(key, keep="first", maintain_order=True)
     if repeated := frame.height - unique.height:
         data.frames[table] = unique
-        data.notes.append(f"{repeated} {table.replace('_', ' ')} rows repeat a {'/'.join(key)} of another; "
-                          "the first is kept")
+    return repeated
 
 
-def _unknown_sizes(data: RunData) -> None:
+def _unknown_sizes(data: RunData) -> int:
     """A message size below 0 or above 2^50 bytes (uint64 -1 written as -1 and multiplied by the element size, or
     a product that wrapped) is no size a collective moves: it is read as unknown."""
     coll = data.frames.get("collectives")
     if coll is None or "bytes" not in coll.columns:
-        return
+        return 0
     absurd = ~pl.col("bytes").is_between(0, MAX_BYTES)
     if count := coll.select(absurd.fill_null(False).sum()).item():
         data.frames["collectives"] = coll.with_columns(pl.when(absurd).then(None).otherwise(pl.col("bytes"))
                                                        .alias("bytes"))
-        data.notes.append(f"{count} collectives have a message size outside 0 .. 2^50 bytes; read as unknown")
+    return count
 
 
-def _reasons(table: str, frame: pl.DataFrame) -> list[tuple[pl.Expr, str]]:
-    """(condition that makes a row unstorable, what to call it) for the conditions that hold on some row."""
+def _conditions(table: str, columns: Collection[str]) -> list[tuple[pl.Expr, str]]:
+    """(condition that makes a row unstorable, what to call it), for a frame of ``table`` with ``columns``."""
     conditions: list[tuple[pl.Expr, str]] = []
     for column in REQUIRED[table]:
         conditions.append((pl.col(column).is_null(), f"no {column}"))
     times = [c for c in TIME_COLUMNS[table] if c in REQUIRED[table]]  # launch_ns is optional: _unknown_launches
-    by = "rank" if "rank" in frame.columns else None
+    by = "rank" if "rank" in columns else None
     median = pl.col(times[0]).median().over(by) if by else pl.col(times[0]).median()
     conditions.append((pl.any_horizontal([~pl.col(c).is_between(0, MAX_TIME_NS) for c in times]),
                        "a time outside 0 .. 2^62 ns"))
@@ -143,10 +194,16 @@ def _reasons(table: str, frame: pl.DataFrame) -> list[tuple[pl.Expr, str]]:
                        "a time more than a day from the rank's others"))
     if "end_ns" in times:
         conditions.append((pl.col("end_ns") < pl.col("start_ns"), "end before start"))
-    if "rank" in frame.columns:
+    if "rank" in columns:
         conditions.append((pl.col("rank").is_null(), "no rank"))
     if table == "steps":  # numbers from marker names ("ProfilerStep#99999999999") must fit the store's INTEGER
         conditions.append((~pl.col("step").is_between(0, MAX_RANK), "a step number outside 0 .. 2^31"))
+    return conditions
+
+
+def _reasons(table: str, frame: pl.DataFrame) -> list[tuple[pl.Expr, str]]:
+    """The :func:`_conditions` that hold on some row of ``frame``."""
+    conditions = _conditions(table, frame.columns)
     present = frame.select([cond.fill_null(False).any().alias(str(i)) for i, (cond, _) in enumerate(conditions)])
     return [(cond.fill_null(False), label) for (cond, label), hit in zip(conditions, present.row(0), strict=True)
             if hit]

@@ -58,14 +58,17 @@ def ingest(
             raise TraceanaError(f"--step-marker {step_marker!r}: not a regular expression ({exc})") from None
     store.check_path(db)
     options = IngestOptions(layout=parsed_layout, step_marker=step_marker, rules=load_rules(rules), jobs=jobs,
-                            cache_dir=db.resolve().parent / ".traceana-cache")
+                            cache_dir=db.resolve().parent / ".traceana-cache", spill_near=db.resolve())
     with ingest_progress() as bar:
         options.progress = bar
         data = read_run(paths, fmt, options)
         rid = run_id or default_run_id(paths)
         bar.phase(f"writing run {rid} to {db}")
         with store.connect(db) as con:
-            store.write_run(con, rid, data)
+            try:
+                store.write_run(con, rid, data)
+            finally:
+                data.discard()
             counts = con.execute(
                 "SELECT (SELECT count(*) FROM ranks WHERE run_id=$r), (SELECT count(*) FROM device_events WHERE "
                 "run_id=$r), (SELECT count(*) FROM collectives WHERE run_id=$r), (SELECT count(*) FROM steps WHERE "

@@ -201,8 +201,9 @@ def transaction(con: duckdb.DuckDBPyConnection, *schema: str) -> Iterator[None]:
 
 
 def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData) -> None:
-    """Replace run ``run_id`` with ``data`` in one transaction: all of it or none of it."""
-    from traceana.ingest.run_data import TABLES, conform
+    """Replace run ``run_id`` with ``data`` in one transaction: all of it or none of it. Spilled tables stream from
+    their Parquet parts (ranked and clock-shifted on the way in), never held in memory whole."""
+    from traceana.ingest.run_data import SCHEMAS, SPILLED, TABLES, conform
 
     with transaction(con):
         for table in ("runs", *TABLES):
@@ -213,7 +214,14 @@ def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData) -> Non
              data.world_size, data.layout.spec if data.layout else None, data.tool_version, data.rank_source,
              data.notes],
         )
+        if data.spill is not None:
+            con.register("spill_parts", data.spill.parts.to_arrow())
         for table in TABLES:
+            if data.spill is not None and table in SPILLED:
+                if pattern := data.spill.glob(table):
+                    con.execute(f"INSERT INTO {table} (run_id, {', '.join(SCHEMAS[table])}) SELECT ?, * FROM "
+                                f"({data.spill.select_sql(table, pattern)})", [run_id])
+                continue
             frame = conform(table, data.frames.get(table))
             if frame.is_empty():
                 continue
