@@ -2,8 +2,11 @@
 hta_rank3of8_6steps), written by `traceana synth`, ingested by `traceana ingest`, then the breakdown and stragglers
 commands; and a command's fixed cost (`--help`, `runs`).
 
-Each step runs as its own process, timed wall-clock, with its peak RSS from os.wait4. Prints one table. Run:
+Each step runs as its own process, timed wall-clock, with its peak RSS from os.wait4 (the largest single process);
+for the ingest also the main process's own peak and the largest worker's (VmHWM, polled from /proc). Prints one
+table. Run:
     .venv/bin/python benchmarks/bench_scale.py --ranks 16,64,256 [--steps 8 --kernel-us 3] [--workdir DIR]
+    .venv/bin/python benchmarks/bench_scale.py --traces DIR [--workdir DIR]   (an existing synth folder's traces/)
 The work folder (default: a temporary one) holds the traces and stores; it is removed unless --keep is given.
 """
 
@@ -16,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -27,13 +31,46 @@ TRACEANA = [sys.executable, "-m", "traceana"]
 def measure(command: list[str]) -> tuple[float, float, float]:
     """(wall seconds, CPU seconds, peak RSS MiB) of one command: the CPU time counts the worker processes it waited
     for; the RSS is its largest single process."""
+    return measure_tree(command)[:3]
+
+
+def _peaks(pid: int, found: dict[int, int]) -> None:
+    """Record the peak RSS (VmHWM, KiB) of ``pid`` and its descendants into ``found``."""
+    try:
+        found[pid] = max(found.get(pid, 0), int(next(
+            line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            if line.startswith("VmHWM"))))
+        children = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                    for c in (task / "children").read_text().split()]
+    except (OSError, StopIteration, ValueError):
+        return
+    for child in children:
+        _peaks(child, found)
+
+
+def measure_tree(command: list[str]) -> tuple[float, float, float, float, float]:
+    """measure(), plus the peak RSS MiB of the command's own process and of its largest descendant (a worker),
+    polled every 0.2 s (0 where it has none)."""
     began = time.perf_counter()
     child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    found: dict[int, int] = {}
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.wait(0.2):
+            _peaks(child.pid, found)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
     _, status, usage = os.wait4(child.pid, 0)
+    done.set()
+    poller.join()
     wall = time.perf_counter() - began
     if status:
         raise SystemExit(f"{' '.join(command)} failed:\n{child.stderr.read().decode()}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+    workers = [kib for pid, kib in found.items() if pid != child.pid]
+    return (wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, found.get(child.pid, 0) / 1024,
+            max(workers, default=0) / 1024)
 
 
 def run(*args: object) -> tuple[float, float, float]:
@@ -66,6 +103,7 @@ def main() -> None:
     parser.add_argument("--ranks", default="16,64,256")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--kernel-us", type=float, default=3.0)
+    parser.add_argument("--traces", type=Path, help="ingest this folder of Kineto traces instead of synthesizing")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
@@ -74,23 +112,32 @@ def main() -> None:
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}; load average {os.getloadavg()[0]:.1f} at start")
     header = (f"{'ranks':>6}{'GB':>7}{'events':>13}{'synth s':>9}{'synth MB/s':>11}{'ingest s':>10}"
-              f"{'MB/s':>7}{'events/s':>11}{'peak RSS MiB':>13}{'breakdown s':>12}{'stragglers s':>13}")
+              f"{'MB/s':>7}{'events/s':>11}{'peak RSS MiB':>13}{'main MiB':>9}{'worker MiB':>11}{'breakdown s':>12}"
+              f"{'stragglers s':>13}")
     rows = []
     try:
-        for ranks in map(int, args.ranks.split(",")):
+        for ranks in [len(list(args.traces.iterdir()))] if args.traces else map(int, args.ranks.split(",")):
             out, db = work / f"r{ranks}", work / f"r{ranks}.duckdb"
-            shutil.rmtree(out, ignore_errors=True)
             db.unlink(missing_ok=True)
-            synth = run("synth", CONFIG, out, "--ranks", ranks, "--steps", args.steps, "--kernel-us", args.kernel_us)
-            size, events = lines(out / "traces")
-            ingest = run("ingest", out / "traces", "--db", db, "--layout", f"tp=2,dp={ranks // 4},pp=2")
+            if args.traces:
+                traces, synth = args.traces, (float("nan"),) * 3
+            else:
+                shutil.rmtree(out, ignore_errors=True)
+                synth = run("synth", CONFIG, out, "--ranks", ranks, "--steps", args.steps, "--kernel-us",
+                            args.kernel_us)
+                traces = out / "traces"
+            size, events = lines(traces)
+            ingest = measure_tree([*TRACEANA, "ingest", str(traces), "--db", str(db), "--layout",
+                                   f"tp=2,dp={ranks // 4},pp=2"])
             breakdown = run("breakdown", "--db", db, "--json")
             stragglers = run("stragglers", "--db", db, "--json")
             rows.append(f"{ranks:>6}{size / 1e9:>7.2f}{events:>13,}{synth[0]:>9.1f}{size / 1e6 / synth[0]:>11.0f}"
                         f"{ingest[0]:>10.1f}{size / 1e6 / ingest[0]:>7.1f}{events / ingest[0]:>11,.0f}"
-                        f"{ingest[2]:>13,.0f}{breakdown[0]:>12.1f}{stragglers[0]:>13.1f}")
+                        f"{ingest[2]:>13,.0f}{ingest[3]:>9,.0f}{ingest[4]:>11,.0f}{breakdown[0]:>12.1f}"
+                        f"{stragglers[0]:>13.1f}")
             print(header if len(rows) == 1 else "", rows[-1], sep="\n" if len(rows) == 1 else "", flush=True)
-            shutil.rmtree(out)
+            if not args.traces:
+                shutil.rmtree(out)
         print(f"\n{'command fixed cost':<20}{'wall s':>8}{'CPU s':>8}   (best of 5)")
         for label, wall, cpu in fixed_cost(db):
             print(f"{label:<20}{wall:>8.2f}{cpu:>8.2f}")

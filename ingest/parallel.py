@@ -1,9 +1,11 @@
-"""Per-file parsing in worker processes (`traceana ingest --jobs N`): results come back in file order.
+"""Per-file work in worker processes (`traceana ingest --jobs N`): results come back in file order.
 
 Workers are spawned (not forked: the parent may hold DuckDB threads), so the function they run must be importable
-at module level and its results picklable: Kineto hands its rows over as an Arrow IPC stream (:func:`to_ipc`), nsys
-its frames pickled (which Polars does as IPC). A worker's TraceanaError ends the whole ingest with that one line;
-nothing is written, since the store is written only after every file is read.
+at module level and its results picklable. Kineto's (kineto.parse_file) does all of one file's work and writes its
+per-event tables as Parquet into the ingest's spill folder, returning only the small rest (a CPU-only file also its
+rows, as an Arrow IPC stream: :func:`to_ipc`); nsys returns its frames pickled (which Polars does as IPC). A
+worker's TraceanaError ends the whole ingest with that one line; nothing is written, since the store is written only
+after every file is read, and the spill folder is removed.
 """
 
 from __future__ import annotations

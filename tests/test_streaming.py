@@ -1,0 +1,89 @@
+"""The streaming ingest (issue 12): each Kineto file is read on its own and its per-event tables wait as Parquet
+beside the store until the store write streams them in. The folder they wait in goes away in every outcome, and
+what files validated apart report adds up to what the whole run validated at once reports."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.conftest import TRACES, run_main
+from traceana import store
+from traceana.errors import TraceanaError
+from traceana.ingest.dispatch import IngestOptions, read_run
+from traceana.ingest.run_data import RunData
+from traceana.ingest.validate import Dropped, check, validate
+
+SAMPLED = sorted((TRACES / "kineto").glob("hta_sampled_rank*.json.gz"))
+
+
+def spill_folders(folder: Path) -> list[Path]:
+    return [p for p in folder.iterdir() if ".ingest-" in p.name]
+
+
+def test_a_gpu_run_keeps_only_its_compact_tables_in_memory(tmp_path: Path) -> None:
+    data = read_run(SAMPLED, "kineto", IngestOptions(spill_near=tmp_path / "s.duckdb"))
+    assert data.spill is not None and not {"device_events", "annotations", "memory"} & set(data.frames)
+    (folder,) = spill_folders(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == ["annotations", "device_events"]  # no memory samples
+    assert len(list((folder / "device_events").iterdir())) == len(SAMPLED)  # one part per file
+    # the cross-rank steps saw every collective's event, with the times the store gets
+    events = data.table("device_events").join(data.table("collectives").select("rank", "event_id"),
+                                              on=["rank", "event_id"], how="semi")
+    assert events.select("rank", "event_id", "stream", "start_ns", "end_ns").sort("rank", "event_id").equals(
+        data.comm_events.sort("rank", "event_id"))
+    assert len(events) == len(data.table("collectives")) > 0
+    data.discard()
+    assert not folder.exists()
+
+
+def test_the_spill_folder_goes_when_the_ingest_succeeds_or_fails(tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for path in SAMPLED:
+        shutil.copy(path, traces)
+    db = tmp_path / "store.duckdb"
+    assert run_main("ingest", traces, "--db", db, "--jobs", "2")[0] == 0
+    assert spill_folders(tmp_path) == []
+    broken = traces / "rank9.json"
+    broken.write_text('{"traceEvents": [{"ph": "X", "name": "k", "ts": 1, "dur": ')
+    code, _, err = run_main("ingest", traces, "--db", tmp_path / "other.duckdb", "--jobs", "2")
+    assert code != 0 and f"{broken}: not a readable Kineto trace" in err
+    assert spill_folders(tmp_path) == [] and not (tmp_path / "other.duckdb").exists()
+
+
+def test_the_spill_folder_goes_when_the_store_write_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Path] = []
+
+    def failing(con: object, run_id: str, data: RunData) -> None:
+        assert data.spill is not None
+        seen.append(data.spill.folder)
+        raise TraceanaError("disk full (simulated)")
+
+    monkeypatch.setattr(store, "write_run", failing)
+    code, _, err = run_main("ingest", *SAMPLED, "--db", tmp_path / "s.duckdb")
+    assert code != 0 and "disk full (simulated)" in err
+    assert seen and not seen[0].exists() and spill_folders(tmp_path) == []
+
+
+def test_files_validated_apart_add_up_to_the_whole_runs_notes() -> None:
+    """Rank 0 has an event without a name, rank 1 one that ends before it starts and a repeated step: validated
+    whole, one note per table naming both reasons; validated per rank and summed, the same notes."""
+    events = pl.DataFrame({"rank": [0, 0, 1, 1], "event_id": [0, 1, 0, 1], "start_ns": [10, 20, 10, 30],
+                           "end_ns": [15, 25, 15, 20], "name": [None, "k", "k", "k"], "category": ["compute"] * 4})
+    steps = pl.DataFrame({"rank": [0, 1, 1], "step": [1, 1, 1], "start_ns": [0, 0, 5], "end_ns": [40, 40, 40]})
+
+    def run(ranks: list[int]) -> RunData:
+        return RunData("kineto", ["hand"], 2, frames={
+            "ranks": pl.DataFrame({"rank": ranks, "source": ["hand"] * len(ranks)}),
+            "device_events": events.filter(pl.col("rank").is_in(ranks)),
+            "steps": steps.filter(pl.col("rank").is_in(ranks))})
+
+    whole = validate(run([0, 1])).notes
+    assert whole == ["2 device events rows left out (no name, end before start)",
+                     "1 steps rows repeat a rank/step of another; the first is kept"]
+    parts = check(run([1])) + check(run([0]))
+    assert isinstance(parts, Dropped) and parts.notes() == whole
