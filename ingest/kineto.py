@@ -392,8 +392,11 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         workers = worker_count(options.jobs, files)
         task = functools.partial(parse_file, rules=options.rules, spill=spill.folder,
                                  threads=max(1, (os.cpu_count() or 1) // workers))
+        hosts = [_host_of(f) for f in files]
         parsed = []
-        for file, part in zip(files, map_files(task, files, workers), strict=True):
+        for index, (file, part) in enumerate(zip(files, map_files(task, files, workers), strict=True)):
+            if hosts.index(hosts[index]) != index:  # only each host's first file serves the clock alignment
+                part.samples = part.samples.clear()
             parsed.append(part)
             options.progress.read(file)
         return _run(files, parsed, spill, options)
