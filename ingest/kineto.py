@@ -507,28 +507,20 @@ def _align_hosts(samples: list[pl.DataFrame], hosts: list[str | None]) -> list[i
     times of same-named, same-size communication events pile up at the clock offset, while unrelated pairs spread
     out. Per host, the densest 100 us bin of those differences against the first host (one rank each, its first
     2,000 events: ``samples``, per file) gives the offset, the median inside it the value. finish() refines it by
-    matched collectives and Send/Recv pairs.
+    matched collectives and Send/Recv pairs. A host sharing no such event with the first keeps offset 0.
     """
-    if len({h for h in hosts if h is not None}) < 2:
+    if len({h for h in hosts if h is not None}) < 2 or hosts[0] is None:
         return [0] * len(hosts)
     con = duckdb.connect()
-    con.register("file_host", pl.DataFrame({"f": range(len(hosts)), "host": hosts}).to_arrow())
-    firsts = {hosts.index(h) for h in set(hosts)}
-    sampled = pl.concat([s.with_columns(pl.lit(f).alias("f")) for f, s in enumerate(samples) if f in firsts],
-                        how="vertical_relaxed")
-    con.register("sampled", sampled.to_arrow())
-    shifts = dict(con.execute("""
-        WITH comm AS (SELECT h.host, e.name, e.end_ns, e.n, e.k FROM sampled e JOIN file_host h USING (f)),
-        ref AS (SELECT * FROM comm WHERE host = (SELECT host FROM file_host ORDER BY f LIMIT 1)),
-        diff AS (
-            SELECT c.host, r.end_ns - c.end_ns AS d FROM comm c JOIN ref r ON c.name = r.name AND c.n = r.n
-            WHERE c.host <> r.host
-        ), best AS (
-            SELECT host, arg_max(bin, n) AS bin FROM (
-                SELECT host, round(d / 1e5) AS bin, count(*) AS n FROM diff GROUP BY ALL) GROUP BY host
-        )
-        SELECT d.host, CAST(round(median(d.d)) AS BIGINT) FROM diff d JOIN best b USING (host)
-        WHERE abs(d.d / 1e5 - b.bin) <= 1 GROUP BY d.host""").fetchall())
+    con.register("ref", samples[0].to_arrow())
+    shifts = {}
+    for host in dict.fromkeys(h for h in hosts if h not in (None, hosts[0])):  # one host at a time: memory
+        con.register("comm", samples[hosts.index(host)].to_arrow())
+        shifts[host] = con.execute("""
+            WITH diff AS (SELECT r.end_ns - c.end_ns AS d FROM comm c JOIN ref r ON c.name = r.name AND c.n = r.n),
+            best AS (SELECT arg_max(bin, n) AS bin FROM (SELECT round(d / 1e5) AS bin, count(*) AS n FROM diff
+                                                          GROUP BY ALL))
+            SELECT CAST(round(median(d)) AS BIGINT) FROM diff, best WHERE abs(d / 1e5 - bin) <= 1""").fetchall()[0][0]
     return [int(shifts.get(h) or 0) for h in hosts]
 
 
