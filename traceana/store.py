@@ -216,11 +216,13 @@ def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData) -> Non
         )
         if data.spill is not None:
             con.register("spill_parts", data.spill.parts.to_arrow())
+            with _bounded_memory(con):
+                for table in SPILLED:
+                    if pattern := data.spill.glob(table):
+                        con.execute(f"INSERT INTO {table} (run_id, {', '.join(SCHEMAS[table])}) SELECT ?, * FROM "
+                                    f"({data.spill.select_sql(table, pattern)})", [run_id])
         for table in TABLES:
             if data.spill is not None and table in SPILLED:
-                if pattern := data.spill.glob(table):
-                    con.execute(f"INSERT INTO {table} (run_id, {', '.join(SCHEMAS[table])}) SELECT ?, * FROM "
-                                f"({data.spill.select_sql(table, pattern)})", [run_id])
                 continue
             frame = conform(table, data.frames.get(table))
             if frame.is_empty():
@@ -228,6 +230,18 @@ def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData) -> Non
             arrow = frame.to_arrow()  # noqa: F841  (DuckDB reads the local by name)
             columns = ", ".join(frame.columns)
             con.execute(f"INSERT INTO {table} (run_id, {columns}) SELECT ?, {columns} FROM arrow", [run_id])
+
+
+@contextmanager
+def _bounded_memory(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """DuckDB's buffer pool capped at 256 MiB per thread (512 MiB at least) while a spilled run streams in: by
+    default it may keep up to 80 % of RAM of written blocks cached, and a large run's insert would take that much."""
+    (limit, threads), = con.execute("SELECT current_setting('memory_limit'), current_setting('threads')").fetchall()
+    con.execute(f"SET memory_limit = '{max(512, 256 * int(threads))}MiB'")
+    try:
+        yield
+    finally:
+        con.execute(f"SET memory_limit = '{limit}'")
 
 
 def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None) -> str:
