@@ -145,7 +145,8 @@ class Options:
 
 @dataclass
 class Template:
-    """One stage's step as ops in issue order (main chain first, then pipeline transfers), times in ns."""
+    """One stage's step as ops in issue order (main chain first, then pipeline transfers in stream order), times in
+    ns."""
 
     code: np.ndarray      # COMPUTE / COLLECTIVE / SEND / RECV
     plan: np.ndarray      # planned start, relative to the step start
@@ -156,6 +157,8 @@ class Template:
     cpu_op: np.ndarray    # index into Plan.names: the CPU op that launches it
     nelems: np.ndarray
     peer_stage: np.ndarray  # transfers: the other stage
+    link: np.ndarray        # a Send: the main op whose end issues it; a Recv: the main op that waits for it; or -1
+    transfer: np.ndarray    # transfers: the pair's number (a Send and its Recv share it), -1 for main-chain ops
 
 
 @dataclass
@@ -196,6 +199,17 @@ class Plan:
         return np.array([[c[d] for d in ("tp", "cp", "ep", "dp", "pp")] for c in map(self.layout.coords,
                                                                                    range(self.world))])
 
+    @cached_property
+    def pipelines(self) -> np.ndarray:
+        """pipelines x pp: each row one pipeline (PP group), its rank on every stage."""
+        return np.array(self.groups["PP"])
+
+    def peers(self, ranks: np.ndarray, stage: int) -> np.ndarray:
+        """The rank on ``stage`` of each of ``ranks``' pipeline."""
+        row = np.empty(self.world, dtype=np.int64)
+        row[self.pipelines] = np.arange(len(self.pipelines))[:, None]
+        return self.pipelines[row[ranks], stage]
+
     def host_of(self, rank: int) -> int:
         return rank // self.options.ranks_per_host
 
@@ -213,10 +227,12 @@ class Plan:
         return out
 
     def stage_traces(self) -> Iterator[RankTrace]:
-        """Every rank's ops, one stage at a time (rank order within a stage)."""
+        """Every rank's ops, one stage at a time (rank order within a stage): the stages are coupled step by step
+        through their pipeline transfers, then each is replayed on its own."""
         groups = self.process_groups()
-        for stage, template in enumerate(self.templates):
-            yield from _simulate_stage(self, stage, template, groups)
+        stages = [_Stage(self, s, groups) for s in range(len(self.templates))]
+        for stage, transfers in zip(stages, _couple(self, stages), strict=True):
+            yield from _replay(self, stage, transfers)
 
 
 def _with_ranks(cfg: Config, ranks: int | None) -> Config:
@@ -287,39 +303,48 @@ def _templates(frame: pl.DataFrame, cfg: Config, options: Options, names: dict[s
               "PP": activation}
     kernel_ns = options.kernel_us * 1e3
     rows = frame.filter(~pl.col("kind").is_in(["BUBBLE"]))
-    transfers = _transfers(frame)
-    templates = []
+    chains: list[list[tuple]] = []   # per stage: the main chain's ops
+    owners: list[list[tuple]] = []   # per stage and op: (kind, micro_batch) of the pass it plays
     for stage in range(p.pp):
-        ops: list[tuple] = []  # code, plan, dur, dim, name, cpu_op, nelems, peer_stage
+        ops, owner = [], []
         main = rows.filter((pl.col("stage") == stage) & (pl.col("kind") != "P2P")).sort("t0")
         for piece in _passes(main.select("kind", "micro_batch", "t0", "t1").rows()):
-            ops += _play_pass(piece, options.rounds, kernel_ns, nelems, intern)
+            played = _play_pass(piece, options.rounds, kernel_ns, nelems, intern)
+            ops += played
+            owner += [piece[0][:2]] * len(played)
+        chains.append(ops)
+        owners.append(owner)
+    sides: list[list[tuple]] = [[] for _ in range(p.pp)]
+    for tid, (receiver, sender, mb, t0, t1) in enumerate(_transfers(frame)):
+        producer = _producer(chains[sender], t0)
+        kind = "F" if producer >= 0 and owners[sender][producer][0] == "F" else "B"
+        consumer = _consumer(chains[receiver], owners[receiver], (kind, mb), t1) if producer >= 0 else -1
+        for stage, code, peer, link in ((sender, SEND, receiver, producer), (receiver, RECV, sender, consumer)):
+            spec = COLLECTIVES["SEND" if code == SEND else "RECV"]
+            sides[stage].append((code, t0, t1 - t0, DIMS.index("PP"), intern(spec.kernel), intern(spec.cpu_op),
+                                 nelems["PP"], peer, link, tid))
+    templates = []
+    for ops, side in zip(chains, sides, strict=True):
         chain_end = np.array([o[1] + o[2] for o in ops])
         chained = np.zeros(len(ops), dtype=bool)
         if len(ops) > 1:
             chained[1:] = np.abs(np.array([o[1] for o in ops[1:]]) - chain_end[:-1]) < 1
-        side = []
-        for receiver, sender, t0, t1 in transfers:
-            if stage in (receiver, sender):
-                spec = COLLECTIVES["RECV" if stage == receiver else "SEND"]
-                side.append((RECV if stage == receiver else SEND, t0, t1 - t0, DIMS.index("PP"),
-                             intern(spec.kernel), intern(spec.cpu_op), nelems["PP"],
-                             sender if stage == receiver else receiver))
-        table = ops + side
-        arrays = list(zip(*table, strict=True)) if table else [()] * 8
+        table = [(*o, -1, -1) for o in ops] + sorted(side, key=lambda o: (o[1], o[9]))  # pipeline stream order
+        arrays = list(zip(*table, strict=True)) if table else [()] * 10
         templates.append(Template(
             code=np.array(arrays[0], dtype=np.int8), plan=np.array(arrays[1], dtype=np.int64),
             dur=np.array(arrays[2], dtype=np.int64), chained=np.concatenate([chained, np.zeros(len(side), bool)]),
             dim=np.array(arrays[3], dtype=np.int8), name=np.array(arrays[4], dtype=np.int32),
             cpu_op=np.array(arrays[5], dtype=np.int32), nelems=np.array(arrays[6], dtype=np.int64),
-            peer_stage=np.array(arrays[7], dtype=np.int32)))
+            peer_stage=np.array(arrays[7], dtype=np.int32), link=np.array(arrays[8], dtype=np.int32),
+            transfer=np.array(arrays[9], dtype=np.int32)))
     return templates
 
 
-def _transfers(frame: pl.DataFrame) -> list[tuple[int, int, int, int]]:
-    """(receiver, sender, t0, t1) of each pipeline transfer: the sender is the stage whose pass of the same
-    micro-batch ended when the transfer started."""
-    p2p = frame.filter(pl.col("kind") == "P2P").select("stage", "micro_batch", "t0", "t1").rows()
+def _transfers(frame: pl.DataFrame) -> list[tuple[int, int, int, int, int]]:
+    """(receiver, sender, micro_batch, t0, t1) of each pipeline transfer, in planned order: the sender is the stage
+    whose pass of the same micro-batch ended when the transfer started."""
+    p2p = frame.filter(pl.col("kind") == "P2P").sort("t0").select("stage", "micro_batch", "t0", "t1").rows()
     passes = frame.filter(~pl.col("kind").is_in(["P2P", "BUBBLE"]) & (pl.col("micro_batch") >= 0))
     ends = {(mb, t1): s for s, mb, t1 in passes.select("stage", "micro_batch", "t1").rows()}
     out = []
@@ -328,8 +353,21 @@ def _transfers(frame: pl.DataFrame) -> list[tuple[int, int, int, int]]:
         if sender is None:  # rounding put the end one ns away
             sender = next((s for (m, t), s in ends.items() if m == mb and abs(t - t0) <= 2 and s != stage), None)
         if sender is not None and sender != stage:
-            out.append((stage, sender, t0, t1))
+            out.append((stage, sender, mb, t0, t1))
     return out
+
+
+def _producer(chain: list[tuple], t0: int) -> int:
+    """The sender's op whose end issues a transfer planned at ``t0``: the last main-chain op ending by then (-1:
+    none)."""
+    done = np.flatnonzero(np.array([o[1] + o[2] for o in chain]) <= t0 + 2)
+    return int(done[-1]) if done.size else -1
+
+
+def _consumer(chain: list[tuple], owner: list[tuple], need: tuple[str, int], t1: int) -> int:
+    """The receiver's op that needs a transfer planned to end at ``t1``: the first op, from then on, of a pass
+    ``need`` (F for activations, B for gradients, and the micro-batch; -1: none)."""
+    return next((i for i, (o, w) in enumerate(zip(chain, owner, strict=True)) if w == need and o[1] >= t1 - 2), -1)
 
 
 def _passes(rows: list[tuple]) -> Iterator[list[tuple]]:
@@ -379,68 +417,145 @@ def _share(total: int, parts: int, i: int) -> int:
     return total * (i + 1) // parts - total * i // parts
 
 
-def _simulate_stage(plan: Plan, stage: int, tpl: Template, groups: list[dict]) -> Iterator[RankTrace]:
-    """Play one stage's template for every step on all its ranks at once (arrays ranks x ops)."""
-    options = plan.options
-    ranks = plan.stage_ranks(stage)
-    n, k = len(ranks), len(tpl.code)
-    local = {int(r): i for i, r in enumerate(ranks)}
-    # per dim: each stage rank's group (local index of its first member) and pg name
-    leader = np.tile(np.arange(n), (len(DIMS), 1))
-    pg_of = np.full((len(DIMS), n), -1)
-    for g in groups:
-        members = [local[r] for r in g["ranks"] if r in local]
-        d = DIMS.index(g["dim"])
-        pg_of[d, members] = int(g["pg"])
-        if len(members) == len(g["ranks"]):  # every group but PP lies inside one stage
-            leader[d, members] = members[0]
-    rng = np.random.default_rng([options.seed, 2, stage])
-    slow = plan.slow[ranks][:, None]
-    main = np.flatnonzero(tpl.code <= COLLECTIVE)
-    side = np.flatnonzero(tpl.code >= SEND)
-    blocks = [i for i in main if tpl.code[i] == COLLECTIVE or not tpl.chained[i]]
-    bounds = [*blocks, main[-1] + 1] if len(main) else [0]
-    start = np.empty((n, options.steps, k), dtype=np.int64)
-    end = np.empty((n, options.steps, k), dtype=np.int64)
-    is_compute = tpl.code == COMPUTE
-    for step in range(options.steps):
-        t_step = step * plan.period_ns
-        z = rng.standard_normal((n, k))
-        for d in range(len(DIMS)):  # a collective's transfer time is drawn once per group instance
+class _Stage:
+    """One pipeline stage's ranks playing its template, one step at a time, as arrays ranks x ops. The main chain
+    runs in blocks: an op that waits for something (a collective's last member, its planned time after a gap, a
+    pipeline transfer), then the ops chained to it."""
+
+    def __init__(self, plan: Plan, index: int, groups: list[dict]) -> None:
+        tpl = plan.templates[index]
+        self.plan, self.index, self.tpl = plan, index, tpl
+        self.ranks = plan.stage_ranks(index)
+        n = len(self.ranks)
+        local = {int(r): i for i, r in enumerate(self.ranks)}
+        # per dim: each stage rank's group (local index of its first member) and pg name
+        self.leader = np.tile(np.arange(n), (len(DIMS), 1))
+        self.pg_of = np.full((len(DIMS), n), -1)
+        for g in groups:
+            members = [local[r] for r in g["ranks"] if r in local]
+            d = DIMS.index(g["dim"])
+            self.pg_of[d, members] = int(g["pg"])
+            if len(members) == len(g["ranks"]):  # every group but PP lies inside one stage
+                self.leader[d, members] = members[0]
+        main = np.flatnonzero(tpl.code <= COLLECTIVE)
+        self.side = np.flatnonzero(tpl.code >= SEND)
+        self.waits = np.full(len(tpl.code), -1)  # main op -> the column in self.side of the Recv it waits for
+        recv = np.flatnonzero((tpl.code[self.side] == RECV) & (tpl.link[self.side] >= 0))
+        self.waits[tpl.link[self.side[recv]]] = recv
+        heads = [i for i in main if tpl.code[i] == COLLECTIVE or not tpl.chained[i] or self.waits[i] >= 0]
+        self.blocks = list(itertools.pairwise([*heads, main[-1] + 1])) if len(main) else []
+
+    def durations(self, step: int) -> np.ndarray:
+        """Every op's length on every rank in ``step``: jittered (a collective's once per group instance), the
+        straggler's compute slowed down. Seeded by stage and step, so that a replay draws the same."""
+        tpl, options = self.tpl, self.plan.options
+        z = np.random.default_rng([options.seed, 2, self.index, step]).standard_normal((len(self.ranks), len(tpl.code)))
+        is_compute = tpl.code == COMPUTE
+        for d in range(len(DIMS)):
             cols = np.flatnonzero((tpl.dim == d) & ~is_compute)
             if cols.size:
-                z[:, cols] = z[leader[d]][:, cols]
+                z[:, cols] = z[self.leader[d]][:, cols]
         dur = np.rint(tpl.dur * np.clip(1 + options.jitter * z, 0.5, 2.0)).astype(np.int64)
-        dur[:, is_compute] = np.rint(dur[:, is_compute] * slow).astype(np.int64)
+        dur[:, is_compute] = np.rint(dur[:, is_compute] * self.plan.slow[self.ranks][:, None]).astype(np.int64)
+        return dur
+
+    def play(self, block: int, t_step: int, dur: np.ndarray, start: np.ndarray, end: np.ndarray, free: np.ndarray,
+             received: np.ndarray) -> None:
+        """Play one block of a step: fills its columns of ``start`` and ``end`` (ranks x ops) and moves ``free``
+        (when each rank's main chain is free) past it. ``received``: the end of each of the stage's transfers."""
+        tpl = self.tpl
+        i, j = self.blocks[block]
+        s0 = free if tpl.chained[i] else np.maximum(free, t_step + tpl.plan[i])
+        if self.waits[i] >= 0:
+            s0 = np.maximum(s0, received[:, self.waits[i]])
+        if tpl.code[i] == COLLECTIVE:
+            leader = self.leader[tpl.dim[i]]
+            last = np.full(len(s0), np.iinfo(np.int64).min)
+            np.maximum.at(last, leader, s0)
+            e0 = last[leader] + dur[:, i]
+        else:
+            e0 = s0 + dur[:, i]
+        start[:, i], end[:, i] = s0, e0
+        if j > i + 1:
+            ends = e0[:, None] + np.cumsum(dur[:, i + 1:j], axis=1)
+            end[:, i + 1:j] = ends
+            start[:, i + 1:j] = ends - dur[:, i + 1:j]
+        free[:] = end[:, j - 1]
+
+
+def _couple(plan: Plan, stages: list[_Stage]) -> list[np.ndarray]:
+    """Play every stage's step together, step by step, and return per stage its transfers' times: an array (start,
+    end) x ranks x steps x the stage's transfers.
+
+    A transfer is a Send on the sender and a Recv on the receiver, on their pipeline streams. As with PyTorch's
+    NCCL streams, each kernel starts when the work enqueued before it is done: the Send when its producing op ends,
+    the Recv when the receiver's main chain reaches the consuming op. Both end together, at the later start plus
+    the planned transfer time, and the consuming op starts no earlier. Blocks run in planned order across the
+    stages, a transfer just before its consumer's block: its producer, planned to end when the transfer starts, has
+    run by then."""
+    steps, period = plan.options.steps, plan.period_ns
+    times = [np.zeros((2, len(s.ranks), steps, len(s.side)), dtype=np.int64) for s in stages]
+    # transfer -> (stage, column in its side ops) of its Send and of its Recv
+    ends: dict[int, dict[int, tuple[int, int]]] = {}
+    for s in stages:
+        for col, op in enumerate(s.side):
+            ends.setdefault(int(s.tpl.transfer[op]), {})[int(s.tpl.code[op])] = (s.index, col)
+    order = [(int(s.tpl.plan[i]), 1, s.index, b) for s in stages for b, (i, _) in enumerate(s.blocks)]
+    pairs = []
+    for k, where in enumerate(ends.values()):
+        (a, ca), (b, cb) = where[SEND], where[RECV]
+        send, recv = stages[a].side[ca], stages[b].side[cb]
+        consumer = stages[b].tpl.link[recv]
+        # each receiver rank's sender, as a local index on the sender's stage
+        perm = np.searchsorted(stages[a].ranks, plan.peers(stages[b].ranks, a))
+        pairs.append((a, ca, stages[a].tpl.link[send], b, cb, consumer >= 0, perm, int(stages[b].tpl.plan[recv]),
+                      int(stages[b].tpl.dur[recv])))
+        order.append((int(stages[b].tpl.plan[consumer if consumer >= 0 else recv]), 0, k, 0))
+    order.sort()
+    for step in range(steps):
+        t_step = step * period
+        durs = [s.durations(step) for s in stages]
+        start = [np.empty_like(d) for d in durs]
+        end = [np.empty_like(d) for d in durs]
+        free = [np.full(len(s.ranks), t_step, dtype=np.int64) for s in stages]
+        for _, is_block, x, block in order:
+            if is_block:
+                stages[x].play(block, t_step, durs[x], start[x], end[x], free[x], times[x][1, :, step])
+                continue
+            a, ca, producer, b, cb, consumed, perm, t0, length = pairs[x]
+            send_start = end[a][perm, producer] if producer >= 0 else np.full(len(perm), t_step + t0)
+            recv_start = free[b].copy() if consumed else np.full(len(perm), t_step + t0)
+            done = np.maximum(send_start, recv_start) + length
+            times[a][0, perm, step, ca], times[a][1, perm, step, ca] = send_start, done
+            times[b][0, :, step, cb], times[b][1, :, step, cb] = recv_start, done
+        if max(max(f.max(initial=0), t[1, :, step].max(initial=0)) for f, t in zip(free, times, strict=True)) \
+                > t_step + period:  # the period leaves 6 sigma of jitter and the slowdown: practically never
+            raise TraceanaError(f"step {step}: the work outran the step period; lower --jitter")
+    return times
+
+
+def _replay(plan: Plan, stage: _Stage, transfers: np.ndarray) -> Iterator[RankTrace]:
+    """One stage's ranks for every step, replaying :func:`_couple` with the same draws and its transfer times."""
+    options, tpl = plan.options, stage.tpl
+    n, k = len(stage.ranks), len(tpl.code)
+    start = np.empty((n, options.steps, k), dtype=np.int64)
+    end = np.empty((n, options.steps, k), dtype=np.int64)
+    for step in range(options.steps):
+        t_step = step * plan.period_ns
+        dur = stage.durations(step)
         free = np.full(n, t_step, dtype=np.int64)
-        for i, j in itertools.pairwise(bounds):
-            s0 = free if tpl.chained[i] else np.maximum(free, t_step + tpl.plan[i])
-            if tpl.code[i] == COLLECTIVE:
-                last = np.full(n, np.iinfo(np.int64).min)
-                np.maximum.at(last, leader[tpl.dim[i]], s0)
-                e0 = last[leader[tpl.dim[i]]] + dur[:, i]
-            else:
-                e0 = s0 + dur[:, i]
-            start[:, step, i], end[:, step, i] = s0, e0
-            if j > i + 1:
-                ends = e0[:, None] + np.cumsum(dur[:, i + 1:j], axis=1)
-                end[:, step, i + 1:j] = ends
-                start[:, step, i + 1:j] = ends - dur[:, i + 1:j]
-            free = end[:, step, j - 1]
-        if (free > t_step + plan.period_ns).any():  # the period leaves 6 sigma of jitter: practically never
-            raise TraceanaError(f"stage {stage}, step {step}: the work outran the step period; lower --jitter")
-        start[:, step, side] = t_step + tpl.plan[side]
-        end[:, step, side] = t_step + tpl.plan[side] + tpl.dur[side]
-    coords = plan.coords
-    rank_of = {(c[0], c[1], c[3], c[4]): r for r, c in enumerate(coords)}  # (tp, cp, dp, pp) -> rank
-    stages = np.unique(tpl.peer_stage[tpl.peer_stage >= 0])
-    for i, rank in enumerate(ranks):
-        c = coords[rank]
-        peer_of = np.full(plan.layout.pp + 1, -1)  # index -1 (no peer) reads the last entry
-        peer_of[stages] = [rank_of[(c[0], c[1], c[3], s)] for s in stages]
-        peer = peer_of[tpl.peer_stage]
+        for block in range(len(stage.blocks)):
+            stage.play(block, t_step, dur, start[:, step], end[:, step], free, transfers[1, :, step])
+        start[:, step, stage.side] = transfers[0, :, step]
+        end[:, step, stage.side] = transfers[1, :, step]
+    peer_stages = np.unique(tpl.peer_stage[tpl.peer_stage >= 0])
+    peer_ranks = np.full((n, plan.layout.pp + 1), -1)  # column -1 (no peer) stays -1
+    for s in peer_stages:
+        peer_ranks[:, s] = plan.peers(stage.ranks, s)
+    for i, rank in enumerate(stage.ranks):
+        peer = peer_ranks[i, tpl.peer_stage]
         dim = tpl.dim.astype(np.int64)
-        pg = np.where(dim >= 0, pg_of[np.clip(dim, 0, None), i], -1)
+        pg = np.where(dim >= 0, stage.pg_of[np.clip(dim, 0, None), i], -1)
         ops = pl.DataFrame({
             "step": np.repeat(np.arange(options.steps, dtype=np.int32), k),
             "op": np.tile(np.arange(k, dtype=np.int32), options.steps),
@@ -451,7 +566,7 @@ def _simulate_stage(plan: Plan, stage: int, tpl: Template, groups: list[dict]) -
             "pg": np.tile(pg, options.steps).astype(np.int32), "peer": np.tile(peer, options.steps).astype(np.int32),
         }).sort("start_ns", "end_ns", "op")
         host = plan.host_of(int(rank))
-        yield RankTrace(int(rank), stage, f"node{host:04d}", host, int(rank) % options.ranks_per_host,
+        yield RankTrace(int(rank), stage.index, f"node{host:04d}", host, int(rank) % options.ranks_per_host,
                         plan.host_offsets_ns[host] + plan.device_offsets_ns[rank], ops)
 
 

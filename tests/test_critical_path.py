@@ -167,9 +167,6 @@ def test_synthesized_straggler_rank_carries_the_path(tmp_path: Path, fmt: str) -
     assert comp.filter(pl.col("rank") == 5)["path_ns"].item() > 0.85 * path_compute
 
 
-@pytest.mark.xfail(strict=True, reason="synthesizer follow-up: stages meet only through the step period (pipeline "
-                   "sends and receives keep their planned times, synth/schedule.py), so a slowed stage 0 never "
-                   "delays stage 1 and the step's end, hence its path, stays on stage 1")
 def test_synthesized_straggler_stage_carries_the_path(tmp_path: Path) -> None:
     # Stage 0's compute runs 1.5x longer: 1.5 x 12.7 ms > stage 1's 16.3 ms (truth COMP per rank), so stage 0
     # should set the step, and most of the path's compute should be stage 0's.
