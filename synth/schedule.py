@@ -14,9 +14,13 @@ differ is drawn from a seeded RNG:
 - an op that follows a gap in the template (a bubble or host-bound wait) starts at its planned time or when the
   rank is free, whichever is later; an op that follows another directly starts when that one ends.
 
-Pipeline transfers (Send on the sender, Recv on the receiver, on their own stream) keep the planned times.
-Stages meet only through steps: step k starts on every rank at ``k * period``, the period being the planned step
-with room for the slowdown and jitter, so each stage can be generated on its own (memory: one stage at a time).
+Stages are coupled through their pipeline transfers (a Send on the sender, a Recv on the receiver, on their own
+stream): the Send starts when the pass it carries ends, the Recv when the receiver reaches the pass that needs it,
+both end at the later start plus the planned transfer time, and that pass starts no earlier. So a slow stage delays
+its neighbours, activations flowing down the pipeline and gradients up, as in a real 1F1B run. A step ends for
+everyone with the last rank's work (the optimizer's sync); the next starts ``step_gap_us`` later, its planned times
+counted from there. The coupling plays all stages together, one step at a time, keeping only step starts and
+transfer times; each stage is then replayed on its own with the same draws (memory: one stage's ops at a time).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 import polars as pl
@@ -181,7 +186,6 @@ class Plan:
     layout: Layout
     templates: list[Template]
     step_ns: int                # planned step length
-    period_ns: int              # step k starts at k * period on every rank
     estimate_ms: pl.DataFrame   # the estimator's per-stage breakdown, for reference
     names: list[str] = field(default_factory=list)
     groups: dict[str, list[list[int]]] = field(default_factory=dict)
@@ -226,13 +230,21 @@ class Plan:
                     index += 1
         return out
 
-    def stage_traces(self) -> Iterator[RankTrace]:
-        """Every rank's ops, one stage at a time (rank order within a stage): the stages are coupled step by step
-        through their pipeline transfers, then each is replayed on its own."""
+    @cached_property
+    def stages(self) -> list[_Stage]:
         groups = self.process_groups()
-        stages = [_Stage(self, s, groups) for s in range(len(self.templates))]
-        for stage, transfers in zip(stages, _couple(self, stages), strict=True):
-            yield from _replay(self, stage, transfers)
+        return [_Stage(self, s, groups) for s in range(len(self.templates))]
+
+    @cached_property
+    def coupling(self) -> Coupling:
+        """The stages played together, step by step (see :func:`_couple`)."""
+        return _couple(self, self.stages)
+
+    def stage_traces(self) -> Iterator[RankTrace]:
+        """Every rank's ops, one stage at a time (rank order within a stage), each stage replayed on its own from
+        the coupling (memory: one stage's ops at a time)."""
+        for stage, transfers in zip(self.stages, self.coupling.transfers, strict=True):
+            yield from _replay(self, stage, self.coupling.step_starts_ns, transfers)
 
 
 def _with_ranks(cfg: Config, ranks: int | None) -> Config:
@@ -263,9 +275,7 @@ def build(cfg: Config, options: Options) -> Plan:
     step_ns = round(est.step_s * 1e9)
     names: dict[str, int] = {}
     templates = _templates(frame, cfg, options, names)
-    slowdown = options.slowdown if options.straggler_rank is not None or options.straggler_stage is not None else 1
-    period = math.ceil(step_ns * slowdown * (1 + 6 * options.jitter)) + round(options.step_gap_us * 1e3)
-    plan = Plan(cfg, options, layout, templates, step_ns, period, est.time_frame, list(names),
+    plan = Plan(cfg, options, layout, templates, step_ns, est.time_frame, list(names),
                 {d: layout.groups[d] for d in DIMS})
     world = layout.world_size
     if options.straggler_rank is not None and not 0 <= options.straggler_rank < world:
@@ -483,65 +493,88 @@ class _Stage:
         free[:] = end[:, j - 1]
 
 
-def _couple(plan: Plan, stages: list[_Stage]) -> list[np.ndarray]:
-    """Play every stage's step together, step by step, and return per stage its transfers' times: an array (start,
-    end) x ranks x steps x the stage's transfers.
+@dataclass
+class Coupling:
+    step_starts_ns: np.ndarray     # when each step starts on every rank
+    transfers: list[np.ndarray]    # per stage: its transfers' (start, end) x ranks x steps x transfers
+
+
+class _Pair(NamedTuple):
+    """A transfer as :func:`_couple` plays it."""
+
+    sender: int          # stage
+    send: int            # the Send's column in the sender's side ops
+    producer: int        # the sender's op whose end starts the Send (-1: its planned time)
+    receiver: int        # stage
+    recv: int            # the Recv's column in the receiver's side ops
+    consumed: bool       # the Recv starts when the receiver reaches its consumer (False: at its planned time)
+    senders: np.ndarray  # each receiver rank's sender, as a local index on the sender's stage
+    t0: int              # planned start
+    length: int          # transfer time
+
+
+def _couple(plan: Plan, stages: list[_Stage]) -> Coupling:
+    """Play every stage's step together, step by step, keeping what a stage's replay needs from the others: the step
+    starts and the times of its pipeline transfers.
 
     A transfer is a Send on the sender and a Recv on the receiver, on their pipeline streams. As with PyTorch's
     NCCL streams, each kernel starts when the work enqueued before it is done: the Send when its producing op ends,
     the Recv when the receiver's main chain reaches the consuming op. Both end together, at the later start plus
     the planned transfer time, and the consuming op starts no earlier. Blocks run in planned order across the
     stages, a transfer just before its consumer's block: its producer, planned to end when the transfer starts, has
-    run by then."""
-    steps, period = plan.options.steps, plan.period_ns
+    run by then. A step ends for everyone with the last rank's work (the optimizer's sync); the next starts a host
+    gap later."""
+    steps = plan.options.steps
+    gap = round(plan.options.step_gap_us * 1e3)
+    step_starts = np.zeros(steps, dtype=np.int64)
     times = [np.zeros((2, len(s.ranks), steps, len(s.side)), dtype=np.int64) for s in stages]
     # transfer -> (stage, column in its side ops) of its Send and of its Recv
-    ends: dict[int, dict[int, tuple[int, int]]] = {}
+    members: dict[int, dict[int, tuple[int, int]]] = {}
     for s in stages:
         for col, op in enumerate(s.side):
-            ends.setdefault(int(s.tpl.transfer[op]), {})[int(s.tpl.code[op])] = (s.index, col)
+            members.setdefault(int(s.tpl.transfer[op]), {})[int(s.tpl.code[op])] = (s.index, col)
     order = [(int(s.tpl.plan[i]), 1, s.index, b) for s in stages for b, (i, _) in enumerate(s.blocks)]
     pairs = []
-    for k, where in enumerate(ends.values()):
+    for k, where in enumerate(members.values()):
         (a, ca), (b, cb) = where[SEND], where[RECV]
         send, recv = stages[a].side[ca], stages[b].side[cb]
-        consumer = stages[b].tpl.link[recv]
-        # each receiver rank's sender, as a local index on the sender's stage
-        perm = np.searchsorted(stages[a].ranks, plan.peers(stages[b].ranks, a))
-        pairs.append((a, ca, stages[a].tpl.link[send], b, cb, consumer >= 0, perm, int(stages[b].tpl.plan[recv]),
-                      int(stages[b].tpl.dur[recv])))
+        consumer = int(stages[b].tpl.link[recv])
+        pairs.append(_Pair(a, ca, int(stages[a].tpl.link[send]), b, cb, consumer >= 0,
+                           np.searchsorted(stages[a].ranks, plan.peers(stages[b].ranks, a)),
+                           int(stages[b].tpl.plan[recv]), int(stages[b].tpl.dur[recv])))
         order.append((int(stages[b].tpl.plan[consumer if consumer >= 0 else recv]), 0, k, 0))
     order.sort()
+    start = [np.empty((len(s.ranks), len(s.tpl.code)), dtype=np.int64) for s in stages]
+    end = [np.empty_like(e) for e in start]
+    t_step = 0
     for step in range(steps):
-        t_step = step * period
+        step_starts[step] = t_step
         durs = [s.durations(step) for s in stages]
-        start = [np.empty_like(d) for d in durs]
-        end = [np.empty_like(d) for d in durs]
         free = [np.full(len(s.ranks), t_step, dtype=np.int64) for s in stages]
         for _, is_block, x, block in order:
             if is_block:
                 stages[x].play(block, t_step, durs[x], start[x], end[x], free[x], times[x][1, :, step])
                 continue
-            a, ca, producer, b, cb, consumed, perm, t0, length = pairs[x]
-            send_start = end[a][perm, producer] if producer >= 0 else np.full(len(perm), t_step + t0)
-            recv_start = free[b].copy() if consumed else np.full(len(perm), t_step + t0)
-            done = np.maximum(send_start, recv_start) + length
-            times[a][0, perm, step, ca], times[a][1, perm, step, ca] = send_start, done
-            times[b][0, :, step, cb], times[b][1, :, step, cb] = recv_start, done
-        if max(max(f.max(initial=0), t[1, :, step].max(initial=0)) for f, t in zip(free, times, strict=True)) \
-                > t_step + period:  # the period leaves 6 sigma of jitter and the slowdown: practically never
-            raise TraceanaError(f"step {step}: the work outran the step period; lower --jitter")
-    return times
+            p = pairs[x]
+            send_start = end[p.sender][p.senders, p.producer] if p.producer >= 0 else np.full(len(p.senders),
+                                                                                               t_step + p.t0)
+            recv_start = free[p.receiver].copy() if p.consumed else np.full(len(p.senders), t_step + p.t0)
+            done = np.maximum(send_start, recv_start) + p.length
+            times[p.sender][:, p.senders, step, p.send] = send_start, done
+            times[p.receiver][:, :, step, p.recv] = recv_start, done
+        t_step = max(max(f.max(initial=t_step), t[1, :, step].max(initial=t_step))
+                     for f, t in zip(free, times, strict=True)) + gap
+    return Coupling(step_starts, times)
 
 
-def _replay(plan: Plan, stage: _Stage, transfers: np.ndarray) -> Iterator[RankTrace]:
+def _replay(plan: Plan, stage: _Stage, step_starts: np.ndarray, transfers: np.ndarray) -> Iterator[RankTrace]:
     """One stage's ranks for every step, replaying :func:`_couple` with the same draws and its transfer times."""
     options, tpl = plan.options, stage.tpl
     n, k = len(stage.ranks), len(tpl.code)
     start = np.empty((n, options.steps, k), dtype=np.int64)
     end = np.empty((n, options.steps, k), dtype=np.int64)
     for step in range(options.steps):
-        t_step = step * plan.period_ns
+        t_step = int(step_starts[step])
         dur = stage.durations(step)
         free = np.full(n, t_step, dtype=np.int64)
         for block in range(len(stage.blocks)):
