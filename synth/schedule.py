@@ -447,6 +447,11 @@ class _Stage:
             self.pg_of[d, members] = int(g["pg"])
             if len(members) == len(g["ranks"]):  # every group but PP lies inside one stage
                 self.leader[d, members] = members[0]
+        # the columns whose jitter all members of a group share (collectives and transfers), per dim
+        self.shared = [(d, cols) for d in range(len(DIMS))
+                       if (cols := np.flatnonzero((tpl.dim == d) & (tpl.code != COMPUTE))).size]
+        self.compute = np.flatnonzero(tpl.code == COMPUTE)
+        self.slow_rows = np.flatnonzero(plan.slow[self.ranks] != 1)  # the straggler's local index, if here
         main = np.flatnonzero(tpl.code <= COLLECTIVE)
         self.side = np.flatnonzero(tpl.code >= SEND)
         self.waits = np.full(len(tpl.code), -1)  # main op -> the column in self.side of the Recv it waits for
@@ -460,13 +465,11 @@ class _Stage:
         straggler's compute slowed down. Seeded by stage and step, so that a replay draws the same."""
         tpl, options = self.tpl, self.plan.options
         z = np.random.default_rng([options.seed, 2, self.index, step]).standard_normal((len(self.ranks), len(tpl.code)))
-        is_compute = tpl.code == COMPUTE
-        for d in range(len(DIMS)):
-            cols = np.flatnonzero((tpl.dim == d) & ~is_compute)
-            if cols.size:
-                z[:, cols] = z[self.leader[d]][:, cols]
+        for d, cols in self.shared:
+            z[:, cols] = z[np.ix_(self.leader[d], cols)]
         dur = np.rint(tpl.dur * np.clip(1 + options.jitter * z, 0.5, 2.0)).astype(np.int64)
-        dur[:, is_compute] = np.rint(dur[:, is_compute] * self.plan.slow[self.ranks][:, None]).astype(np.int64)
+        slow = np.ix_(self.slow_rows, self.compute)
+        dur[slow] = np.rint(dur[slow] * self.plan.slow[self.ranks[self.slow_rows]][:, None]).astype(np.int64)
         return dur
 
     def play(self, block: int, t_step: int, dur: np.ndarray, start: np.ndarray, end: np.ndarray, free: np.ndarray,
