@@ -150,7 +150,7 @@ class Options:
 
 @dataclass
 class Template:
-    """One stage's step as ops in issue order (main chain first, then pipeline transfers in stream order), times in
+    """One stage's step as ops in issue order (main chain first, then pipeline transfers in planned order), times in
     ns."""
 
     code: np.ndarray      # COMPUTE / COLLECTIVE / SEND / RECV
@@ -232,6 +232,7 @@ class Plan:
 
     @cached_property
     def stages(self) -> list[_Stage]:
+        """Each stage's ranks, ready to play its template."""
         groups = self.process_groups()
         return [_Stage(self, s, groups) for s in range(len(self.templates))]
 
@@ -314,21 +315,21 @@ def _templates(frame: pl.DataFrame, cfg: Config, options: Options, names: dict[s
     kernel_ns = options.kernel_us * 1e3
     rows = frame.filter(~pl.col("kind").is_in(["BUBBLE"]))
     chains: list[list[tuple]] = []   # per stage: the main chain's ops
-    owners: list[list[tuple]] = []   # per stage and op: (kind, micro_batch) of the pass it plays
+    owners: list[pl.DataFrame] = []  # per stage: start, end, and the kind and micro_batch of the pass, of each op
     for stage in range(p.pp):
         ops, owner = [], []
         main = rows.filter((pl.col("stage") == stage) & (pl.col("kind") != "P2P")).sort("t0")
         for piece in _passes(main.select("kind", "micro_batch", "t0", "t1").rows()):
             played = _play_pass(piece, options.rounds, kernel_ns, nelems, intern)
             ops += played
-            owner += [piece[0][:2]] * len(played)
+            owner += [(o[1], o[1] + o[2], *piece[0][:2]) for o in played]
         chains.append(ops)
-        owners.append(owner)
+        owners.append(pl.DataFrame(owner, schema=["start", "end", "kind", "micro_batch"], orient="row"))
     sides: list[list[tuple]] = [[] for _ in range(p.pp)]
     for tid, (receiver, sender, mb, t0, t1) in enumerate(_transfers(frame)):
-        producer = _producer(chains[sender], t0)
-        kind = "F" if producer >= 0 and owners[sender][producer][0] == "F" else "B"
-        consumer = _consumer(chains[receiver], owners[receiver], (kind, mb), t1) if producer >= 0 else -1
+        producer = _producer(owners[sender], t0)
+        kind = "F" if producer >= 0 and owners[sender]["kind"][producer] == "F" else "B"
+        consumer = _consumer(owners[receiver], kind, mb, t1) if producer >= 0 else -1
         for stage, code, peer, link in ((sender, SEND, receiver, producer), (receiver, RECV, sender, consumer)):
             spec = COLLECTIVES["SEND" if code == SEND else "RECV"]
             sides[stage].append((code, t0, t1 - t0, DIMS.index("PP"), intern(spec.kernel), intern(spec.cpu_op),
@@ -339,7 +340,7 @@ def _templates(frame: pl.DataFrame, cfg: Config, options: Options, names: dict[s
         chained = np.zeros(len(ops), dtype=bool)
         if len(ops) > 1:
             chained[1:] = np.abs(np.array([o[1] for o in ops[1:]]) - chain_end[:-1]) < 1
-        table = [(*o, -1, -1) for o in ops] + sorted(side, key=lambda o: (o[1], o[9]))  # pipeline stream order
+        table = [(*o, -1, -1) for o in ops] + sorted(side, key=lambda o: (o[1], o[9]))  # planned order
         arrays = list(zip(*table, strict=True)) if table else [()] * 10
         templates.append(Template(
             code=np.array(arrays[0], dtype=np.int8), plan=np.array(arrays[1], dtype=np.int64),
@@ -367,17 +368,18 @@ def _transfers(frame: pl.DataFrame) -> list[tuple[int, int, int, int, int]]:
     return out
 
 
-def _producer(chain: list[tuple], t0: int) -> int:
+def _producer(chain: pl.DataFrame, t0: int) -> int:
     """The sender's op whose end issues a transfer planned at ``t0``: the last main-chain op ending by then (-1:
-    none)."""
-    done = np.flatnonzero(np.array([o[1] + o[2] for o in chain]) <= t0 + 2)
-    return int(done[-1]) if done.size else -1
+    none; the chain's ends never decrease)."""
+    return int(chain["end"].search_sorted(t0 + 2, side="right")) - 1
 
 
-def _consumer(chain: list[tuple], owner: list[tuple], need: tuple[str, int], t1: int) -> int:
-    """The receiver's op that needs a transfer planned to end at ``t1``: the first op, from then on, of a pass
-    ``need`` (F for activations, B for gradients, and the micro-batch; -1: none)."""
-    return next((i for i, (o, w) in enumerate(zip(chain, owner, strict=True)) if w == need and o[1] >= t1 - 2), -1)
+def _consumer(chain: pl.DataFrame, kind: str, mb: int, t1: int) -> int:
+    """The receiver's op that needs a transfer planned to end at ``t1``: the first op, from then on, of a pass of
+    ``kind`` (F for activations, B for gradients) and micro-batch ``mb`` (-1: none)."""
+    found = chain.with_row_index().filter((pl.col("kind") == kind) & (pl.col("micro_batch") == mb)
+                                          & (pl.col("start") >= t1 - 2))["index"]
+    return int(found[0]) if len(found) else -1
 
 
 def _passes(rows: list[tuple]) -> Iterator[list[tuple]]:
