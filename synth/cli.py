@@ -77,8 +77,8 @@ def _writer(fmt: str) -> Callable[..., Path]:
 
 
 def _write_truth(plan: Plan, path: Path, rows: list[pl.DataFrame], fmt: str) -> None:
-    """The ground truth: options, layout, hosts and clock offsets, process groups, straggler, per rank and step
-    times (ns, DESIGN §4 columns, on the true timeline), and the estimator's per-stage figures (ms)."""
+    """The ground truth: options, layout, hosts and clock offsets, process groups, straggler, step starts and per
+    rank and step times (ns, DESIGN §4 columns, on the true timeline), and the estimator's per-stage figures (ms)."""
     import polars as pl
 
     from traceana.synth.schedule import DIMS
