@@ -449,9 +449,9 @@ class _Stage:
             self.pg_of[d, members] = int(g["pg"])
             if len(members) == len(g["ranks"]):  # every group but PP lies inside one stage
                 self.leader[d, members] = members[0]
-        # the columns whose jitter all members of a group share (collectives and transfers), per dim
+        # per dim, its collectives: all members of a group share their jitter (transfers keep their planned time)
         self.shared = [(d, cols) for d in range(len(DIMS))
-                       if (cols := np.flatnonzero((tpl.dim == d) & (tpl.code != COMPUTE))).size]
+                       if (cols := np.flatnonzero((tpl.dim == d) & (tpl.code == COLLECTIVE))).size]
         self.compute = np.flatnonzero(tpl.code == COMPUTE)
         self.slow_rows = np.flatnonzero(plan.slow[self.ranks] != 1)  # the straggler's local index, if here
         main = np.flatnonzero(tpl.code <= COLLECTIVE)
@@ -504,6 +504,8 @@ class _Stage:
 
 @dataclass
 class Coupling:
+    """What the stages share: when steps start, and the pipeline transfers' times."""
+
     step_starts_ns: np.ndarray     # when each step starts on every rank
     transfers: list[np.ndarray]    # per stage: its transfers' (start, end) x ranks x steps x transfers
 
