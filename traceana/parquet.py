@@ -230,6 +230,9 @@ def merge(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
     try:
         if folder.is_dir():
             shutil.copytree(folder, partial, copy_function=_link, ignore=left_out)
+            for table in partial.iterdir():  # a table whose only run was replaced: absent, as export leaves it
+                if table.is_dir() and not any(table.iterdir()):
+                    table.rmdir()
         else:
             partial.mkdir(parents=True)
         _write(con, partial)
