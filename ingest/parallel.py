@@ -33,8 +33,9 @@ WORKER_MIN_BYTES = 64 << 20
 @dataclass(frozen=True)
 class RayCluster:
     """Parse each file as a Ray task (`--executor ray`) on the cluster at ``address`` (as ``ray.init`` takes it;
-    None: RAY_ADDRESS, else a Ray started on this machine for this ingest). Every node needs this traceana installed
-    and the input files at the same paths (shared storage); the results come back to this process."""
+    None: RAY_ADDRESS, else the Ray running on this machine, else one started for this ingest). Every node needs
+    this traceana installed and the input files at the same paths (shared storage); the results come back to this
+    process."""
 
     address: str | None = None
 

@@ -46,9 +46,9 @@ def ingest(
     jobs: Annotated[int | None, typer.Option(
         help="Worker processes parsing files (1: this process; default: every core for runs over 64 MiB).")] = None,
     executor: Annotated[str, typer.Option(help="local (worker processes here) or ray (one Ray task per file; "
-                                          "needs traceana[ray]).")] = "local",
+                                          "needs the ray extra).")] = "local",
     ray_address: Annotated[str | None, typer.Option(help="With --executor ray: the cluster (default: RAY_ADDRESS, "
-                                                    "else a Ray started here).")] = None,
+                                                    "else the local Ray, else one started here).")] = None,
 ) -> None:
     """Read one run's traces into the store (replacing an earlier ingest of the same run id). --db may name a Parquet
     dataset folder (a folder, or a name ending in .parquet): the run is added to it."""
