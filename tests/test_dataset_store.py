@@ -115,6 +115,21 @@ def test_a_failing_ingest_leaves_the_dataset_as_it_was(stores: tuple[Path, Path]
     assert files(tmp_path) == before
 
 
+def test_a_full_disk_is_one_line_and_leaves_the_dataset_as_it_was(stores: tuple[Path, Path], tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    dataset = tmp_path / "d"
+    shutil.copytree(stores[1], dataset)
+    before = files(tmp_path)
+
+    def full(source: str, target: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(parquet, "_link", full)
+    line = one_error("ingest", PG, "--db", dataset, "--run-id", "pg2")
+    assert f"{dataset}: cannot write the dataset (" in line and "No space left on device); it is unchanged" in line
+    assert files(tmp_path) == before
+
+
 def test_a_failing_ingest_creates_no_dataset(tmp_path: Path) -> None:
     bad = tmp_path / "rank1.json"
     bad.write_text('{"traceEvents": [')

@@ -186,13 +186,17 @@ def connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.Du
         yield con
         if not read_only:
             merge(con, folder)
-    except (duckdb.IOException, duckdb.InvalidInputException) as exc:  # a damaged or vanished Parquet file
-        raise TraceanaError(f"{folder}: cannot read the dataset ({str(exc).splitlines()[0]})") from None
+    except duckdb.Error as exc:
+        if mapped := store.file_error(folder, exc):  # a full disk, a folder that cannot be written
+            raise mapped from None
+        if isinstance(exc, duckdb.IOException | duckdb.InvalidInputException):  # a damaged or vanished Parquet file
+            raise TraceanaError(f"{folder}: cannot read the dataset ({str(exc).splitlines()[0]})") from None
+        raise
     finally:
         con.close()
 
 
-def quoted(column: str) -> str:
+def _quoted(column: str) -> str:
     return f'"{column}"'
 
 
@@ -205,7 +209,7 @@ def _view_files(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
         files = reader(folder / name)
         present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {files}").fetchall()}
         columns = con.execute(f'SELECT column_name, column_type FROM (DESCRIBE "{name}")').fetchall()
-        select = ", ".join(f'CAST({quoted(c) if c in present else "NULL"} AS {kind}) AS {quoted(c)}'
+        select = ", ".join(f'CAST({_quoted(c) if c in present else "NULL"} AS {kind}) AS {_quoted(c)}'
                            for c, kind in columns)
         con.execute(f'DROP TABLE "{name}"')
         con.execute(f'CREATE VIEW "{name}" AS SELECT {select} FROM {files}')
@@ -223,8 +227,8 @@ def merge(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
 
     def left_out(_: str, names: list[str]) -> set[str]:
         """The dataset's schema.sql (written anew) and the partitions of the ids ``con`` replaces."""
-        return {SCHEMA_FILE} & set(names) | {n for n in names if "=" in n
-                                             and unquote(n.split("=", 1)[1]) in replaced.get(n.split("=", 1)[0], ())}
+        ids = {n for n in names if "=" in n and unquote(n.split("=", 1)[1]) in replaced.get(n.split("=", 1)[0], ())}
+        return ({SCHEMA_FILE} & set(names)) | ids
 
     partial = _partial(folder)
     try:
@@ -237,8 +241,11 @@ def merge(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
             partial.mkdir(parents=True)
         _write(con, partial)
         _move_into_place(partial, folder)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(exc, OSError):  # no space for the new files, a folder it may not write in
+            reason = exc.args[0][0][2] if isinstance(exc, shutil.Error) else exc.strerror or exc  # copytree's list
+            raise TraceanaError(f"{folder}: cannot write the dataset ({reason}); it is unchanged") from None
         raise
 
 
