@@ -28,7 +28,7 @@ from traceana.ingest.ascend_tasks import (
 from traceana.ingest.ascend_timeline import DEFAULT_STEP_MARKER
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import marker_steps
-from traceana.ingest.sqlite_read import decode_text, typed_frame, unknown_id
+from traceana.ingest.sqlite_read import ArrowQueries, decode_text, typed_frame, unknown_id
 from traceana.ingest.validate import checked_rank
 
 SCHEMA_MAJOR = "1"  # the schema family read here (META_DATA SCHEMA_VERSION 1.x)
@@ -90,13 +90,15 @@ class _Database:
         # (the profiler leaves its databases in WAL mode, and input folders may be read-only).
         wal = path.with_name(path.name + "-wal")
         mode = "ro" if wal.is_file() and wal.stat().st_size else "ro&immutable=1"
+        uri = f"file:{path}?mode={mode}"
         try:
-            self.con = sqlite3.connect(f"file:{path}?mode={mode}", uri=True)
+            self.con = sqlite3.connect(uri, uri=True)
             self.con.text_factory = decode_text
             tables = [r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         except sqlite3.Error as exc:
             raise TraceanaError(f"{path}: not a readable SQLite database ({exc})") from None
         self.columns = {t: {r[1] for r in self.con.execute(f'PRAGMA table_info("{t}")')} for t in tables}
+        self.arrow = ArrowQueries(uri)
 
     def has(self, table: str, columns: tuple[str, ...] = ()) -> bool:
         return table in self.columns and set(columns) <= self.columns[table]
@@ -104,6 +106,8 @@ class _Database:
     def frame(self, sql: str, schema: dict[str, pl.DataType], where: str) -> pl.DataFrame:
         """Rows of ``sql`` typed by ``schema`` (looked up by the query's column names); ``where`` names the table
         in an error."""
+        if (fast := self.arrow.frame(sql, schema)) is not None:
+            return fast
         try:
             cursor = self.con.execute(sql)
             rows = cursor.fetchall()

@@ -19,7 +19,7 @@ from urllib.parse import quote
 import polars as pl
 
 from traceana.errors import TraceanaError
-from traceana.ingest.sqlite_read import decode_text, typed_frame, unknown_id
+from traceana.ingest.sqlite_read import ArrowQueries, decode_text, typed_frame, unknown_id
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 TIMES = ("start", "end")  # read as they are: a time that is not an integer is an error; other ids may be unknown
@@ -74,6 +74,7 @@ class Export:
         uri = f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1"
         self._con = sqlite3.connect(uri, uri=True)
         self._con.text_factory = decode_text  # some StringIds are not UTF-8
+        self._arrow = ArrowQueries(uri)
         names = [r[0] for r in self._sql("SELECT name FROM sqlite_master WHERE type = 'table'")]
         self.tables = set(names)
         self._columns: dict[str, list[str]] = {}
@@ -81,6 +82,7 @@ class Export:
 
     def close(self) -> None:
         self._con.close()
+        self._arrow.close()
 
     def _sql(self, sql: str, params: tuple = ()) -> list[tuple]:
         try:
@@ -127,8 +129,9 @@ class Export:
         if missing:
             self.notes.append(f"{self.path.name}: {table} has no column {', '.join(missing)}")
         select = ", ".join(_read(c, t) if c in present else f'NULL AS "{c}"' for c, t in columns.items())
-        rows = self._sql(f'SELECT {select} FROM "{table}" {where}')
-        return typed_frame(rows, columns, self.path, f"table {table}")
+        sql = f'SELECT {select} FROM "{table}" {where}'
+        fast = self._arrow.frame(sql, columns)
+        return fast if fast is not None else typed_frame(self._sql(sql), columns, self.path, f"table {table}")
 
     def strings(self) -> pl.DataFrame:
         """StringIds as (id, value): every name in the export is an id into it."""
