@@ -23,7 +23,7 @@ from traceana.ingest.ascend_tasks import (
     hccl_task_annotations,
     hcom_columns,
     rank_events,
-    task_category,
+    with_task_categories,
 )
 from traceana.ingest.ascend_timeline import DEFAULT_STEP_MARKER
 from traceana.ingest.rules import Rule
@@ -162,7 +162,7 @@ def _events(db: _Database, rules: list[Rule]) -> pl.DataFrame:
         if db.has("COMMUNICATION_TASK_INFO") else ""
     runtime = db.frame(_RUNTIME_SQL.format(**_IDS, not_comm_task=comm_task), _EVENT, "TASK").filter(
         pl.col("name").is_in([k for k, v in RUNTIME_TASKS.items() if v]))  # kernel-typed containers are dropped
-    tasks = pl.concat([compute, runtime]).with_columns(task_category(pl.col("name"), rules))
+    tasks = with_task_categories(pl.concat([compute, runtime]), rules)
     hcom = pl.DataFrame(schema=_HCOM)
     if db.has("COMMUNICATION_OP"):
         dtype, join = db.enum("ENUM_HCCL_DATA_TYPE", "o.dataType")
