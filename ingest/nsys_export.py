@@ -129,9 +129,12 @@ class Export:
         if missing:
             self.notes.append(f"{self.path.name}: {table} has no column {', '.join(missing)}")
         select = ", ".join(_read(c, t) if c in present else f'NULL AS "{c}"' for c, t in columns.items())
-        sql = f'SELECT {select} FROM "{table}" {where}'
-        fast = self._arrow.frame(sql, columns)
-        return fast if fast is not None else typed_frame(self._sql(sql), columns, self.path, f"table {table}")
+        ids = tuple(c for c, t in columns.items() if c in present and t.is_integer() and c not in TIMES)
+        stored = ", ".join(f'"{c}"' if c in present else f'NULL AS "{c}"' for c in columns)
+        fast = self._arrow.frame(f'SELECT {stored} FROM "{table}" {where}', columns, ids)
+        if fast is not None:
+            return fast
+        return typed_frame(self._sql(f'SELECT {select} FROM "{table}" {where}'), columns, self.path, f"table {table}")
 
     def strings(self) -> pl.DataFrame:
         """StringIds as (id, value): every name in the export is an id into it."""

@@ -93,8 +93,12 @@ class ArrowQueries:
         except adbc_driver_manager.Error:
             return
 
-    def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame | None:
-        """The result of ``sql`` as a frame of ``schema`` (by column name), or None where sqlite3 must read it."""
+    def frame(self, sql: str, schema: dict[str, pl.DataType], ids: tuple[str, ...] = ()) -> pl.DataFrame | None:
+        """The result of ``sql`` as a frame of ``schema`` (by column name), or None where sqlite3 must read it.
+
+        ``ids`` are 64-bit id columns that ``sql`` reads as they are stored rather than through :func:`unknown_id`
+        (whose CASE costs SQLite as much as reading the column): their "none" values become NULL here, which is the
+        same where the whole column is integers, and anything else is not read here."""
         if self._con is None:
             return None
         try:
@@ -105,9 +109,12 @@ class ArrowQueries:
             for column in table.columns:
                 if pa.types.is_string(column.type):
                     column.validate(full=True)  # the driver passes text through as it is stored
-            return _cast(pl.from_arrow(table), schema)  # type: ignore[arg-type]
+            frame = _cast(pl.from_arrow(table), schema)  # type: ignore[arg-type]
         except (self._adbc.Error, pa.ArrowException, OSError, pl.exceptions.PolarsError):
             return None
+        if frame is None or not ids:
+            return frame
+        return frame.with_columns(pl.when(~pl.col(c).is_in(UNKNOWN_IDS)).then(pl.col(c)).alias(c) for c in ids)
 
     def close(self) -> None:
         if self._con is not None:

@@ -58,6 +58,21 @@ def test_sentinels_nulls_and_types_read_natively(tmp_path: Path) -> None:
     assert frame.row(2999) == (rows[2999][0], 2999, 2999 % 8, "kernel 2999", 2999 / 4)
 
 
+def test_ids_read_as_stored_lose_their_sentinels_as_unknown_id_does(tmp_path: Path) -> None:
+    rows = _rows(3000)
+    rows[1], rows[2] = (1, 4294967295, 0, "k", 1.0), (2, -1, 0, "k", 1.0)
+    reader = _database(tmp_path / "x.sqlite", rows)
+    stored = "SELECT t, id, plane, name, bw FROM x"
+    frame = reader.frame(stored, SCHEMA, ids=("id",))
+    assert frame is not None and frame["id"].to_list()[:4] == [0, None, None, 3]
+    assert_frame_equal(frame, reader.frame(SELECT, SCHEMA))
+    reader.close()
+    # 2^64-1 stored as a REAL partway down: the column is not all integers, so sqlite3 and unknown_id read it.
+    reader = _database(tmp_path / "y.sqlite", rows, "UPDATE x SET id = 18446744073709551615 WHERE rowid = 2501")
+    assert reader.frame(stored, SCHEMA, ids=("id",)) is None
+    reader.close()
+
+
 @pytest.mark.parametrize(("row", "why"), [
     ((9.3e18, 1, 1, "k", 1.0), "a REAL time partway down an integer column"),
     (("soon", 1, 1, "k", 1.0), "text in an integer column"),
@@ -93,7 +108,7 @@ def test_without_the_driver_every_query_is_left_to_sqlite3(tmp_path: Path, monke
                                    TRACES / "ascend" / "torch_npu_2rank_level1_db"], ids=lambda p: p.name)
 def test_every_table_is_the_same_through_either_reader(trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     native = read_run([trace], "auto", IngestOptions(jobs=1))
-    monkeypatch.setattr(ArrowQueries, "frame", lambda self, sql, schema: None)
+    monkeypatch.setattr(ArrowQueries, "frame", lambda *_: None)
     rows = read_run([trace], "auto", IngestOptions(jobs=1))
     assert native.frames.keys() == rows.frames.keys()
     for name in native.frames:
