@@ -84,6 +84,11 @@ class Export:
         self._con.close()
         self._arrow.close()
 
+    @property
+    def native(self) -> bool:
+        """Whether queries are read by the native reader (ADBC's SQLite driver is installed)."""
+        return self._arrow.available
+
     def _sql(self, sql: str, params: tuple = ()) -> list[tuple]:
         try:
             return self._con.execute(sql, params).fetchall()
