@@ -69,8 +69,8 @@ def synthetic(ranks: int, repeats: int) -> None:
               f"(best of {repeats})")
         print(f"{'jobs':<6}{'stage':<16}{'seconds':>9}{'MB/s':>9}{'rows/s':>12}")
         for jobs in (1, 2):
-            files, whole, _ = time_phases(folder, "ascend", jobs, repeats)
-            for stage, seconds in (("files read", files), ("read_run", whole)):
+            files, whole, cpu, _ = time_phases(folder, "ascend", jobs, repeats)
+            for stage, seconds in (("files read", files), ("read_run", whole), ("read_run CPU", cpu)):
                 print(f"{jobs:<6}{stage:<16}{seconds:>9.3f}{megabytes / seconds:>9.1f}{events / seconds:>12,.0f}")
 
 

@@ -48,8 +48,8 @@ def synthetic(ranks: int, repeats: int) -> None:
         print(f"\nsynthetic: {ranks} reports, {mb:.1f} MB, {kernels:,} kernels (best of {repeats})")
         print(f"{'jobs':<6}{'stage':<16}{'seconds':>9}{'MB/s':>9}{'kernels/s':>12}")
         for jobs in (1, 2):
-            files, whole, _ = time_phases(folder, "nsys", jobs, repeats)
-            for stage, seconds in (("files read", files), ("read_run", whole)):
+            files, whole, cpu, _ = time_phases(folder, "nsys", jobs, repeats)
+            for stage, seconds in (("files read", files), ("read_run", whole), ("read_run CPU", cpu)):
                 print(f"{jobs:<6}{stage:<16}{seconds:>9.3f}{mb / seconds:>9.1f}{kernels / seconds:>12,.0f}")
 
 
