@@ -205,16 +205,15 @@ def _nvtx_ranges(export: Export, strings: pl.DataFrame) -> pl.DataFrame | None:
 def _launches(export: Export, launched: pl.Series) -> pl.DataFrame | None:
     """The runtime calls that launched device work: only those whose correlationId a kernel, copy or memset has
     (``launched``; the rest, synchronizations, allocations, event records, are never joined: 64% of the runtime
-    rows of the shared H100 export). The native reader reads every row faster than SQLite's IN filter runs;
-    sqlite3 rows are filtered in SQL first, which spares their Python objects."""
+    rows of the shared H100 export)."""
     if "CUPTI_ACTIVITY_KIND_RUNTIME" not in export.tables:
         return None
     tables = [f'SELECT correlationId FROM "{t}"' for t in _DEVICE_TABLES
               if t in export.tables and "correlationId" in export.columns(t)]
-    where = (f"WHERE correlationId IN ({' UNION ALL '.join(tables)})" if tables and not export.native
-             and "correlationId" in export.columns("CUPTI_ACTIVITY_KIND_RUNTIME") else "")
+    narrow = (f"WHERE correlationId IN ({' UNION ALL '.join(tables)})"
+              if tables and "correlationId" in export.columns("CUPTI_ACTIVITY_KIND_RUNTIME") else "")
     runtime = export.frame("CUPTI_ACTIVITY_KIND_RUNTIME", {"start": _I64, "globalTid": _I64, "correlationId": _I64},
-                           where)
+                           narrow=narrow)
     if runtime is None:
         return None
     return runtime.filter(pl.col("correlationId").is_in(launched.implode())).select(

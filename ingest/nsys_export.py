@@ -84,11 +84,6 @@ class Export:
         self._con.close()
         self._arrow.close()
 
-    @property
-    def native(self) -> bool:
-        """Whether queries are read by the native reader (ADBC's SQLite driver is installed)."""
-        return self._arrow.available
-
     def _sql(self, sql: str, params: tuple = ()) -> list[tuple]:
         try:
             return self._con.execute(sql, params).fetchall()
@@ -119,11 +114,13 @@ class Export:
             self._columns[table] = [r[1] for r in self._sql(f'PRAGMA table_info("{table}")')]
         return self._columns[table]
 
-    def frame(self, table: str, columns: dict[str, pl.DataType], where: str = "",
-              required: tuple[str, ...] = ()) -> pl.DataFrame | None:
+    def frame(self, table: str, columns: dict[str, pl.DataType], required: tuple[str, ...] = (),
+              narrow: str = "") -> pl.DataFrame | None:
         """``columns`` of ``table`` (NULL where the export lacks one), or None when the table is absent.
 
         A missing column in ``required`` is an error naming the table; other missing columns go into ``notes``.
+        ``narrow`` is a WHERE clause that spares sqlite3 the Python objects of rows the caller will drop; the
+        native reader reads every row faster than SQLite filters them, so the caller filters the frame itself.
         """
         if table not in self.tables:
             return None
@@ -136,10 +133,10 @@ class Export:
         select = ", ".join(_read(c, t) if c in present else f'NULL AS "{c}"' for c, t in columns.items())
         ids = tuple(c for c, t in columns.items() if c in present and t.is_integer() and c not in TIMES)
         stored = ", ".join(f'"{c}"' if c in present else f'NULL AS "{c}"' for c in columns)
-        fast = self._arrow.frame(f'SELECT {stored} FROM "{table}" {where}', columns, ids)
+        fast = self._arrow.frame(f'SELECT {stored} FROM "{table}"', columns, ids)
         if fast is not None:
             return fast
-        return typed_frame(self._sql(f'SELECT {select} FROM "{table}" {where}'), columns, self.path, f"table {table}")
+        return typed_frame(self._sql(f'SELECT {select} FROM "{table}" {narrow}'), columns, self.path, f"table {table}")
 
     def strings(self) -> pl.DataFrame:
         """StringIds as (id, value): every name in the export is an id into it."""

@@ -116,10 +116,6 @@ class ArrowQueries:
             return frame
         return frame.with_columns(pl.when(~pl.col(c).is_in(UNKNOWN_IDS)).then(pl.col(c)).alias(c) for c in ids)
 
-    @property
-    def available(self) -> bool:
-        return self._con is not None
-
     def close(self) -> None:
         if self._con is not None:
             self._con.close()

@@ -109,7 +109,6 @@ def test_without_the_driver_every_query_is_left_to_sqlite3(tmp_path: Path, monke
 def test_every_table_is_the_same_through_either_reader(trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     native = read_run([trace], "auto", IngestOptions(jobs=1))
     monkeypatch.setattr(ArrowQueries, "frame", lambda *_: None)  # as without the driver: sqlite3 reads all
-    monkeypatch.setattr(ArrowQueries, "available", property(lambda _: False))
     rows = read_run([trace], "auto", IngestOptions(jobs=1))
     assert native.frames.keys() == rows.frames.keys()
     for name in native.frames:
