@@ -100,6 +100,10 @@ class _Database:
         self.columns = {t: {r[1] for r in self.con.execute(f'PRAGMA table_info("{t}")')} for t in tables}
         self.arrow = ArrowQueries(uri)
 
+    def close(self) -> None:
+        self.con.close()
+        self.arrow.close()
+
     def has(self, table: str, columns: tuple[str, ...] = ()) -> bool:
         return table in self.columns and set(columns) <= self.columns[table]
 
@@ -224,6 +228,14 @@ def _dangling_names(db: _Database) -> str | None:
 def read_database(path: Path, rules: list[Rule], step_marker: str | None) -> RankTrace:
     """Parse one rank's database export."""
     db = _Database(path)
+    try:
+        return _rank_trace(db, rules, step_marker)
+    finally:
+        db.close()  # a run of a thousand ranks must not hold a thousand open files
+
+
+def _rank_trace(db: _Database, rules: list[Rule], step_marker: str | None) -> RankTrace:
+    path = db.path
     version = _check_schema(db)
     annotations = _annotations(db)
     if step_marker is None and db.has("STEP_TIME", ("id", "startNs", "endNs")):

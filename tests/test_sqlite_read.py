@@ -15,7 +15,9 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from tests.conftest import TRACES
+from traceana.ingest.ascend_db import read_database
 from traceana.ingest.dispatch import IngestOptions, read_run
+from traceana.ingest.rules import load_rules
 from traceana.ingest.sqlite_read import ArrowQueries, unknown_id
 
 pytest.importorskip("adbc_driver_sqlite", reason="the optional native reader (pip install -e '.[sqlite]')")
@@ -114,3 +116,16 @@ def test_every_table_is_the_same_through_either_reader(trace: Path, monkeypatch:
     for name in native.frames:
         assert_frame_equal(native.table(name), rows.table(name))
     assert native.notes == rows.notes
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts this process's open files in /proc")
+def test_reading_a_database_leaves_no_file_open() -> None:
+    """Both connections (sqlite3 and the native one) are closed after each rank: a run of a thousand ranks must not
+    hold a thousand open files (the usual limit is 1,024)."""
+    database = next((TRACES / "ascend" / "torch_npu_2rank_level1_db").rglob("ascend_pytorch_profiler_*.db"))
+    rules = load_rules()
+    read_database(database, rules, None)  # first use: the driver's own files, once
+    before = len(list(Path("/proc/self/fd").iterdir()))
+    for _ in range(30):
+        read_database(database, rules, None)
+    assert len(list(Path("/proc/self/fd").iterdir())) - before < 5
