@@ -74,11 +74,15 @@ class Export:
         uri = f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1"
         self._con = sqlite3.connect(uri, uri=True)
         self._con.text_factory = decode_text  # some StringIds are not UTF-8
-        self._arrow = ArrowQueries(uri)
-        names = [r[0] for r in self._sql("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        self.tables = set(names)
-        self._columns: dict[str, list[str]] = {}
-        self.meta = self._meta()
+        try:
+            names = [r[0] for r in self._sql("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            self.tables = set(names)
+            self._columns: dict[str, list[str]] = {}
+            self.meta = self._meta()
+        except TraceanaError:  # not an export: probing many files must not leave them open
+            self._con.close()
+            raise
+        self._arrow = ArrowQueries(uri)  # opened once the file is known to be an export
 
     def close(self) -> None:
         self._con.close()
