@@ -1,20 +1,22 @@
-"""Ascend ingest throughput: the shared 2-rank runs (text timeline and database export) and a scaled copy of a real
-timeline (its events repeated with shifted timestamps, as a long profile would hold them).
+"""Ascend ingest throughput: the shared 2-rank runs (text timeline and database export), a scaled copy of a real
+timeline (its events repeated with shifted timestamps, as a long profile would hold them), and a synthetic run of N
+ranks' database exports (`traceana synth --format ascend`) read with --jobs 1 and 2.
 
 Prints seconds, MB/s and events/s for parse + link + finish (read_run) and for the whole ingest including the store
-write. Run: .venv/bin/python benchmarks/bench_ascend.py [copies]
+write; for the synthetic run, the reading of the databases apart from the whole read_run.
+Run: .venv/bin/python benchmarks/bench_ascend.py [--copies 50] [--ranks 16] [--repeats 3]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sqlite3
-import sys
 import tempfile
 from decimal import Decimal
 from pathlib import Path
 
-from ingest_timing import time_ingest
+from ingest_timing import load, sqlite_reader, synthesize, time_ingest, time_phases
 
 ASCEND = Path(__file__).resolve().parents[2] / "shared" / "traces" / "ascend"
 
@@ -28,8 +30,9 @@ def _inputs(run: Path) -> tuple[float, int]:
     for db in run.rglob("ascend_pytorch_profiler_*.db"):
         megabytes += db.stat().st_size / 1e6
         with sqlite3.connect(f"file:{db}?mode=ro&immutable=1", uri=True) as con:
+            tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             events += sum(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in
-                          ("TASK", "COMMUNICATION_OP", "PYTORCH_API"))
+                          ("TASK", "COMMUNICATION_OP", "PYTORCH_API") if t in tables)
     return megabytes, events
 
 
@@ -58,19 +61,40 @@ def _measure(path: Path, repeats: int) -> tuple[float, float, int]:
     return best_parse, best_total, data.table("device_events").height
 
 
-def main(copies: int = 50, repeats: int = 3) -> None:
+def synthetic(ranks: int, repeats: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = synthesize("ascend", ranks, Path(tmp) / "run")
+        megabytes, events = _inputs(folder)
+        print(f"\nsynthetic: {ranks} database exports, {megabytes:.1f} MB, {events:,} TASK + HCCL op + PyTorch rows "
+              f"(best of {repeats})")
+        print(f"{'jobs':<6}{'stage':<16}{'seconds':>9}{'MB/s':>9}{'rows/s':>12}")
+        for jobs in (1, 2):
+            files, whole, cpu, _ = time_phases(folder, "ascend", jobs, repeats)
+            for stage, seconds in (("files read", files), ("read_run", whole), ("read_run CPU", cpu)):
+                print(f"{jobs:<6}{stage:<16}{seconds:>9.3f}{megabytes / seconds:>9.1f}{events / seconds:>12,.0f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--copies", type=int, default=50)
+    parser.add_argument("--ranks", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(f"SQLite reader: {sqlite_reader()}; {load()}")
     print(f"{'input':<34}{'MB':>8}{'events':>10}{'stage':>12}{'seconds':>9}{'MB/s':>8}{'events/s':>12}")
     with tempfile.TemporaryDirectory() as tmp:
         cases = [(ASCEND / "torch_npu_2rank_level1", "level1 text, 2 ranks"),
                  (ASCEND / "torch_npu_2rank_level1_db", "level1 database, 2 ranks"),
-                 (_scaled(copies, Path(tmp)), f"level1 text x{copies}, 1 rank")]
+                 (_scaled(args.copies, Path(tmp)), f"level1 text x{args.copies}, 1 rank")]
         for path, label in cases:
             megabytes, events = _inputs(path)
-            parse, total, _ = _measure(path, repeats)
+            parse, total, _ = _measure(path, args.repeats)
             for stage, seconds in (("read_run", parse), ("+store", total)):
                 print(f"{label:<34}{megabytes:>8.1f}{events:>10,}{stage:>12}{seconds:>9.2f}"
                       f"{megabytes / seconds:>8.1f}{events / seconds:>12,.0f}")
+    synthetic(args.ranks, args.repeats)
+    print(load())
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:2]))
+    main()

@@ -23,12 +23,12 @@ from traceana.ingest.ascend_tasks import (
     hccl_task_annotations,
     hcom_columns,
     rank_events,
-    task_category,
+    with_task_categories,
 )
 from traceana.ingest.ascend_timeline import DEFAULT_STEP_MARKER
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import marker_steps
-from traceana.ingest.sqlite_read import decode_text, typed_frame, unknown_id
+from traceana.ingest.sqlite_read import ArrowQueries, decode_text, typed_frame, unknown_id
 from traceana.ingest.validate import checked_rank
 
 SCHEMA_MAJOR = "1"  # the schema family read here (META_DATA SCHEMA_VERSION 1.x)
@@ -90,13 +90,19 @@ class _Database:
         # (the profiler leaves its databases in WAL mode, and input folders may be read-only).
         wal = path.with_name(path.name + "-wal")
         mode = "ro" if wal.is_file() and wal.stat().st_size else "ro&immutable=1"
+        uri = f"file:{path}?mode={mode}"
         try:
-            self.con = sqlite3.connect(f"file:{path}?mode={mode}", uri=True)
+            self.con = sqlite3.connect(uri, uri=True)
             self.con.text_factory = decode_text
             tables = [r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         except sqlite3.Error as exc:
             raise TraceanaError(f"{path}: not a readable SQLite database ({exc})") from None
         self.columns = {t: {r[1] for r in self.con.execute(f'PRAGMA table_info("{t}")')} for t in tables}
+        self.arrow = ArrowQueries(uri)
+
+    def close(self) -> None:
+        self.con.close()
+        self.arrow.close()
 
     def has(self, table: str, columns: tuple[str, ...] = ()) -> bool:
         return table in self.columns and set(columns) <= self.columns[table]
@@ -104,6 +110,8 @@ class _Database:
     def frame(self, sql: str, schema: dict[str, pl.DataType], where: str) -> pl.DataFrame:
         """Rows of ``sql`` typed by ``schema`` (looked up by the query's column names); ``where`` names the table
         in an error."""
+        if (fast := self.arrow.frame(sql, schema)) is not None:
+            return fast
         try:
             cursor = self.con.execute(sql)
             rows = cursor.fetchall()
@@ -158,7 +166,7 @@ def _events(db: _Database, rules: list[Rule]) -> pl.DataFrame:
         if db.has("COMMUNICATION_TASK_INFO") else ""
     runtime = db.frame(_RUNTIME_SQL.format(**_IDS, not_comm_task=comm_task), _EVENT, "TASK").filter(
         pl.col("name").is_in([k for k, v in RUNTIME_TASKS.items() if v]))  # kernel-typed containers are dropped
-    tasks = pl.concat([compute, runtime]).with_columns(task_category(pl.col("name"), rules))
+    tasks = with_task_categories(pl.concat([compute, runtime]), rules)
     hcom = pl.DataFrame(schema=_HCOM)
     if db.has("COMMUNICATION_OP"):
         dtype, join = db.enum("ENUM_HCCL_DATA_TYPE", "o.dataType")
@@ -220,6 +228,14 @@ def _dangling_names(db: _Database) -> str | None:
 def read_database(path: Path, rules: list[Rule], step_marker: str | None) -> RankTrace:
     """Parse one rank's database export."""
     db = _Database(path)
+    try:
+        return _rank_trace(db, rules, step_marker)
+    finally:
+        db.close()  # a run of a thousand ranks must not hold a thousand open files
+
+
+def _rank_trace(db: _Database, rules: list[Rule], step_marker: str | None) -> RankTrace:
+    path = db.path
     version = _check_schema(db)
     annotations = _annotations(db)
     if step_marker is None and db.has("STEP_TIME", ("id", "startNs", "endNs")):

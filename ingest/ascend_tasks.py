@@ -16,7 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op
-from traceana.ingest.rules import Rule, classify
+from traceana.ingest.rules import Rule, classify, per_name
 
 # Runtime task name (timeline) or task type (database) -> category, from the CANN runtime's task-type registry
 # (seen in the shared traces: EVENT_RECORD, EVENT_WAIT, MEMCPY_ASYNC, PROFILING_*, Notify Wait, Write Value, SDMA).
@@ -36,11 +36,14 @@ RUNTIME_TASKS: dict[str, str | None] = {
 _HCOM = r"^(hcom_[A-Za-z]+_)_\d+_(\d+)"
 
 
-def task_category(names: pl.Expr, rules: list[Rule]) -> pl.Expr:
-    """Category of a device task by its runtime name; NULL for HCCL-internal tasks; kernels by the rules."""
+def with_task_categories(tasks: pl.DataFrame, rules: list[Rule]) -> pl.DataFrame:
+    """``tasks`` with the category of each device task by its runtime ``name``: NULL for HCCL-internal tasks,
+    kernels by the rules."""
+    names = pl.col("name")
     known = names.is_in(list(RUNTIME_TASKS))
     runtime = names.replace_strict(RUNTIME_TASKS, default=None, return_dtype=pl.String())
-    return pl.when(known).then(runtime).otherwise(classify(names, rules)[0]).alias("category")
+    return per_name(tasks, "name", [pl.when(known).then(runtime).otherwise(classify(names, rules)[0])
+                                    .alias("category")])
 
 
 def hcom_columns(frame: pl.DataFrame) -> pl.DataFrame:

@@ -17,7 +17,13 @@ import polars as pl
 
 from traceana.errors import TraceanaError
 from traceana.ingest.ascend_memory import memory_from_csv
-from traceana.ingest.ascend_tasks import RankTrace, hccl_task_annotations, hcom_columns, rank_events, task_category
+from traceana.ingest.ascend_tasks import (
+    RankTrace,
+    hccl_task_annotations,
+    hcom_columns,
+    rank_events,
+    with_task_categories,
+)
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import marker_steps
 
@@ -126,7 +132,7 @@ def read_timeline(files: list[Path], rules: list[Rule], step_marker: str | None)
                             f"timeline per device (rank)")
     con.execute(_SPANS_SQL)
 
-    tasks = con.sql(_HARDWARE_SQL).pl().with_columns(task_category(pl.col("name"), rules))
+    tasks = with_task_categories(con.sql(_HARDWARE_SQL).pl(), rules)
     hcom = hcom_columns(con.sql(_HCOM_SQL).pl())
     events = rank_events(tasks, hcom)
     annotations = con.sql(_CPU_OPS_SQL).pl()

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 from traceana.errors import TraceanaError
+from traceana.ingest.parallel import RayCluster
 from traceana.ingest.rules import Rule, load_rules
 from traceana.ingest.run_data import RunData, finish
 from traceana.ingest.validate import validate
@@ -38,7 +39,8 @@ class IngestOptions:
     step_marker: str | None = None          # regex over annotation names; None = the format's defaults
     rules: list[Rule] = field(default_factory=load_rules)
     cache_dir: Path = Path(".traceana-cache")  # where derived files (nsys -> sqlite exports) are written
-    jobs: int | None = None  # worker processes parsing files (1: this process; None: all cores for large runs)
+    # worker processes parsing files (1: this process; None: all cores for large runs), or Ray tasks on a cluster
+    jobs: int | RayCluster | None = None
     spill_near: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "traceana")  # the store: the
     # per-event tables wait as Parquet in a folder beside it until the store write streams them in
     progress: ReadProgress = field(default_factory=lambda: ReadProgress())  # what the user sees while it runs

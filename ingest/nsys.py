@@ -202,22 +202,23 @@ def _nvtx_ranges(export: Export, strings: pl.DataFrame) -> pl.DataFrame | None:
     )
 
 
-def _launches(export: Export) -> pl.DataFrame | None:
+def _launches(export: Export, launched: pl.Series) -> pl.DataFrame | None:
     """The runtime calls that launched device work: only those whose correlationId a kernel, copy or memset has
-    (the rest, synchronizations, allocations, event records, are never joined: 64% of the runtime rows of the
-    shared H100 export)."""
+    (``launched``; the rest, synchronizations, allocations, event records, are never joined: 64% of the runtime
+    rows of the shared H100 export)."""
     if "CUPTI_ACTIVITY_KIND_RUNTIME" not in export.tables:
         return None
-    launched = [f'SELECT correlationId FROM "{t}"' for t in _DEVICE_TABLES
-                if t in export.tables and "correlationId" in export.columns(t)]
-    where = (f"WHERE correlationId IN ({' UNION ALL '.join(launched)})"
-             if launched and "correlationId" in export.columns("CUPTI_ACTIVITY_KIND_RUNTIME") else "")
+    tables = [f'SELECT correlationId FROM "{t}"' for t in _DEVICE_TABLES
+              if t in export.tables and "correlationId" in export.columns(t)]
+    narrow = (f"WHERE correlationId IN ({' UNION ALL '.join(tables)})"
+              if tables and "correlationId" in export.columns("CUPTI_ACTIVITY_KIND_RUNTIME") else "")
     runtime = export.frame("CUPTI_ACTIVITY_KIND_RUNTIME", {"start": _I64, "globalTid": _I64, "correlationId": _I64},
-                           where)
+                           narrow=narrow)
     if runtime is None:
         return None
-    return runtime.select(_pid("globalTid").alias("pid"), (pl.col("globalTid") & 16777215).alias("tid"),
-                          "correlationId", pl.col("start").alias("launch_ns"))
+    return runtime.filter(pl.col("correlationId").is_in(launched.implode())).select(
+        _pid("globalTid").alias("pid"), (pl.col("globalTid") & 16777215).alias("tid"), "correlationId",
+        pl.col("start").alias("launch_ns"))
 
 
 def _stated_ranks(export: Export, strings: pl.DataFrame, pids: list[int | None]) -> dict[int | None, tuple[int, str]]:
@@ -298,7 +299,7 @@ def _with_collectives(device: pl.DataFrame, export: Export, ranges: pl.DataFrame
     """Classify every device event; add op, kernel_op, dtype and evidence to the communication ones, and the time
     of the runtime call that launched each event (launch_ns, by pid and correlationId)."""
     device = with_classes(device, "short", rules)
-    launches = _launches(export)
+    launches = _launches(export, device["correlationId"])
     if launches is not None:
         first = launches.group_by("pid", "correlationId").agg(pl.col("launch_ns").min())  # 2022.x: some twice
         device = device.join(first, on=["pid", "correlationId"], how="left")

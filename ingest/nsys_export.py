@@ -19,7 +19,7 @@ from urllib.parse import quote
 import polars as pl
 
 from traceana.errors import TraceanaError
-from traceana.ingest.sqlite_read import decode_text, typed_frame, unknown_id
+from traceana.ingest.sqlite_read import ArrowQueries, decode_text, typed_frame, unknown_id
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 TIMES = ("start", "end")  # read as they are: a time that is not an integer is an error; other ids may be unknown
@@ -74,13 +74,19 @@ class Export:
         uri = f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1"
         self._con = sqlite3.connect(uri, uri=True)
         self._con.text_factory = decode_text  # some StringIds are not UTF-8
-        names = [r[0] for r in self._sql("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        self.tables = set(names)
-        self._columns: dict[str, list[str]] = {}
-        self.meta = self._meta()
+        try:
+            names = [r[0] for r in self._sql("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            self.tables = set(names)
+            self._columns: dict[str, list[str]] = {}
+            self.meta = self._meta()
+        except TraceanaError:  # not an export: probing many files must not leave them open
+            self._con.close()
+            raise
+        self._arrow = ArrowQueries(uri)  # opened once the file is known to be an export
 
     def close(self) -> None:
         self._con.close()
+        self._arrow.close()
 
     def _sql(self, sql: str, params: tuple = ()) -> list[tuple]:
         try:
@@ -112,11 +118,13 @@ class Export:
             self._columns[table] = [r[1] for r in self._sql(f'PRAGMA table_info("{table}")')]
         return self._columns[table]
 
-    def frame(self, table: str, columns: dict[str, pl.DataType], where: str = "",
-              required: tuple[str, ...] = ()) -> pl.DataFrame | None:
+    def frame(self, table: str, columns: dict[str, pl.DataType], required: tuple[str, ...] = (),
+              narrow: str = "") -> pl.DataFrame | None:
         """``columns`` of ``table`` (NULL where the export lacks one), or None when the table is absent.
 
         A missing column in ``required`` is an error naming the table; other missing columns go into ``notes``.
+        ``narrow`` is a WHERE clause that spares sqlite3 the Python objects of rows the caller will drop; the
+        native reader reads every row faster than SQLite filters them, so the caller filters the frame itself.
         """
         if table not in self.tables:
             return None
@@ -127,8 +135,12 @@ class Export:
         if missing:
             self.notes.append(f"{self.path.name}: {table} has no column {', '.join(missing)}")
         select = ", ".join(_read(c, t) if c in present else f'NULL AS "{c}"' for c, t in columns.items())
-        rows = self._sql(f'SELECT {select} FROM "{table}" {where}')
-        return typed_frame(rows, columns, self.path, f"table {table}")
+        ids = tuple(c for c, t in columns.items() if c in present and t.is_integer() and c not in TIMES)
+        stored = ", ".join(f'"{c}"' if c in present else f'NULL AS "{c}"' for c in columns)
+        fast = self._arrow.frame(f'SELECT {stored} FROM "{table}"', columns, ids)
+        if fast is not None:
+            return fast
+        return typed_frame(self._sql(f'SELECT {select} FROM "{table}" {narrow}'), columns, self.path, f"table {table}")
 
     def strings(self) -> pl.DataFrame:
         """StringIds as (id, value): every name in the export is an id into it."""

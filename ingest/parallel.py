@@ -1,20 +1,24 @@
-"""Per-file work in worker processes (`traceana ingest --jobs N`): results come back in file order.
+"""Per-file work in worker processes (`traceana ingest --jobs N`) or as Ray tasks (`--executor ray`): results come
+back in file order.
 
-Workers are spawned (not forked: the parent may hold DuckDB threads), so the function they run must be importable
-at module level and its results picklable. Kineto's (kineto.parse_file) does all of one file's work and writes its
-per-event tables as Parquet into the ingest's spill folder, returning only the small rest (a CPU-only file also its
-rows, as an Arrow IPC stream: :func:`to_ipc`); nsys returns its frames pickled (which Polars does as IPC). A
-worker's TraceanaError ends the whole ingest with that one line; nothing is written, since the store is written only
-after every file is read, and the spill folder is removed.
+Workers are spawned (not forked: the parent may hold DuckDB threads), and Ray tasks run in other processes or on
+other machines, so the function they run must be importable at module level and its results picklable. Kineto's
+(kineto.parse_file) does all of one file's work and writes its per-event tables as Parquet into the ingest's spill
+folder, returning only the small rest (a CPU-only file also its rows, as an Arrow IPC stream: :func:`to_ipc`); nsys
+returns its frames pickled (which Polars does as IPC). Both executors run the same function and return the same
+results. A worker's TraceanaError ends the whole ingest with that one line; nothing is written, since the store is
+written only after every file is read, and the spill folder is removed.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -28,9 +32,21 @@ T = TypeVar("T")
 WORKER_MIN_BYTES = 64 << 20
 
 
-def worker_count(jobs: int | None, files: list[Path]) -> int:
+@dataclass(frozen=True)
+class RayCluster:
+    """Parse each file as a Ray task (`--executor ray`) on the cluster at ``address`` (as ``ray.init`` takes it;
+    None: RAY_ADDRESS, else the Ray running on this machine, else one started for this ingest). Every node needs
+    this traceana installed and the input files at the same paths (shared storage); the results come back to this
+    process."""
+
+    address: str | None = None
+
+
+def worker_count(jobs: int | RayCluster | None, files: list[Path]) -> int | RayCluster:
     """Processes to use: ``jobs`` as asked (1 = in this process), or, unset, every core once the input is large
-    enough to pay for starting them; never more than one per file."""
+    enough to pay for starting them; never more than one per file. A Ray cluster sizes itself."""
+    if isinstance(jobs, RayCluster):
+        return jobs
     if jobs is None:
         large = sum(f.stat().st_size for f in files) >= WORKER_MIN_BYTES
         jobs = (os.cpu_count() or 1) if large else 1
@@ -39,8 +55,12 @@ def worker_count(jobs: int | None, files: list[Path]) -> int:
     return min(jobs, max(len(files), 1))
 
 
-def map_files(parse: Callable[[Path], T], files: list[Path], jobs: int) -> Iterator[T]:
-    """``parse(file)`` for every file, in file order, across ``jobs`` worker processes (1: in this one)."""
+def map_files(parse: Callable[[Path], T], files: list[Path], jobs: int | RayCluster) -> Iterator[T]:
+    """``parse(file)`` for every file, in file order, across ``jobs`` worker processes (1: in this one), or as
+    tasks on a Ray cluster."""
+    if isinstance(jobs, RayCluster):
+        yield from _map_ray(parse, files, jobs)
+        return
     if jobs == 1:
         yield from map(parse, files)
         return
@@ -55,6 +75,44 @@ def map_files(parse: Callable[[Path], T], files: list[Path], jobs: int) -> Itera
                                     "try fewer --jobs") from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _call(parse: Callable[[Path], T], file: Path) -> T:
+    """The Ray task: one file's parse (module level, so that workers import it rather than unpickle code)."""
+    return parse(file)
+
+
+def _map_ray(parse: Callable[[Path], T], files: list[Path], cluster: RayCluster) -> Iterator[T]:
+    """:func:`map_files` on Ray: one task per file, results taken in file order. A Ray this ingest started (or
+    connected to) is shut down (disconnected) after it; one already initialised in this process is used and left."""
+    try:
+        import ray
+    except ModuleNotFoundError:
+        raise TraceanaError("--executor ray needs Ray, which is not installed: pip install 'traceana[ray]'") from None
+    started = not ray.is_initialized()
+    if started:
+        where = cluster.address or os.environ.get("RAY_ADDRESS")
+        try:
+            ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TraceanaError(f"cannot start or reach Ray{f' at {where}' if where else ''} ({first[:200]})") from None
+    task = ray.remote(_call)
+    refs = [task.remote(parse, file) for file in files]
+    try:
+        for file, ref in zip(files, refs, strict=True):
+            try:
+                yield ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:  # the parse raised: its own exception, as a local worker's
+                raise exc.cause from None
+            except ray.exceptions.RayError as exc:  # the task's worker or node died, or its result was lost
+                raise TraceanaError(f"{file}: the Ray task reading it failed ({type(exc).__name__}: "
+                                    f"{str(exc).strip().splitlines()[0][:160]})") from None
+    finally:
+        for ref in refs:
+            ray.cancel(ref)
+        if started:
+            ray.shutdown()
 
 
 def to_ipc(batches: pa.RecordBatchReader) -> bytes:

@@ -72,7 +72,13 @@ def classify(names: pl.Expr, rules: list[Rule]) -> list[pl.Expr]:
 
 
 def with_classes(frame: pl.DataFrame, names: str, rules: list[Rule]) -> pl.DataFrame:
-    """``frame`` with the ``category`` and ``rule_op`` of its ``names`` column: each distinct name is classified
-    once (a run has a few hundred kernel names and millions of events), then joined back in the frame's order."""
-    classes = frame.select(pl.col(names).unique()).with_columns(classify(pl.col(names), rules))
-    return frame.join(classes, on=names, how="left", maintain_order="left", nulls_equal=True)
+    """``frame`` with the ``category`` and ``rule_op`` of its ``names`` column."""
+    return per_name(frame, names, classify(pl.col(names), rules))
+
+
+def per_name(frame: pl.DataFrame, names: str, columns: list[pl.Expr]) -> pl.DataFrame:
+    """``frame`` with ``columns`` (expressions of its ``names`` column) computed once per distinct name and joined
+    back in the frame's order: a run has a few hundred kernel names and millions of events, and the rules are a
+    chain of regular expressions."""
+    computed = frame.select(pl.col(names).unique()).with_columns(columns)
+    return frame.join(computed, on=names, how="left", maintain_order="left", nulls_equal=True)

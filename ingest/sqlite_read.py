@@ -4,6 +4,10 @@ SQLite types values, not columns: an id column may hold the profilers' "none" (u
 4294967295, as -1, or as a REAL 1.8e19 when it no longer fits an integer), text, or a float. An id that is not a
 plain integer is read as unknown (NULL): that is data, not an error. A value that matters and cannot be represented
 (a time, a rank) is a one-line error naming the file, the table or field and the value.
+
+Queries are read straight into Arrow by ADBC's SQLite driver (:class:`ArrowQueries`, native code, the optional
+extra ``traceana[sqlite]``) where it is installed; Python's sqlite3 rows and :func:`typed_frame` read what it does
+not (the driver absent, or a result it cannot type plainly), and give the same frame or the one-line error.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 
 from traceana.errors import TraceanaError
 
@@ -63,3 +68,70 @@ def _kind(dtype: pl.DataType) -> str:
         bits = {pl.Int32(): 32, pl.Int64(): 64}.get(dtype, 64)
         return f"an integer of {bits} bits"
     return f"a {dtype}"
+
+
+class ArrowQueries:
+    """A second read-only connection to an SQLite file, through ADBC's SQLite driver: a query's result arrives as
+    Arrow columns built in native code, 3-5x faster than sqlite3's Python rows (whose objects are the floor there).
+
+    ``frame`` answers None where the driver is not installed or the result is not plainly of the wanted types: a
+    value of another type partway down a column (the driver types a column by its first rows and then refuses),
+    text that is not UTF-8, an integer too wide for its column. The caller then reads that query with sqlite3 and
+    :func:`typed_frame`, which give the same frame, or the one-line error naming the bad value."""
+
+    def __init__(self, uri: str) -> None:
+        self._con = None
+        try:
+            import adbc_driver_manager
+            import adbc_driver_sqlite
+        except ImportError:
+            return
+        self._adbc = adbc_driver_manager
+        try:
+            self._db = adbc_driver_sqlite.connect(uri)
+            self._con = adbc_driver_manager.AdbcConnection(self._db)
+        except adbc_driver_manager.Error:
+            return
+
+    def frame(self, sql: str, schema: dict[str, pl.DataType], ids: tuple[str, ...] = ()) -> pl.DataFrame | None:
+        """The result of ``sql`` as a frame of ``schema`` (by column name), or None where sqlite3 must read it.
+
+        ``ids`` are 64-bit id columns that ``sql`` reads as they are stored rather than through :func:`unknown_id`
+        (whose CASE costs SQLite as much as reading the column): their "none" values become NULL here, which is the
+        same where the whole column is integers, and anything else is not read here."""
+        if self._con is None:
+            return None
+        try:
+            with self._adbc.AdbcStatement(self._con) as statement:
+                statement.set_sql_query(sql)
+                stream, _ = statement.execute_query()
+                table = pa.RecordBatchReader._import_from_c(stream.address).read_all()
+            for column in table.columns:
+                if pa.types.is_string(column.type):
+                    column.validate(full=True)  # the driver passes text through as it is stored
+            frame = _cast(pl.from_arrow(table), schema)  # type: ignore[arg-type]
+        except (self._adbc.Error, pa.ArrowException, OSError, pl.exceptions.PolarsError):
+            return None
+        if frame is None or not ids:
+            return frame
+        return frame.with_columns(pl.when(~pl.col(c).is_in(UNKNOWN_IDS)).then(pl.col(c)).alias(c) for c in ids)
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._db.close()
+            self._con = None
+
+
+def _cast(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame | None:
+    """``frame`` in ``schema`` where each column holds what sqlite3 would have read into it without a question: NULLs
+    only, or 64-bit integers for an integer or float column, text for a text one, reals for a float one."""
+    columns = []
+    for name, dtype in frame.schema.items():
+        wanted = schema[name]
+        plain = (frame[name].null_count() == frame.height or dtype == wanted
+                 or (dtype == pl.Int64() and (wanted.is_integer() or wanted == pl.Float64())))
+        if not plain:
+            return None
+        columns.append(pl.col(name).cast(wanted, strict=True))  # an Int32 column raises on a wider value
+    return frame.select(columns)

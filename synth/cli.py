@@ -77,8 +77,8 @@ def _writer(fmt: str) -> Callable[..., Path]:
 
 
 def _write_truth(plan: Plan, path: Path, rows: list[pl.DataFrame], fmt: str) -> None:
-    """The ground truth: options, layout, hosts and clock offsets, process groups, straggler, per rank and step
-    times (ns, DESIGN §4 columns, on the true timeline), and the estimator's per-stage figures (ms)."""
+    """The ground truth: options, layout, hosts and clock offsets, process groups, straggler, step starts and per
+    rank and step times (ns, DESIGN §4 columns, on the true timeline), and the estimator's per-stage figures (ms)."""
     import polars as pl
 
     from traceana.synth.schedule import DIMS
@@ -94,7 +94,7 @@ def _write_truth(plan: Plan, path: Path, rows: list[pl.DataFrame], fmt: str) -> 
         "world_size": plan.world,
         "layout": plan.layout.spec,
         "step_ns": plan.step_ns,
-        "period_ns": plan.period_ns,
+        "step_starts_ns": plan.coupling.step_starts_ns.tolist(),
         "straggler": {"rank": o.straggler_rank, "stage": o.straggler_stage, "slowdown": o.slowdown},
         "hosts": {f"node{h:04d}": off for h, off in enumerate(plan.host_offsets_ns)},
         "ranks": [{"rank": r, "host": f"node{plan.host_of(r):04d}", "device": r % o.ranks_per_host,

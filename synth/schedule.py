@@ -14,9 +14,13 @@ differ is drawn from a seeded RNG:
 - an op that follows a gap in the template (a bubble or host-bound wait) starts at its planned time or when the
   rank is free, whichever is later; an op that follows another directly starts when that one ends.
 
-Pipeline transfers (Send on the sender, Recv on the receiver, on their own stream) keep the planned times.
-Stages meet only through steps: step k starts on every rank at ``k * period``, the period being the planned step
-with room for the slowdown and jitter, so each stage can be generated on its own (memory: one stage at a time).
+Stages are coupled through their pipeline transfers (a Send on the sender, a Recv on the receiver, on their own
+stream): the Send starts when the pass it carries ends, the Recv when the receiver reaches the pass that needs it,
+both end at the later start plus the planned transfer time, and that pass starts no earlier. So a slow stage delays
+its neighbours, activations flowing down the pipeline and gradients up, as in a real 1F1B run. A step ends for
+everyone with the last rank's work (the optimizer's sync); the next starts ``step_gap_us`` later, its planned times
+counted from there. The coupling plays all stages together, one step at a time, keeping only step starts and
+transfer times; each stage is then replayed on its own with the same draws (memory: one stage's ops at a time).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 import polars as pl
@@ -145,7 +150,8 @@ class Options:
 
 @dataclass
 class Template:
-    """One stage's step as ops in issue order (main chain first, then pipeline transfers), times in ns."""
+    """One stage's step as ops in issue order (main chain first, then pipeline transfers in planned order), times in
+    ns."""
 
     code: np.ndarray      # COMPUTE / COLLECTIVE / SEND / RECV
     plan: np.ndarray      # planned start, relative to the step start
@@ -156,6 +162,8 @@ class Template:
     cpu_op: np.ndarray    # index into Plan.names: the CPU op that launches it
     nelems: np.ndarray
     peer_stage: np.ndarray  # transfers: the other stage
+    link: np.ndarray        # a Send: the main op whose end issues it; a Recv: the main op that waits for it; or -1
+    transfer: np.ndarray    # transfers: the pair's number (a Send and its Recv share it), -1 for main-chain ops
 
 
 @dataclass
@@ -178,7 +186,6 @@ class Plan:
     layout: Layout
     templates: list[Template]
     step_ns: int                # planned step length
-    period_ns: int              # step k starts at k * period on every rank
     estimate_ms: pl.DataFrame   # the estimator's per-stage breakdown, for reference
     names: list[str] = field(default_factory=list)
     groups: dict[str, list[list[int]]] = field(default_factory=dict)
@@ -196,6 +203,17 @@ class Plan:
         return np.array([[c[d] for d in ("tp", "cp", "ep", "dp", "pp")] for c in map(self.layout.coords,
                                                                                    range(self.world))])
 
+    @cached_property
+    def pipelines(self) -> np.ndarray:
+        """pipelines x pp: each row one pipeline (PP group), its rank on every stage."""
+        return np.array(self.groups["PP"])
+
+    def peers(self, ranks: np.ndarray, stage: int) -> np.ndarray:
+        """The rank on ``stage`` of each of ``ranks``' pipeline."""
+        row = np.empty(self.world, dtype=np.int64)
+        row[self.pipelines] = np.arange(len(self.pipelines))[:, None]
+        return self.pipelines[row[ranks], stage]
+
     def host_of(self, rank: int) -> int:
         return rank // self.options.ranks_per_host
 
@@ -212,11 +230,22 @@ class Plan:
                     index += 1
         return out
 
-    def stage_traces(self) -> Iterator[RankTrace]:
-        """Every rank's ops, one stage at a time (rank order within a stage)."""
+    @cached_property
+    def stages(self) -> list[_Stage]:
+        """Each stage's ranks, ready to play its template."""
         groups = self.process_groups()
-        for stage, template in enumerate(self.templates):
-            yield from _simulate_stage(self, stage, template, groups)
+        return [_Stage(self, s, groups) for s in range(len(self.templates))]
+
+    @cached_property
+    def coupling(self) -> Coupling:
+        """The stages played together, step by step (see :func:`_couple`)."""
+        return _couple(self, self.stages)
+
+    def stage_traces(self) -> Iterator[RankTrace]:
+        """Every rank's ops, one stage at a time (rank order within a stage), each stage replayed on its own from
+        the coupling (memory: one stage's ops at a time)."""
+        for stage, transfers in zip(self.stages, self.coupling.transfers, strict=True):
+            yield from _replay(self, stage, self.coupling.step_starts_ns, transfers)
 
 
 def _with_ranks(cfg: Config, ranks: int | None) -> Config:
@@ -247,9 +276,7 @@ def build(cfg: Config, options: Options) -> Plan:
     step_ns = round(est.step_s * 1e9)
     names: dict[str, int] = {}
     templates = _templates(frame, cfg, options, names)
-    slowdown = options.slowdown if options.straggler_rank is not None or options.straggler_stage is not None else 1
-    period = math.ceil(step_ns * slowdown * (1 + 6 * options.jitter)) + round(options.step_gap_us * 1e3)
-    plan = Plan(cfg, options, layout, templates, step_ns, period, est.time_frame, list(names),
+    plan = Plan(cfg, options, layout, templates, step_ns, est.time_frame, list(names),
                 {d: layout.groups[d] for d in DIMS})
     world = layout.world_size
     if options.straggler_rank is not None and not 0 <= options.straggler_rank < world:
@@ -287,39 +314,48 @@ def _templates(frame: pl.DataFrame, cfg: Config, options: Options, names: dict[s
               "PP": activation}
     kernel_ns = options.kernel_us * 1e3
     rows = frame.filter(~pl.col("kind").is_in(["BUBBLE"]))
-    transfers = _transfers(frame)
-    templates = []
+    chains: list[list[tuple]] = []   # per stage: the main chain's ops
+    owners: list[pl.DataFrame] = []  # per stage: start, end, and the kind and micro_batch of the pass, of each op
     for stage in range(p.pp):
-        ops: list[tuple] = []  # code, plan, dur, dim, name, cpu_op, nelems, peer_stage
+        ops, owner = [], []
         main = rows.filter((pl.col("stage") == stage) & (pl.col("kind") != "P2P")).sort("t0")
         for piece in _passes(main.select("kind", "micro_batch", "t0", "t1").rows()):
-            ops += _play_pass(piece, options.rounds, kernel_ns, nelems, intern)
+            played = _play_pass(piece, options.rounds, kernel_ns, nelems, intern)
+            ops += played
+            owner += [(o[1], o[1] + o[2], *piece[0][:2]) for o in played]
+        chains.append(ops)
+        owners.append(pl.DataFrame(owner, schema=["start", "end", "kind", "micro_batch"], orient="row"))
+    sides: list[list[tuple]] = [[] for _ in range(p.pp)]
+    for tid, (receiver, sender, mb, t0, t1) in enumerate(_transfers(frame)):
+        producer = _producer(owners[sender], t0)
+        kind = "F" if producer >= 0 and owners[sender]["kind"][producer] == "F" else "B"
+        consumer = _consumer(owners[receiver], kind, mb, t1) if producer >= 0 else -1
+        for stage, code, peer, link in ((sender, SEND, receiver, producer), (receiver, RECV, sender, consumer)):
+            spec = COLLECTIVES["SEND" if code == SEND else "RECV"]
+            sides[stage].append((code, t0, t1 - t0, DIMS.index("PP"), intern(spec.kernel), intern(spec.cpu_op),
+                                 nelems["PP"], peer, link, tid))
+    templates = []
+    for ops, side in zip(chains, sides, strict=True):
         chain_end = np.array([o[1] + o[2] for o in ops])
         chained = np.zeros(len(ops), dtype=bool)
         if len(ops) > 1:
             chained[1:] = np.abs(np.array([o[1] for o in ops[1:]]) - chain_end[:-1]) < 1
-        side = []
-        for receiver, sender, t0, t1 in transfers:
-            if stage in (receiver, sender):
-                spec = COLLECTIVES["RECV" if stage == receiver else "SEND"]
-                side.append((RECV if stage == receiver else SEND, t0, t1 - t0, DIMS.index("PP"),
-                             intern(spec.kernel), intern(spec.cpu_op), nelems["PP"],
-                             sender if stage == receiver else receiver))
-        table = ops + side
-        arrays = list(zip(*table, strict=True)) if table else [()] * 8
+        table = [(*o, -1, -1) for o in ops] + sorted(side, key=lambda o: (o[1], o[9]))  # planned order
+        arrays = list(zip(*table, strict=True)) if table else [()] * 10
         templates.append(Template(
             code=np.array(arrays[0], dtype=np.int8), plan=np.array(arrays[1], dtype=np.int64),
             dur=np.array(arrays[2], dtype=np.int64), chained=np.concatenate([chained, np.zeros(len(side), bool)]),
             dim=np.array(arrays[3], dtype=np.int8), name=np.array(arrays[4], dtype=np.int32),
             cpu_op=np.array(arrays[5], dtype=np.int32), nelems=np.array(arrays[6], dtype=np.int64),
-            peer_stage=np.array(arrays[7], dtype=np.int32)))
+            peer_stage=np.array(arrays[7], dtype=np.int32), link=np.array(arrays[8], dtype=np.int32),
+            transfer=np.array(arrays[9], dtype=np.int32)))
     return templates
 
 
-def _transfers(frame: pl.DataFrame) -> list[tuple[int, int, int, int]]:
-    """(receiver, sender, t0, t1) of each pipeline transfer: the sender is the stage whose pass of the same
-    micro-batch ended when the transfer started."""
-    p2p = frame.filter(pl.col("kind") == "P2P").select("stage", "micro_batch", "t0", "t1").rows()
+def _transfers(frame: pl.DataFrame) -> list[tuple[int, int, int, int, int]]:
+    """(receiver, sender, micro_batch, t0, t1) of each pipeline transfer, in planned order: the sender is the stage
+    whose pass of the same micro-batch ended when the transfer started."""
+    p2p = frame.filter(pl.col("kind") == "P2P").sort("t0").select("stage", "micro_batch", "t0", "t1").rows()
     passes = frame.filter(~pl.col("kind").is_in(["P2P", "BUBBLE"]) & (pl.col("micro_batch") >= 0))
     ends = {(mb, t1): s for s, mb, t1 in passes.select("stage", "micro_batch", "t1").rows()}
     out = []
@@ -328,8 +364,22 @@ def _transfers(frame: pl.DataFrame) -> list[tuple[int, int, int, int]]:
         if sender is None:  # rounding put the end one ns away
             sender = next((s for (m, t), s in ends.items() if m == mb and abs(t - t0) <= 2 and s != stage), None)
         if sender is not None and sender != stage:
-            out.append((stage, sender, t0, t1))
+            out.append((stage, sender, mb, t0, t1))
     return out
+
+
+def _producer(chain: pl.DataFrame, t0: int) -> int:
+    """The sender's op whose end issues a transfer planned at ``t0``: the last main-chain op ending by then (-1:
+    none; the chain's ends never decrease)."""
+    return int(chain["end"].search_sorted(t0 + 2, side="right")) - 1
+
+
+def _consumer(chain: pl.DataFrame, kind: str, mb: int, t1: int) -> int:
+    """The receiver's op that needs a transfer planned to end at ``t1``: the first op, from then on, of a pass of
+    ``kind`` (F for activations, B for gradients) and micro-batch ``mb`` (-1: none)."""
+    found = chain.with_row_index().filter((pl.col("kind") == kind) & (pl.col("micro_batch") == mb)
+                                          & (pl.col("start") >= t1 - 2))["index"]
+    return int(found[0]) if len(found) else -1
 
 
 def _passes(rows: list[tuple]) -> Iterator[list[tuple]]:
@@ -379,79 +429,188 @@ def _share(total: int, parts: int, i: int) -> int:
     return total * (i + 1) // parts - total * i // parts
 
 
-def _simulate_stage(plan: Plan, stage: int, tpl: Template, groups: list[dict]) -> Iterator[RankTrace]:
-    """Play one stage's template for every step on all its ranks at once (arrays ranks x ops)."""
-    options = plan.options
-    ranks = plan.stage_ranks(stage)
-    n, k = len(ranks), len(tpl.code)
-    local = {int(r): i for i, r in enumerate(ranks)}
-    # per dim: each stage rank's group (local index of its first member) and pg name
-    leader = np.tile(np.arange(n), (len(DIMS), 1))
-    pg_of = np.full((len(DIMS), n), -1)
-    for g in groups:
-        members = [local[r] for r in g["ranks"] if r in local]
-        d = DIMS.index(g["dim"])
-        pg_of[d, members] = int(g["pg"])
-        if len(members) == len(g["ranks"]):  # every group but PP lies inside one stage
-            leader[d, members] = members[0]
-    rng = np.random.default_rng([options.seed, 2, stage])
-    slow = plan.slow[ranks][:, None]
-    main = np.flatnonzero(tpl.code <= COLLECTIVE)
-    side = np.flatnonzero(tpl.code >= SEND)
-    blocks = [i for i in main if tpl.code[i] == COLLECTIVE or not tpl.chained[i]]
-    bounds = [*blocks, main[-1] + 1] if len(main) else [0]
+class _Stage:
+    """One pipeline stage's ranks playing its template, one step at a time, as arrays ranks x ops. The main chain
+    runs in blocks: an op that waits for something (a collective's last member, its planned time after a gap, a
+    pipeline transfer), then the ops chained to it."""
+
+    def __init__(self, plan: Plan, index: int, groups: list[dict]) -> None:
+        tpl = plan.templates[index]
+        self.plan, self.index, self.tpl = plan, index, tpl
+        self.ranks = plan.stage_ranks(index)
+        n = len(self.ranks)
+        local = {int(r): i for i, r in enumerate(self.ranks)}
+        # per dim: each stage rank's group (local index of its first member) and pg name
+        self.leader = np.tile(np.arange(n), (len(DIMS), 1))
+        self.pg_of = np.full((len(DIMS), n), -1)
+        for g in groups:
+            members = [local[r] for r in g["ranks"] if r in local]
+            d = DIMS.index(g["dim"])
+            self.pg_of[d, members] = int(g["pg"])
+            if len(members) == len(g["ranks"]):  # every group but PP lies inside one stage
+                self.leader[d, members] = members[0]
+        # per dim, its collectives: all members of a group share their jitter (transfers keep their planned time)
+        self.shared = [(d, cols) for d in range(len(DIMS))
+                       if (cols := np.flatnonzero((tpl.dim == d) & (tpl.code == COLLECTIVE))).size]
+        self.compute = np.flatnonzero(tpl.code == COMPUTE)
+        self.slow_rows = np.flatnonzero(plan.slow[self.ranks] != 1)  # the straggler's local index, if here
+        main = np.flatnonzero(tpl.code <= COLLECTIVE)
+        self.side = np.flatnonzero(tpl.code >= SEND)
+        self.waits = np.full(len(tpl.code), -1)  # main op -> the column in self.side of the Recv it waits for
+        recv = np.flatnonzero((tpl.code[self.side] == RECV) & (tpl.link[self.side] >= 0))
+        self.waits[tpl.link[self.side[recv]]] = recv
+        heads = [i for i in main if tpl.code[i] == COLLECTIVE or not tpl.chained[i] or self.waits[i] >= 0]
+        self.blocks = list(itertools.pairwise([*heads, main[-1] + 1])) if len(main) else []
+
+    def durations(self, step: int) -> np.ndarray:
+        """Every op's length on every rank in ``step``: jittered (a collective's once per group instance), the
+        straggler's compute slowed down. Seeded by stage and step, so that a replay draws the same."""
+        tpl, options = self.tpl, self.plan.options
+        z = np.random.default_rng([options.seed, 2, self.index, step]).standard_normal((len(self.ranks), len(tpl.code)))
+        for d, cols in self.shared:
+            z[:, cols] = z[np.ix_(self.leader[d], cols)]
+        z *= options.jitter  # in place, as rint(dur * clip(1 + jitter * z, 0.5, 2)): no temporaries per step
+        z += 1
+        np.clip(z, 0.5, 2.0, out=z)
+        z *= tpl.dur
+        dur = np.rint(z, out=z).astype(np.int64)
+        slow = np.ix_(self.slow_rows, self.compute)
+        dur[slow] = np.rint(dur[slow] * self.plan.slow[self.ranks[self.slow_rows]][:, None]).astype(np.int64)
+        return dur
+
+    def play(self, block: int, t_step: int, dur: np.ndarray, start: np.ndarray, end: np.ndarray, free: np.ndarray,
+             received: np.ndarray) -> None:
+        """Play one block of a step: fills its columns of ``start`` and ``end`` (ranks x ops) and moves ``free``
+        (when each rank's main chain is free) past it. ``received``: the end of each of the stage's transfers."""
+        tpl = self.tpl
+        i, j = self.blocks[block]
+        s0 = free if tpl.chained[i] else np.maximum(free, t_step + tpl.plan[i])
+        if self.waits[i] >= 0:
+            s0 = np.maximum(s0, received[:, self.waits[i]])
+        if tpl.code[i] == COLLECTIVE:
+            leader = self.leader[tpl.dim[i]]
+            last = np.full(len(s0), np.iinfo(np.int64).min)
+            np.maximum.at(last, leader, s0)
+            e0 = last[leader] + dur[:, i]
+        else:
+            e0 = s0 + dur[:, i]
+        start[:, i], end[:, i] = s0, e0
+        if j > i + 1:
+            ends = e0[:, None] + np.cumsum(dur[:, i + 1:j], axis=1)
+            end[:, i + 1:j] = ends
+            start[:, i + 1:j] = ends - dur[:, i + 1:j]
+        free[:] = end[:, j - 1]
+
+
+@dataclass
+class Coupling:
+    """What the stages share: when steps start, and the pipeline transfers' times."""
+
+    step_starts_ns: np.ndarray     # when each step starts on every rank
+    transfers: list[np.ndarray]    # per stage: its transfers' (start, end) x ranks x steps x transfers
+
+
+class _Pair(NamedTuple):
+    """A transfer as :func:`_couple` plays it."""
+
+    sender: int          # stage
+    send: int            # the Send's column in the sender's side ops
+    producer: int        # the sender's op whose end starts the Send (-1: its planned time)
+    receiver: int        # stage
+    recv: int            # the Recv's column in the receiver's side ops
+    consumed: bool       # the Recv starts when the receiver reaches its consumer (False: at its planned time)
+    senders: np.ndarray  # each receiver rank's sender, as a local index on the sender's stage
+    t0: int              # planned start
+    length: int          # transfer time
+
+
+def _couple(plan: Plan, stages: list[_Stage]) -> Coupling:
+    """Play every stage's step together, step by step, keeping what a stage's replay needs from the others: the step
+    starts and the times of its pipeline transfers.
+
+    A transfer is a Send on the sender and a Recv on the receiver, on their pipeline streams. As with PyTorch's
+    NCCL streams, each kernel starts when the work enqueued before it is done: the Send when its producing op ends,
+    the Recv when the receiver's main chain reaches the consuming op. Both end together, at the later start plus
+    the planned transfer time, and the consuming op starts no earlier. Blocks run in planned order across the
+    stages, a transfer just before its consumer's block: its producer, planned to end when the transfer starts, has
+    run by then. A step ends for everyone with the last rank's work (the optimizer's sync); the next starts a host
+    gap later."""
+    steps = plan.options.steps
+    gap = round(plan.options.step_gap_us * 1e3)
+    step_starts = np.zeros(steps, dtype=np.int64)
+    times = [np.zeros((2, len(s.ranks), steps, len(s.side)), dtype=np.int64) for s in stages]
+    # transfer -> (stage, column in its side ops) of its Send and of its Recv
+    members: dict[int, dict[int, tuple[int, int]]] = {}
+    for s in stages:
+        for col, op in enumerate(s.side):
+            members.setdefault(int(s.tpl.transfer[op]), {})[int(s.tpl.code[op])] = (s.index, col)
+    order = [(int(s.tpl.plan[i]), 1, s.index, b) for s in stages for b, (i, _) in enumerate(s.blocks)]
+    pairs = []
+    for k, where in enumerate(members.values()):
+        (a, ca), (b, cb) = where[SEND], where[RECV]
+        send, recv = stages[a].side[ca], stages[b].side[cb]
+        consumer = int(stages[b].tpl.link[recv])
+        pairs.append(_Pair(a, ca, int(stages[a].tpl.link[send]), b, cb, consumer >= 0,
+                           np.searchsorted(stages[a].ranks, plan.peers(stages[b].ranks, a)),
+                           int(stages[b].tpl.plan[recv]), int(stages[b].tpl.dur[recv])))
+        order.append((int(stages[b].tpl.plan[consumer if consumer >= 0 else recv]), 0, k, 0))
+    order.sort()
+    start = [np.empty((len(s.ranks), len(s.tpl.code)), dtype=np.int64) for s in stages]
+    end = [np.empty_like(e) for e in start]
+    t_step = 0
+    for step in range(steps):
+        step_starts[step] = t_step
+        durs = [s.durations(step) for s in stages]
+        free = [np.full(len(s.ranks), t_step, dtype=np.int64) for s in stages]
+        for _, is_block, x, block in order:
+            if is_block:
+                stages[x].play(block, t_step, durs[x], start[x], end[x], free[x], times[x][1, :, step])
+                continue
+            p = pairs[x]
+            send_start = end[p.sender][p.senders, p.producer] if p.producer >= 0 else np.full(len(p.senders),
+                                                                                               t_step + p.t0)
+            recv_start = free[p.receiver].copy() if p.consumed else np.full(len(p.senders), t_step + p.t0)
+            done = np.maximum(send_start, recv_start) + p.length
+            times[p.sender][:, p.senders, step, p.send] = send_start, done
+            times[p.receiver][:, :, step, p.recv] = recv_start, done
+        t_step = max(max(f.max(initial=t_step), t[1, :, step].max(initial=t_step))
+                     for f, t in zip(free, times, strict=True)) + gap
+    return Coupling(step_starts, times)
+
+
+def _replay(plan: Plan, stage: _Stage, step_starts: np.ndarray, transfers: np.ndarray) -> Iterator[RankTrace]:
+    """One stage's ranks for every step, replaying :func:`_couple` with the same draws and its transfer times."""
+    options, tpl = plan.options, stage.tpl
+    n, k = len(stage.ranks), len(tpl.code)
     start = np.empty((n, options.steps, k), dtype=np.int64)
     end = np.empty((n, options.steps, k), dtype=np.int64)
-    is_compute = tpl.code == COMPUTE
     for step in range(options.steps):
-        t_step = step * plan.period_ns
-        z = rng.standard_normal((n, k))
-        for d in range(len(DIMS)):  # a collective's transfer time is drawn once per group instance
-            cols = np.flatnonzero((tpl.dim == d) & ~is_compute)
-            if cols.size:
-                z[:, cols] = z[leader[d]][:, cols]
-        dur = np.rint(tpl.dur * np.clip(1 + options.jitter * z, 0.5, 2.0)).astype(np.int64)
-        dur[:, is_compute] = np.rint(dur[:, is_compute] * slow).astype(np.int64)
+        t_step = int(step_starts[step])
+        dur = stage.durations(step)
         free = np.full(n, t_step, dtype=np.int64)
-        for i, j in itertools.pairwise(bounds):
-            s0 = free if tpl.chained[i] else np.maximum(free, t_step + tpl.plan[i])
-            if tpl.code[i] == COLLECTIVE:
-                last = np.full(n, np.iinfo(np.int64).min)
-                np.maximum.at(last, leader[tpl.dim[i]], s0)
-                e0 = last[leader[tpl.dim[i]]] + dur[:, i]
-            else:
-                e0 = s0 + dur[:, i]
-            start[:, step, i], end[:, step, i] = s0, e0
-            if j > i + 1:
-                ends = e0[:, None] + np.cumsum(dur[:, i + 1:j], axis=1)
-                end[:, step, i + 1:j] = ends
-                start[:, step, i + 1:j] = ends - dur[:, i + 1:j]
-            free = end[:, step, j - 1]
-        if (free > t_step + plan.period_ns).any():  # the period leaves 6 sigma of jitter: practically never
-            raise TraceanaError(f"stage {stage}, step {step}: the work outran the step period; lower --jitter")
-        start[:, step, side] = t_step + tpl.plan[side]
-        end[:, step, side] = t_step + tpl.plan[side] + tpl.dur[side]
-    coords = plan.coords
-    rank_of = {(c[0], c[1], c[3], c[4]): r for r, c in enumerate(coords)}  # (tp, cp, dp, pp) -> rank
-    stages = np.unique(tpl.peer_stage[tpl.peer_stage >= 0])
-    for i, rank in enumerate(ranks):
-        c = coords[rank]
-        peer_of = np.full(plan.layout.pp + 1, -1)  # index -1 (no peer) reads the last entry
-        peer_of[stages] = [rank_of[(c[0], c[1], c[3], s)] for s in stages]
-        peer = peer_of[tpl.peer_stage]
+        for block in range(len(stage.blocks)):
+            stage.play(block, t_step, dur, start[:, step], end[:, step], free, transfers[1, :, step])
+        start[:, step, stage.side] = transfers[0, :, step]
+        end[:, step, stage.side] = transfers[1, :, step]
+    peer_stages = np.unique(tpl.peer_stage[tpl.peer_stage >= 0])
+    peer_ranks = np.full((n, plan.layout.pp + 1), -1)  # column -1 (no peer) stays -1
+    for s in peer_stages:
+        peer_ranks[:, s] = plan.peers(stage.ranks, s)
+    for i, rank in enumerate(stage.ranks):
+        peer = peer_ranks[i, tpl.peer_stage]
         dim = tpl.dim.astype(np.int64)
-        pg = np.where(dim >= 0, pg_of[np.clip(dim, 0, None), i], -1)
+        pg = np.where(dim >= 0, stage.pg_of[np.clip(dim, 0, None), i], -1)
+        op = np.tile(np.arange(k, dtype=np.int32), options.steps)
         ops = pl.DataFrame({
-            "step": np.repeat(np.arange(options.steps, dtype=np.int32), k),
-            "op": np.tile(np.arange(k, dtype=np.int32), options.steps),
+            "step": np.repeat(np.arange(options.steps, dtype=np.int32), k), "op": op,
             "code": np.tile(tpl.code, options.steps),
             "start_ns": start[i].ravel(), "end_ns": end[i].ravel(),
             "dim": np.tile(tpl.dim, options.steps), "name": np.tile(tpl.name, options.steps),
             "cpu_op": np.tile(tpl.cpu_op, options.steps), "nelems": np.tile(tpl.nelems, options.steps),
             "pg": np.tile(pg, options.steps).astype(np.int32), "peer": np.tile(peer, options.steps).astype(np.int32),
-        }).sort("start_ns", "end_ns", "op")
+        })[np.lexsort((op, end[i].ravel(), start[i].ravel()))]  # by start, end, op: 4x Polars' multi-key sort
         host = plan.host_of(int(rank))
-        yield RankTrace(int(rank), stage, f"node{host:04d}", host, int(rank) % options.ranks_per_host,
+        yield RankTrace(int(rank), stage.index, f"node{host:04d}", host, int(rank) % options.ranks_per_host,
                         plan.host_offsets_ns[host] + plan.device_offsets_ns[rank], ops)
 
 

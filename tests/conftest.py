@@ -50,6 +50,20 @@ def run_main(*args: object) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+def store_rows(db: Path) -> dict[str, list[tuple]]:
+    """Every run table of a store (a .duckdb file or a Parquet dataset) as its sorted rows, the column names first;
+    runs without ``ingested_at`` (the ingest's clock), so two ingests of the same inputs compare equal."""
+    from traceana import store
+    from traceana.ingest.run_data import TABLES
+
+    out = {}
+    with store.connect(db, read_only=True, views=False) as con:
+        for name in ("runs", *TABLES):
+            result = con.execute(f"SELECT COLUMNS(lambda c: c != 'ingested_at') FROM {name}")
+            out[name] = [tuple(c[0] for c in result.description), *sorted(result.fetchall(), key=repr)]
+    return out
+
+
 def job_config(base: dict, **sections: dict) -> Config:
     """The job config ``base`` (a YAML-shaped dict) with ``sections`` merged into its sections, validated as a file
     named gpt.yaml would be: the estimator tests' way to vary one knob against hand formulas."""

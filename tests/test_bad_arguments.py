@@ -103,8 +103,10 @@ def test_estimator_config_values_beyond_reason_name_the_field(tmp_path, section,
     assert f"{path}: {message}" in line
 
 
-def test_ingest_into_a_folder_named_db_is_one_line(tmp_path) -> None:
+def test_ingest_into_a_folder_that_is_not_a_dataset_is_one_line(tmp_path) -> None:
     target = tmp_path / "store"
     target.mkdir()
-    assert "is a folder; --db names the store file" in one_error(run_main("ingest", GOOD, "--db", target))
+    (target / "notes.txt").write_text("mine\n")
+    assert "a folder but not a traceana Parquet dataset" in one_error(run_main("ingest", GOOD, "--db", target))
+    assert [p.name for p in target.iterdir()] == ["notes.txt"]
     shutil.rmtree(target)

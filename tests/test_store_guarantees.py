@@ -118,7 +118,8 @@ def test_db_argument_that_cannot_be_a_file(tmp_path) -> None:
     loop = tmp_path / "loop.duckdb"
     loop.symlink_to(loop)
     assert "cannot use as --db" in one_line(*run_main("ingest", GOOD, "--db", loop)[::2])
-    assert "is a folder; --db names the store file" in one_line(*run_main("runs", "--db", tmp_path)[::2])
+    assert "a folder but not a traceana Parquet dataset (no schema.sql)" in one_line(
+        *run_main("runs", "--db", tmp_path)[::2])
 
 
 def test_ingest_blocked_by_a_reader_says_a_reader_holds_the_file(store, tmp_path) -> None:

@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 from tests.conftest import ROOT
 from traceana import store
 from traceana.cli import app
+from traceana.synth import schedule
 
 CONFIG = ROOT / "examples" / "synth_gpt_tp2pp2.yaml"
 LAYOUT = "tp=2,dp=4,pp=2"
@@ -65,9 +66,12 @@ def compare(truth: dict, db: Path) -> pl.DataFrame:
 EDGE_NS = {"kineto": 1, "nsys": 25_001, "ascend": 25_001}
 
 
+@pytest.mark.parametrize("straggler", [("--straggler-rank", 5), ("--straggler-stage", 0, "--slowdown", 1.5)],
+                         ids=["rank", "stage"])
 @pytest.mark.parametrize("fmt", ["kineto", "nsys", "ascend"])
-def test_breakdown_recovers_every_dimension(tmp_path: Path, fmt: str) -> None:
-    truth, db = synth_and_ingest(tmp_path, "--straggler-rank", 5, fmt=fmt)
+def test_breakdown_recovers_every_dimension(tmp_path: Path, fmt: str, straggler: tuple) -> None:
+    # a slow stage delays the other through the pipeline transfers: its waits are in the truth and the views alike
+    truth, db = synth_and_ingest(tmp_path, *straggler, fmt=fmt)
     diff = compare(truth, db)
     steps = pl.DataFrame(truth["steps"])
     # the run is not trivial: every dim this layout has is there, and waits are a real share of the step
@@ -151,6 +155,26 @@ def test_without_process_group_metadata_dims_are_recovered_by_matching(tmp_path:
     evidence = views(db, "SELECT op, list(DISTINCT evidence) AS e FROM collectives GROUP BY op ORDER BY op")
     assert dict(evidence.rows()) == {"AllReduce": ["timing-match"], "ReduceScatter": ["timing-match"],
                                      "Recv": ["fingerprint"], "Send": ["fingerprint"]}
+
+
+@pytest.mark.parametrize("slowdown", [1.0, 1.5])
+def test_a_slow_stage_delays_the_next_through_the_pipeline_transfer(slowdown: float) -> None:
+    """Stage 1's first forward needs stage 0's first activation. The estimator's plan (timeline.frame, no jitter):
+    stage 0's forward of micro-batch 0 ends at 494,343 ns, its TP all-reduces at 689,200 ns, and the transfer takes
+    16,651 ns. Stage 1 posts its Recv at the step's start and waits; the Send starts when stage 0's pass ends, and
+    both end together, when stage 1's forward starts. With stage 0's compute 1.5x slower, the pass ends 0.5 x 494,343
+    ns later (936,372 ns: each kernel's slowed length is rounded to the ns), and stage 1 is delayed as much."""
+    straggler = {"straggler_stage": 0, "slowdown": slowdown} if slowdown > 1 else {}
+    plan = schedule.load(str(CONFIG), schedule.Options(ranks=8, steps=1, jitter=0, **straggler))
+    ops = {t.rank: t.ops for t in plan.stage_traces()}
+    send = ops[0].filter(pl.col("code") == schedule.SEND).row(0, named=True)
+    recv = ops[4].filter(pl.col("code") == schedule.RECV).row(0, named=True)
+    first = ops[4].filter(pl.col("code") == schedule.COMPUTE).row(0, named=True)
+    pass_end = {1.0: 689_200, 1.5: 936_372}[slowdown]
+    assert (send["peer"], recv["peer"]) == (4, 0)
+    assert (send["start_ns"], send["end_ns"]) == (pass_end, pass_end + 16_651)
+    assert (recv["start_ns"], recv["end_ns"]) == (0, pass_end + 16_651)
+    assert first["start_ns"] == pass_end + 16_651
 
 
 def test_same_seed_same_files_other_seed_other_files(tmp_path: Path) -> None:

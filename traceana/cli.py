@@ -17,7 +17,8 @@ from traceana.output import emit, emit_json, emit_rows, ingest_progress
 app = typer.Typer(help="Trace-driven analyzer for distributed LLM training.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
 
-DbOption = Annotated[Path, typer.Option("--db", help="DuckDB store file.")]
+DbOption = Annotated[Path, typer.Option("--db", help="DuckDB store file, or a Parquet dataset: a folder, or a name "
+                                         "ending in .parquet.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 LayoutOption = Annotated[str | None, typer.Option(help='Parallel layout, e.g. "tp=2,dp=2,pp=2,order=tp-cp-ep-dp-pp".')]
 RunArgument = Annotated[str | None, typer.Argument(help="Run id (default: the latest ingested run).")]
@@ -44,9 +45,15 @@ def ingest(
     rules: Annotated[Path | None, typer.Option(help="Extra classification rules CSV (pattern,category,op).")] = None,
     jobs: Annotated[int | None, typer.Option(
         help="Worker processes parsing files (1: this process; default: every core for runs over 64 MiB).")] = None,
+    executor: Annotated[str, typer.Option(help="local (worker processes here) or ray (one Ray task per file; "
+                                          "needs the ray extra).")] = "local",
+    ray_address: Annotated[str | None, typer.Option(help="With --executor ray: the cluster (default: RAY_ADDRESS, "
+                                                    "else the local Ray, else one started here).")] = None,
 ) -> None:
-    """Read one run's traces into the store (replacing an earlier ingest of the same run id)."""
+    """Read one run's traces into the store (replacing an earlier ingest of the same run id). --db may name a Parquet
+    dataset folder (a folder, or a name ending in .parquet): the run is added to it."""
     from traceana.ingest.dispatch import IngestOptions, read_run
+    from traceana.ingest.parallel import RayCluster
     from traceana.ingest.rules import load_rules
     from traceana.layout import Layout
 
@@ -56,8 +63,15 @@ def ingest(
             re.compile(step_marker)
         except re.error as exc:
             raise TraceanaError(f"--step-marker {step_marker!r}: not a regular expression ({exc})") from None
+    if executor not in ("local", "ray"):
+        raise TraceanaError(f"--executor {executor!r}: expected local or ray")
+    if executor == "local" and ray_address is not None:
+        raise TraceanaError("--ray-address goes with --executor ray")
+    if executor == "ray" and jobs is not None:
+        raise TraceanaError("--jobs sets local worker processes; with --executor ray the Ray cluster sizes itself")
     store.check_path(db)
-    options = IngestOptions(layout=parsed_layout, step_marker=step_marker, rules=load_rules(rules), jobs=jobs,
+    workers = RayCluster(ray_address) if executor == "ray" else jobs
+    options = IngestOptions(layout=parsed_layout, step_marker=step_marker, rules=load_rules(rules), jobs=workers,
                             cache_dir=db.resolve().parent / ".traceana-cache", spill_near=db.resolve())
     with ingest_progress() as bar:
         options.progress = bar

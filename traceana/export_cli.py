@@ -60,6 +60,8 @@ def export(
 def _parquet(db: Path, folder: Path, replace: bool) -> None:
     from traceana import parquet as dataset
 
+    if dataset.is_dataset(db):
+        raise TraceanaError(f"{db}: already a Parquet dataset (copy the folder, or import-parquet it into a store)")
     with store.connect(db, read_only=True, views=False) as con, progress(None, "exporting") as advance:
         counts = dataset.export(con, folder, replace, advance)
     typer.echo(f"{db} -> {folder}: " + ", ".join(f"{t} {n:,}" for t, n in counts.items()))

@@ -6,15 +6,20 @@ tables with a rank column, ``DIR/{table}/run_id={id}/*.parquet`` for the other r
 ``estimate_id`` for the estimator's tables. Partition columns live in the paths only (as Spark expects), so a
 reader restores their types from schema.sql. Export writes a hidden sibling folder and renames it into place;
 import replaces the runs and estimates the dataset holds in one transaction: either path is all or nothing.
+
+Such a dataset is also a store in its own right (``--db DIR``, :func:`connect`): every command reads it through
+DuckDB views over its files, and `traceana ingest` (or any writer) adds to it with the same all-or-nothing rename.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import unquote
 
 from traceana import store
 from traceana.errors import TraceanaError
@@ -42,23 +47,10 @@ def export(con: duckdb.DuckDBPyConnection, target: Path, replace: bool = False,
     """Write every table of the store at ``con`` under ``target``; returns rows per table."""
     if target.exists() and not replace:
         raise TraceanaError(f"{target}: already exists (pass --replace to overwrite it)")
-    partial = target.parent / f".{target.name}.partial-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
+    partial = _partial(target)
     partial.mkdir(parents=True)
-    counts: dict[str, int] = {}
     try:
-        tables = _tables(con)
-        (partial / SCHEMA_FILE).write_text("".join(f"{sql};\n" for _, _, sql in tables))
-        for name, columns, _ in tables:
-            counts[name] = con.execute(f'SELECT count(*) FROM "{name}"').fetchall()[0][0]
-            by = [c for c in (*KEYS, "rank") if c in columns]
-            if counts[name] and by:  # an empty table is its folder-less absence; schema.sql still declares it
-                con.execute(f"""COPY "{name}" TO '{_sql_path(partial / name)}'
-                                (FORMAT parquet, PARTITION_BY ({", ".join(by)}))""")
-            elif counts[name]:
-                (partial / name).mkdir()
-                con.execute(f"""COPY "{name}" TO '{_sql_path(partial / name / "data.parquet")}' (FORMAT parquet)""")
-            progress(name)
+        counts = _write(con, partial, progress)
         _move_into_place(partial, target)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -66,8 +58,41 @@ def export(con: duckdb.DuckDBPyConnection, target: Path, replace: bool = False,
     return counts
 
 
+def _partial(target: Path) -> Path:
+    """The hidden sibling a new version of ``target`` is written in (same file system: renamed into place)."""
+    partial = target.parent / f".{target.name}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    return partial
+
+
+def _write(con: duckdb.DuckDBPyConnection, folder: Path,
+           progress: Callable[[str], None] = lambda _: None) -> dict[str, int]:
+    """Every table of the store at ``con`` into ``folder`` (with schema.sql), as new files beside any already
+    there: partitions by key and rank, or one file for a table without a key (replacing that table's folder)."""
+    tables = _tables(con)
+    (folder / SCHEMA_FILE).write_text("".join(f"{sql};\n" for _, _, sql in tables))
+    counts: dict[str, int] = {}
+    for name, columns, _ in tables:
+        counts[name] = con.execute(f'SELECT count(*) FROM "{name}"').fetchall()[0][0]
+        by = [c for c in (*KEYS, "rank") if c in columns]
+        if counts[name] and by:  # an empty table is its folder-less absence; schema.sql still declares it
+            con.execute(f"""COPY "{name}" TO '{_sql_path(folder / name)}'
+                            (FORMAT parquet, PARTITION_BY ({", ".join(by)}), APPEND)""")
+        elif counts[name]:
+            shutil.rmtree(folder / name, ignore_errors=True)
+            (folder / name).mkdir()
+            con.execute(f"""COPY "{name}" TO '{_sql_path(folder / name / "data.parquet")}' (FORMAT parquet)""")
+        progress(name)
+    return counts
+
+
 def _move_into_place(partial: Path, target: Path) -> None:
-    """Rename ``partial`` to ``target``; an existing ``target`` is set aside first and removed after."""
+    """Rename ``partial`` to ``target``. An existing ``target`` is swapped with it in one step where the system can
+    (readers, and a kill at any moment, see the old folder or the new one, never none) and removed after; elsewhere
+    it is set aside first."""
+    if target.exists() and _exchange(partial, target):
+        shutil.rmtree(partial, ignore_errors=True)
+        return
     old = target.parent / f".{target.name}.old-{os.getpid()}"
     if target.exists():
         target.rename(old)
@@ -78,6 +103,25 @@ def _move_into_place(partial: Path, target: Path) -> None:
             old.rename(target)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 with RENAME_EXCHANGE); False where the system cannot."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def reader(folder: Path) -> str:
+    """read_parquet over one table's folder: partition columns from the paths, as text (schema.sql gives their
+    types), and files written by different versions (one lacking a column added later) unified by column name."""
+    return (f"read_parquet('{_sql_path(folder)}/**/*.parquet', hive_partitioning = true, "
+            "hive_types_autocast = false, union_by_name = true)")
 
 
 def import_dataset(con: duckdb.DuckDBPyConnection, source: Path,
@@ -97,13 +141,117 @@ def import_dataset(con: duckdb.DuckDBPyConnection, source: Path,
                 if not folder.is_dir():
                     continue
                 key = next((k for k in KEYS if k in columns), None)
-                reader = (f"read_parquet('{_sql_path(folder)}/**/*.parquet', hive_partitioning = true, "
-                          "hive_types_autocast = false)")
+                files = reader(folder)
                 if key is not None:
-                    con.execute(f'DELETE FROM "{name}" WHERE {key} IN (SELECT DISTINCT {key} FROM {reader})')
-                con.execute(f'INSERT INTO "{name}" BY NAME SELECT * FROM {reader}')
-                counts[name] = con.execute(f"SELECT count(*) FROM {reader}").fetchall()[0][0]
+                    con.execute(f'DELETE FROM "{name}" WHERE {key} IN (SELECT DISTINCT {key} FROM {files})')
+                con.execute(f'INSERT INTO "{name}" BY NAME SELECT * FROM {files}')
+                counts[name] = con.execute(f"SELECT count(*) FROM {files}").fetchall()[0][0]
                 progress(name)
     except duckdb.Error as exc:
         raise TraceanaError(f"{source}: cannot import ({str(exc).splitlines()[0]})") from None
     return counts
+
+
+def is_dataset(path: Path) -> bool:
+    """Whether ``--db`` names a Parquet dataset rather than a DuckDB file: a folder, or a name ending in .parquet."""
+    return path.is_dir() or path.suffix == ".parquet"
+
+
+@contextmanager
+def connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+    """The dataset at ``folder`` as a store. A reader gets an in-memory DuckDB whose tables are views over the
+    dataset's files (columns in schema.sql's order and types; a table without files stays an empty table) with the
+    usual views on top. A writer gets an in-memory store holding the dataset's tables, empty: what it writes is
+    added to the dataset when its work succeeds (:func:`merge`), and nothing is written when it fails."""
+    import duckdb
+
+    schema = folder / SCHEMA_FILE
+    if folder.exists() and not folder.is_dir():
+        raise TraceanaError(f"{folder}: a file; a Parquet dataset is a folder (pass --db with a folder or a .duckdb)")
+    if not schema.is_file() and (read_only or (folder.exists() and any(folder.iterdir()))):
+        raise TraceanaError(f"{folder}: a folder but not a traceana Parquet dataset (no {SCHEMA_FILE}); pass --db "
+                            "with a dataset, a store file, or a new or empty folder to ingest into")
+    con = duckdb.connect(":memory:", config=store.CONFIG)
+    try:
+        if schema.is_file():
+            try:
+                con.execute(schema.read_text())
+            except duckdb.Error as exc:
+                raise TraceanaError(f"{schema}: not a traceana schema ({str(exc).splitlines()[0]})") from None
+            store.check_tables(con, folder, read_only=read_only)
+        if read_only:
+            _view_files(con, folder)
+            if views:
+                store.define_views(con)
+        yield con
+        if not read_only:
+            merge(con, folder)
+    except duckdb.Error as exc:
+        if mapped := store.file_error(folder, exc):  # a full disk, a folder that cannot be written
+            raise mapped from None
+        if isinstance(exc, duckdb.IOException | duckdb.InvalidInputException):  # a damaged or vanished Parquet file
+            raise TraceanaError(f"{folder}: cannot read the dataset ({str(exc).splitlines()[0]})") from None
+        raise
+    finally:
+        con.close()
+
+
+def _quoted(column: str) -> str:
+    return f'"{column}"'
+
+
+def _view_files(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
+    """Replace each table that has files by a view over them, cast to the table's columns (NULL for a column no
+    file has: the dataset predates it)."""
+    for name, _, _ in _tables(con):
+        if not (folder / name).is_dir():
+            continue
+        files = reader(folder / name)
+        present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {files}").fetchall()}
+        columns = con.execute(f'SELECT column_name, column_type FROM (DESCRIBE "{name}")').fetchall()
+        select = ", ".join(f'CAST({_quoted(c) if c in present else "NULL"} AS {kind}) AS {_quoted(c)}'
+                           for c, kind in columns)
+        con.execute(f'DROP TABLE "{name}"')
+        con.execute(f'CREATE VIEW "{name}" AS SELECT {select} FROM {files}')
+
+
+def merge(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
+    """Add the runs and estimates of the in-memory store at ``con`` to the dataset at ``folder``, replacing those
+    with the same ids, all or nothing: a hidden sibling gets hard links to the dataset's other files and ``con``'s
+    rows as new partitions, then takes the dataset's place (:func:`_move_into_place`)."""
+    replaced: dict[str, set[str]] = {}
+    for name, columns, _ in _tables(con):
+        for key in (k for k in KEYS if k in columns):
+            replaced.setdefault(key, set()).update(r[0] for r in con.execute(f'SELECT DISTINCT {key} FROM "{name}"')
+                                                   .fetchall())
+
+    def left_out(_: str, names: list[str]) -> set[str]:
+        """The dataset's schema.sql (written anew) and the partitions of the ids ``con`` replaces."""
+        ids = {n for n in names if "=" in n and unquote(n.split("=", 1)[1]) in replaced.get(n.split("=", 1)[0], ())}
+        return ({SCHEMA_FILE} & set(names)) | ids
+
+    partial = _partial(folder)
+    try:
+        if folder.is_dir():
+            shutil.copytree(folder, partial, copy_function=_link, ignore=left_out)
+            for table in partial.iterdir():  # a table whose only run was replaced: absent, as export leaves it
+                if table.is_dir() and not any(table.iterdir()):
+                    table.rmdir()
+        else:
+            partial.mkdir(parents=True)
+        _write(con, partial)
+        _move_into_place(partial, folder)
+    except BaseException as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(exc, OSError):  # no space for the new files, a folder it may not write in
+            reason = exc.args[0][0][2] if isinstance(exc, shutil.Error) else exc.strerror or exc  # copytree's list
+            raise TraceanaError(f"{folder}: cannot write the dataset ({reason}); it is unchanged") from None
+        raise
+
+
+def _link(source: str, target: str) -> None:
+    """A kept file in the new version of a dataset: a hard link (no copy), or a copy where links are refused."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)

@@ -1,4 +1,5 @@
-"""The DuckDB store: schema on first use, one transaction per run, and the views from queries/*.sql.
+"""The DuckDB store: schema on first use, one transaction per run, and the views from queries/*.sql. --db names a
+DuckDB file, or a Parquet dataset folder (traceana/parquet.py) that opens as an in-memory DuckDB over its files.
 
 What it guarantees: a write that fails leaves an existing store byte-for-byte as it was (schema, views and rows
 change only inside the write's transaction) and leaves no file behind where there was none; a file that is not a
@@ -27,7 +28,7 @@ DEFAULT_DB = "traceana.duckdb"
 # What a report says when a view it reads could not be defined on an older database (see connect).
 OUTDATED = "this database was written by an older traceana and lacks columns this report reads: ingest the run again"
 # No extension is installed or loaded behind the user's back (a SQLite file would otherwise pull in sqlite_scanner).
-_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 _FRESH = "ingest again into a new --db file"
 
 
@@ -78,6 +79,11 @@ def check_schema(con: duckdb.DuckDBPyConnection, path: Path, *, read_only: bool)
                                "WHERE database_name = current_database()").fetchall()[0]
     if path.stat().st_size < size * blocks:
         raise TraceanaError(f"{path}: the database file is truncated or damaged; restore it from a copy or {_FRESH}")
+    check_tables(con, path, read_only=read_only)
+
+
+def check_tables(con: duckdb.DuckDBPyConnection, path: Path, *, read_only: bool) -> None:
+    """The table part of :func:`check_schema`, which a Parquet dataset's schema.sql passes too."""
     found = _columns(con)
     if not found:
         if read_only:
@@ -107,7 +113,7 @@ def _open_error(path: Path, exc: duckdb.Error, read_only: bool) -> TraceanaError
         if read_only:
             return TraceanaError(f"{path}: another traceana process is writing this database; retry when it ends")
         try:  # readers share the file with each other, never with a writer: a read-only open tells who holds it
-            duckdb.connect(str(path), read_only=True, config=_CONFIG).close()
+            duckdb.connect(str(path), read_only=True, config=CONFIG).close()
         except duckdb.Error:
             return TraceanaError(f"{path}: another traceana process is writing this database; retry when it ends")
         return TraceanaError(f"{path}: a reader (another traceana command) has this database open; "
@@ -130,14 +136,12 @@ def file_error(path: Path, exc: duckdb.Error) -> TraceanaError | None:
 
 
 def check_path(path: Path) -> bool:
-    """Whether the store file exists, after making sure ``path`` can name one (not a folder, not a symlink loop)."""
+    """Whether the store exists, after making sure ``path`` can name one (not a symlink loop)."""
     try:
         path.resolve()
         exists = path.exists()
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop on Python < 3.13
         raise TraceanaError(f"{path}: cannot use as --db ({getattr(exc, 'strerror', None) or exc})") from None
-    if path.is_dir():
-        raise TraceanaError(f"{path}: is a folder; --db names the store file")
     return exists
 
 
@@ -147,24 +151,29 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False,
     """Open the store. Read-only opens need the file and take no lock against each other; they define this
     version's views as temporary views, which shadow the stored ones, so reports always run the installed queries
     (a reader that only reads tables passes ``views=False`` and skips them: a quarter second for `traceana runs`).
-    A writer changes nothing until :func:`transaction`; a file it created is removed again when the work fails."""
+    A writer changes nothing until :func:`transaction`; a file it created is removed again when the work fails.
+    A Parquet dataset opens through :func:`traceana.parquet.connect`, with the same guarantees."""
     import duckdb
+
+    from traceana import parquet
 
     path = Path(db)
     if not check_path(path) and read_only:
         raise TraceanaError(f"{path}: no such database (run `traceana ingest` first, or pass --db)")
+    if parquet.is_dataset(path):
+        with parquet.connect(path, read_only=read_only, views=views) as con:
+            yield con
+        return
     leftovers = [path, path.with_name(path.name + ".wal")]
     existed = {p for p in leftovers if p.exists()}
     try:
-        con = duckdb.connect(str(path), read_only=read_only, config=_CONFIG)
+        con = duckdb.connect(str(path), read_only=read_only, config=CONFIG)
     except duckdb.Error as exc:
         raise _open_error(path, exc, read_only) from None
     try:
         check_schema(con, path, read_only=read_only)
-        for sql in view_sql() if read_only and views else []:
-            # an older store may lack a column a view reads: the reports that need that view raise OUTDATED
-            with suppress(duckdb.BinderException):
-                con.execute(sql.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW", 1))
+        if read_only and views:
+            define_views(con)
         yield con
         con.close()
     except BaseException as exc:
@@ -174,6 +183,16 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False,
         if isinstance(exc, duckdb.Error) and (mapped := file_error(path, exc)):
             raise mapped from None
         raise
+
+
+def define_views(con: duckdb.DuckDBPyConnection) -> None:
+    """This version's views, as temporary views that shadow any stored ones."""
+    import duckdb
+
+    for sql in view_sql():
+        # an older store may lack a column a view reads: the reports that need that view raise OUTDATED
+        with suppress(duckdb.BinderException):
+            con.execute(sql.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW", 1))
 
 
 def _remove_new(paths: list[Path], existed: set[Path]) -> None:
