@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import os
 import re
 import uuid
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ import polars as pl
 from traceana.errors import TraceanaError
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op, parse_nccl_kernel
 from traceana.ingest.dispatch import IngestOptions
-from traceana.ingest.parallel import from_ipc, map_files, to_ipc, worker_count
+from traceana.ingest.parallel import from_ipc, map_files, threads_per_task, to_ipc, worker_count
 from traceana.ingest.rules import Rule, with_classes
 from traceana.ingest.run_data import (
     SCHEMAS,
@@ -391,7 +390,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     try:
         workers = worker_count(options.jobs, files)
         task = functools.partial(parse_file, rules=options.rules, spill=spill.folder,
-                                 threads=max(1, (os.cpu_count() or 1) // workers))
+                                 threads=threads_per_task(workers))
         hosts = [_host_of(f) for f in files]
         parsed = []
         for index, (file, part) in enumerate(zip(files, map_files(task, files, workers), strict=True)):

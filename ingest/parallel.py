@@ -55,6 +55,12 @@ def worker_count(jobs: int | RayCluster | None, files: list[Path]) -> int | RayC
     return min(jobs, max(len(files), 1))
 
 
+def threads_per_task(jobs: int | RayCluster) -> int:
+    """DuckDB threads for one file's task: the machine's cores shared among local workers; one per Ray task (Ray
+    gives each task one CPU)."""
+    return 1 if isinstance(jobs, RayCluster) else max(1, (os.cpu_count() or 1) // jobs)
+
+
 def map_files(parse: Callable[[Path], T], files: list[Path], jobs: int | RayCluster) -> Iterator[T]:
     """``parse(file)`` for every file, in file order, across ``jobs`` worker processes (1: in this one), or as
     tasks on a Ray cluster."""
