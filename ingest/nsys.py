@@ -20,6 +20,7 @@ refused. CUDA synchronization records are host-side waits, not device work, and 
 from __future__ import annotations
 
 import re
+import uuid
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -34,13 +35,17 @@ from traceana.ingest.parallel import map_files, worker_count
 from traceana.ingest.rules import Rule, with_classes
 from traceana.ingest.run_data import (
     RunData,
-    launched_step_windows,
+    Spill,
+    StepLinks,
     marker_steps,
     rank_in_file_name,
     require_overlapping_clocks,
     require_unique_ranks,
+    spill_folder,
+    spill_part,
+    step_windows_of,
 )
-from traceana.ingest.validate import checked_rank
+from traceana.ingest.validate import Dropped, check, checked_rank
 
 if TYPE_CHECKING:
     from traceana.ingest.dispatch import IngestOptions
@@ -311,8 +316,8 @@ def _with_collectives(device: pl.DataFrame, export: Export, ranges: pl.DataFrame
           for c, t in _DEVICE_SCHEMA.items()))
 
 
-def _assign_ranks(units: pl.DataFrame, reports: list[Report]) -> pl.DataFrame:
-    """units (report, pid, device, stated_rank, stated_source) -> with rank and rank_source."""
+def _assign_ranks(units: pl.DataFrame, reports: list[ParsedReport]) -> pl.DataFrame:
+    """units (report, unit, pid, device, stated_rank, stated_source) -> with rank and rank_source."""
     sources = [str(reports[i].source) for i in units["report"]]
     stated = units["stated_rank"]
     if stated.null_count() == 0:
@@ -330,7 +335,7 @@ def _assign_ranks(units: pl.DataFrame, reports: list[Report]) -> pl.DataFrame:
     )
 
 
-def _clock_offsets(reports: list[Report], notes: list[str]) -> list[int]:
+def _clock_offsets(reports: list[ParsedReport], notes: list[str]) -> list[int]:
     """Per report, ns to add to reach the run timeline: session starts (utcEpochNs) relative to the earliest."""
     starts = [r.session_start for r in reports]
     if len(reports) == 1:
@@ -343,15 +348,82 @@ def _clock_offsets(reports: list[Report], notes: list[str]) -> list[int]:
     return [s - first for s in starts if s is not None]
 
 
+@dataclass
+class ParsedReport:
+    """What reading one report gives back to the run: everything but its device events and NVTX ranges, which went
+    to the spill folder, one part per unit (process, device) named ``<key>-<unit>``. ``unit`` stands for the rank
+    until the run decides ranks across reports; times are the report's own clock."""
+
+    source: Path
+    key: str
+    units: pl.DataFrame        # unit, pid, device, stated_rank, stated_source
+    collectives: pl.DataFrame  # unit, event_id, op, kernel_op, dtype, evidence, stream, start_ns, end_ns
+    steps: pl.DataFrame        # unit, step, start_ns, end_ns
+    links: StepLinks           # unlinked: units
+    has_events: bool
+    span: tuple[int, int] | None  # first and last ns of its events and ranges: reports of one run overlap
+    unowned: int               # NVTX ranges of processes without GPU activity, left out
+    dropped: Dropped
+    host: str | None
+    session_start: int | None
+    version: str | None
+    notes: list[str]
+
+
+def parse_report(source: Path, *, cache_dir: Path, rules: list[Rule], marker: str, spill: Path) -> ParsedReport:
+    """Everything about one report that needs no other report (in a worker process with --jobs): parse, event ids,
+    the units' step windows, validation; device events and NVTX ranges are written to ``spill``."""
+    report = _read_report(source, cache_dir, rules)
+    units = report.units.with_row_index("unit").with_columns(pl.col("unit").cast(_I64))
+    keys = units.select("pid", "device", pl.col("unit").alias("rank"))
+    device = report.device.join(keys, on=["pid", "device"], nulls_equal=True)
+    device = device.sort("rank", "start_ns", "end_ns", "stream").with_columns(
+        pl.int_range(pl.len()).over("rank").cast(_I64).alias("event_id"))
+    owners = keys.select("pid", "rank")
+    annotations = report.ranges.join(owners, on="pid", nulls_equal=True)  # a multi-GPU process: every rank
+    unowned = report.ranges.join(owners, on="pid", how="anti", nulls_equal=True).height
+    annotations = annotations.with_columns(pl.lit("nvtx").alias("kind")).sort("rank", "start_ns")
+    span = pl.concat([f.select("start_ns", "end_ns") for f in (device, annotations)]).select(
+        pl.col("start_ns").min(), pl.col("end_ns").max()).row(0)
+    steps, links = step_windows_of(device, marker_steps(annotations, marker))
+    data = RunData("nsys", [str(source)], 1, frames={"device_events": device, "annotations": annotations,
+                                                     "steps": steps})
+    dropped = check(data)
+    key = uuid.uuid4().hex
+    for table in ("device_events", "annotations"):
+        for (unit,), part in data.frames[table].partition_by("rank", as_dict=True).items():
+            spill_part(spill, table, f"{key}-{unit}", part)
+    device = data.frames["device_events"]
+    return ParsedReport(
+        source, key, units, device.filter(pl.col("op").is_not_null()).select(
+            pl.col("rank").alias("unit"), "event_id", "op", "kernel_op", "dtype", "evidence", "stream", "start_ns",
+            "end_ns"),
+        data.frames["steps"].rename({"rank": "unit"}), links, not device.is_empty(),
+        span if span[0] is not None else None, unowned, dropped, report.host, report.session_start, report.version,
+        report.notes)
+
+
 def read(paths: list[Path], options: IngestOptions) -> RunData:
-    """One run from nsys exports / reports (files, or folders of them)."""
-    reports = []
+    """One run from nsys exports / reports (files, or folders of them): each report read on its own
+    (:func:`parse_report`, across ``options.jobs`` workers), then ranks and clocks across the reports' small parts."""
     sources = _inputs(paths)
     options.progress.files(sources)
-    read_one = partial(_read_report, cache_dir=options.cache_dir, rules=options.rules)
-    for source, report in zip(sources, map_files(read_one, sources, worker_count(options.jobs, sources)), strict=True):
-        reports.append(report)
-        options.progress.read(source)
+    spill = Spill(spill_folder(options.spill_near))
+    try:
+        task = partial(parse_report, cache_dir=options.cache_dir, rules=options.rules,
+                       marker=options.step_marker or DEFAULT_STEP_MARKER, spill=spill.folder)
+        reports = []
+        for source, report in zip(sources, map_files(task, sources, worker_count(options.jobs, sources)),
+                                  strict=True):
+            reports.append(report)
+            options.progress.read(source)
+        return _run(paths, reports, spill, options)
+    except BaseException:
+        spill.remove()
+        raise
+
+
+def _run(paths: list[Path], reports: list[ParsedReport], spill: Spill, options: IngestOptions) -> RunData:
     options.progress.phase("assigning ranks and aligning clocks")
     notes = [n for r in reports for n in r.notes]
     units = pl.concat([r.units.with_columns(pl.lit(i, _I64).alias("report")) for i, r in enumerate(reports)])
@@ -364,31 +436,29 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     if any(offsets):
         notes.append("clock offsets from session start (utcEpochNs): "
                      + ", ".join(f"{r.source.name} +{o} ns" for r, o in zip(reports, offsets, strict=True)))
+    if unowned := sum(r.unowned for r in reports):
+        notes.append(f"{unowned} NVTX ranges of processes without GPU activity were left out")
+    require_overlapping_clocks([(str(r.source), r.span[0] + o, r.span[1] + o)
+                                for r, o in zip(reports, offsets, strict=True) if r.span])
+    keys = ranks.select("report", "unit", "rank", pl.col("report").replace_strict(
+        dict(enumerate(offsets)), return_dtype=_I64).alias("_offset"))
 
-    def per_report(name: str) -> pl.DataFrame:
-        return pl.concat([getattr(r, name).with_columns(pl.lit(i, _I64).alias("report"),
-                                                        pl.lit(offsets[i], _I64).alias("_offset"))
-                          for i, r in enumerate(reports)])
+    def ranked(name: str) -> pl.DataFrame:
+        frame = pl.concat([getattr(r, name).with_columns(pl.lit(i, _I64).alias("report"))
+                           for i, r in enumerate(reports)], how="vertical_relaxed")
+        return frame.join(keys, on=["report", "unit"]).with_columns(
+            [(pl.col(c) + pl.col("_offset")).alias(c) for c in ("start_ns", "end_ns")]).drop(
+            "report", "unit", "_offset")
 
-    def shifted(*columns: str) -> list[pl.Expr]:
-        return [(pl.col(c) + pl.col("_offset")).alias(c) for c in columns]
-
-    keys = ranks.select("report", "pid", "device", "rank")
-    device = per_report("device").join(keys, on=["report", "pid", "device"], nulls_equal=True).with_columns(
-        shifted("start_ns", "end_ns", "launch_ns"))
-    device = device.sort("rank", "start_ns", "end_ns", "stream").with_columns(
-        pl.int_range(pl.len()).over("rank").cast(_I64).alias("event_id")
-    )
-    ranges = per_report("ranges")
-    owners = keys.select("report", "pid", "rank")
-    annotations = ranges.join(owners, on=["report", "pid"], nulls_equal=True)  # a multi-GPU process: every rank
-    if dropped := ranges.join(owners, on=["report", "pid"], how="anti", nulls_equal=True).height:
-        notes.append(f"{dropped} NVTX ranges of processes without GPU activity were left out")
-    annotations = annotations.with_columns(*shifted("start_ns", "end_ns"), pl.lit("nvtx").alias("kind")).sort(
-        "rank", "start_ns")
-    spans = pl.concat([f.select("report", "start_ns", "end_ns") for f in (device, annotations)]).group_by("report")
-    require_overlapping_clocks([(str(reports[r].source), a, b) for r, a, b in spans.agg(
-        pl.col("start_ns").min(), pl.col("end_ns").max()).rows()])
+    collectives, steps = ranked("collectives"), ranked("steps")
+    if any(r.has_events for r in reports):
+        unit_rank = {(i, u): r for i, u, r in keys.select("report", "unit", "rank").rows()}
+        notes += sum((StepLinks(r.links.linked, r.links.unlaunched, r.links.annotated,
+                                [unit_rank[(i, u)] for u in r.links.unlinked]) for i, r in enumerate(reports)),
+                     StepLinks()).notes()
+    spill.parts = keys.select(pl.concat_str(pl.col("report").replace_strict(
+        dict(enumerate(r.key for r in reports)), return_dtype=_STR), pl.lit("-"), pl.col("unit").cast(_STR))
+        .alias("key"), "rank", pl.col("_offset").alias("shift")).cast(dict(spill.parts.schema))
     rank_rows = ranks.with_columns(
         pl.col("report").replace_strict({i: r.host for i, r in enumerate(reports)}, return_dtype=_STR).alias("host"),
         pl.col("report").replace_strict(dict(enumerate(offsets)), return_dtype=_I64).alias("clock_offset_ns"),
@@ -403,12 +473,8 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         tool_version=", ".join(versions) or None,
         rank_source=", ".join(sorted(set(rank_rows["rank_source"].to_list()))),
         notes=notes,
-        frames={
-            "ranks": rank_rows,
-            "device_events": device,
-            "collectives": device.filter(pl.col("op").is_not_null()),
-            "annotations": annotations,
-            "steps": launched_step_windows(
-                device, marker_steps(annotations, options.step_marker or DEFAULT_STEP_MARKER), notes),
-        },
+        frames={"ranks": rank_rows, "collectives": collectives.drop("stream", "start_ns", "end_ns"), "steps": steps},
+        spill=spill,
+        comm_events=collectives.select("rank", "event_id", "stream", "start_ns", "end_ns"),
+        dropped=sum((r.dropped for r in reports), Dropped()),
     )

@@ -133,7 +133,8 @@ class RunData:
     dropped: Dropped | None = None  # what validation left out of the rows spilled by the workers
 
     def table(self, name: str) -> pl.DataFrame:
-        """The whole table as a frame (for a spilled one, read back from its Parquet: tests and small runs)."""
+        """The whole table as a frame (for a spilled one, read back from its Parquet in the order of its columns,
+        whatever the parts' names: tests and small runs)."""
         if self.spill is not None and name in SPILLED:
             pattern = self.spill.glob(name)
             if pattern is None:
@@ -142,7 +143,7 @@ class RunData:
 
             with duckdb.connect() as con:
                 con.register("spill_parts", self.spill.parts.to_arrow())
-                return conform(name, con.sql(self.spill.select_sql(name, pattern)).pl())
+                return conform(name, con.sql(f"{self.spill.select_sql(name, pattern)} ORDER BY ALL").pl())
         return conform(name, self.frames.get(name))
 
     def device_times(self) -> pl.DataFrame:
