@@ -15,6 +15,10 @@ the demangled name kept); NVTX push/pop and start/end ranges become annotations,
 ``COALESCE(text, StringIds[textId])`` and the domain from the process's domain-create rows. An export with no
 kernel table is ingested with a note (no device activity); one with neither GPU activity nor NVTX ranges is
 refused. CUDA synchronization records are host-side waits, not device work, and are not read.
+
+Each report is read on its own (:func:`parse_report`, in a worker with --jobs): its units' events are numbered,
+step-windowed and validated there, and their device events and NVTX ranges spilled as Parquet (run_data.Spill);
+only ranks, clocks and the collectives' event times are decided across reports.
 """
 
 from __future__ import annotations
@@ -113,7 +117,7 @@ def _inputs(paths: list[Path]) -> list[Path]:
 
 @dataclass
 class Report:
-    """One export, parsed; ranks are decided later across all reports of the run."""
+    """One export, parsed (what :func:`parse_report` numbers, windows, validates and spills)."""
 
     source: Path
     units: pl.DataFrame          # pid, device, stated_rank, stated_source: the ranks this report holds
@@ -250,7 +254,7 @@ def _stated_ranks(export: Export, strings: pl.DataFrame, pids: list[int | None])
 
 
 def _read_report(source: Path, cache_dir: Path, rules: list[Rule]) -> Report:
-    """One report on its own (in a worker process with --jobs); ranks are decided across reports afterwards."""
+    """One report's tables as its export holds them, before units are numbered."""
     path = export_report(source, cache_dir) if source.suffix == ".nsys-rep" else source
     export = Export(path)
     try:

@@ -460,15 +460,6 @@ class StepLinks:
         return out
 
 
-def launched_step_windows(events: pl.DataFrame, markers: pl.DataFrame, notes: list[str]) -> pl.DataFrame:
-    """Steps of a GPU run (:func:`step_windows_of`), saying which in ``notes``."""
-    if markers.is_empty() or events.is_empty():
-        return markers
-    windows, links = step_windows_of(events, markers)
-    notes += links.notes()
-    return windows
-
-
 def step_windows_of(events: pl.DataFrame, markers: pl.DataFrame) -> tuple[pl.DataFrame, StepLinks]:
     """Steps of a GPU run: device windows (:func:`device_step_windows`) on every rank where some device event's
     launch (``launch_ns``, the runtime call's time; else the format's own device-side ``step``, if any) falls in a
