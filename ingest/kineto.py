@@ -1,7 +1,9 @@
 """PyTorch profiler (Kineto) Chrome-trace JSON, one file per rank (.json or .json.gz).
 
 DuckDB parses each file straight into typed columns (no Python loop per event); the linking of kernels to the
-CPU ops that launched them, steps and process groups are SQL over those columns.
+CPU ops that launched them, steps and process groups are SQL over those columns. Each file is read on its own
+(:func:`parse_file`, in a worker process with --jobs), its per-event tables spilled as Parquet beside the store;
+only what needs every file (ranks, host clocks, groups) runs over the small parts the files give back (:func:`_run`).
 
 GPU runs: device events are `kernel`, `gpu_memcpy`, `gpu_memset`. A communication kernel's op comes, in order,
 from its own args (`Collective name`, pg-args), from the CPU op that launched it (runtime correlation, then the
@@ -405,6 +407,8 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
 
 
 def _run(files: list[Path], parsed: list[ParsedFile], spill: Spill, options: IngestOptions) -> RunData:
+    """The run from its files' parts: ranks, the coarse host clock offsets (the spilled parts' first shift), one
+    job, process groups; the collectives, steps and notes of every file, in file order."""
     infos = [p.info for p in parsed]
     ranks, rank_sources = _ranks(infos, files)
     require_unique_ranks(ranks, [str(f) for f in files])
