@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import uuid
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import polars as pl
@@ -28,7 +31,10 @@ from traceana.ingest.ascend_inputs import RankInput, find_inputs, is_ascend
 from traceana.ingest.ascend_tasks import RankTrace
 from traceana.ingest.ascend_timeline import read_timeline
 from traceana.ingest.dispatch import IngestOptions
-from traceana.ingest.run_data import RunData, require_unique_ranks
+from traceana.ingest.parallel import map_files, worker_count
+from traceana.ingest.rules import Rule
+from traceana.ingest.run_data import RunData, Spill, require_unique_ranks, spill_folder, spill_part
+from traceana.ingest.validate import Dropped, check
 from traceana.layout import Layout
 
 _HOST_CLOCK_TOLERANCE_NS = 1_000_000  # ranks of one host record the same wall-minus-monotonic offset to a few µs
@@ -39,14 +45,12 @@ def matches(path: Path) -> bool:
     return is_ascend(path)
 
 
-def _read_rank(source: RankInput, options: IngestOptions) -> RankTrace:
+def _read_rank(source: RankInput, rules: list[Rule], marker: str | None) -> RankTrace:
     """One rank's trace, with what its folder said (rank, level, metadata, op@hash links) folded in."""
     if source.kind == "db":
-        trace = read_database(source.files[0], options.rules, options.step_marker)
+        trace = read_database(source.files[0], rules, marker)
     else:
-        trace = read_timeline(source.files, options.rules, options.step_marker)
-    for file in source.files:
-        options.progress.read(file)
+        trace = read_timeline(source.files, rules, marker)
     trace.source = source.origin
     if source.rank is not None:
         trace.rank, trace.rank_source = source.rank, source.rank_source
@@ -57,6 +61,41 @@ def _read_rank(source: RankInput, options: IngestOptions) -> RankTrace:
     if source.communication is not None:
         trace.events = link_by_hash(trace.events, communication_keys(source.communication))
     return trace
+
+
+@dataclass
+class ParsedRank:
+    """What reading one rank folder gives back to the run: its trace without the per-event tables, which went to
+    the spill folder as part ``key`` (``trace.events`` keeps only the HCCL ops, with their event ids)."""
+
+    key: str
+    trace: RankTrace
+    dropped: Dropped
+
+
+def parse_rank(source: RankInput, *, rules: list[Rule], marker: str | None, spill: Path) -> ParsedRank:
+    """Everything about one rank folder that needs no other rank (in a worker process with --jobs): parse, event
+    ids, validation; device events, annotations and memory samples are written to ``spill``."""
+    trace = _read_rank(source, rules, marker)
+    rank = pl.lit(0, dtype=pl.Int32()).alias("rank")  # the rank is decided across folders: the part key stands in
+    events = trace.events.sort("start_ns", "end_ns", "name").with_columns(
+        rank, pl.int_range(pl.len(), dtype=pl.Int64).alias("event_id"))
+    data = RunData("ascend", [str(source.origin)], 1, frames={
+        "device_events": events,
+        "collectives": events.filter((pl.col("category") == "comm") & pl.col("kernel_op").is_not_null()),
+        "annotations": trace.annotations.with_columns(rank),
+        "steps": trace.steps.with_columns(rank),  # STEP_TIME or marker
+        **({"memory": trace.memory.with_columns(rank)} if trace.memory is not None else {}),
+    })
+    dropped = check(data)
+    key = uuid.uuid4().hex
+    for table in ("device_events", "annotations", "memory"):
+        if table in data.frames:
+            spill_part(spill, table, key, data.frames[table])
+    trace.events = data.frames["collectives"].drop("rank")
+    trace.steps = data.frames["steps"].drop("rank")
+    trace.annotations, trace.memory = trace.annotations.clear(), None
+    return ParsedRank(key, trace, dropped)
 
 
 def _number_ranks(traces: list[RankTrace]) -> None:
@@ -84,10 +123,9 @@ def _name_hosts(traces: list[RankTrace], notes: list[str]) -> None:
         notes.append("hosts told apart by the profiler's wall-minus-monotonic clock offset (text exports name no host)")
 
 
-def _collectives(events: pl.DataFrame, groups: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Collective rows with their pg, and the process groups: parallel_group_info's, then communicators only seen
+def _collectives(comm: pl.DataFrame, groups: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """HCCL op rows with their pg, and the process groups: parallel_group_info's, then communicators only seen
     in ops (their ranks: the ranks that ran ops in them)."""
-    comm = events.filter((pl.col("category") == "comm") & pl.col("kernel_op").is_not_null())
     by_hash = {double_hash(pg): pg for pg in groups["pg"].to_list()}
     comm = comm.with_columns(
         pl.coalesce("comm", pl.col("group_hash").replace_strict(by_hash, default=None, return_dtype=pl.String()),
@@ -115,11 +153,32 @@ def _metadata_layout(metadata: list[dict], world: int, notes: list[str]) -> Layo
 
 
 def read(paths: list[Path], options: IngestOptions) -> RunData:
+    """One run from Ascend profiler output: each rank folder read on its own (:func:`parse_rank`, across
+    ``options.jobs`` workers), then ranks, hosts and communicators across the folders' small parts."""
     notes: list[str] = []
     inputs = find_inputs(paths, notes)
-    options.progress.files([f for source in inputs for f in source.files])
-    traces = [_read_rank(source, options) for source in inputs]
+    files = [f for source in inputs for f in source.files]
+    options.progress.files(files)
+    spill = Spill(spill_folder(options.spill_near))
+    try:
+        task = partial(parse_rank, rules=options.rules, marker=options.step_marker, spill=spill.folder)
+        jobs = worker_count(options.jobs, files)  # a rank folder may hold several files: one worker per folder
+        jobs = min(jobs, len(inputs)) if isinstance(jobs, int) else jobs
+        parsed = []
+        for source, rank in zip(inputs, map_files(task, inputs, jobs), strict=True):
+            parsed.append(rank)
+            for file in source.files:
+                options.progress.read(file)
+        return _run(inputs, parsed, spill, notes, options)
+    except BaseException:
+        spill.remove()
+        raise
+
+
+def _run(inputs: list[RankInput], parsed: list[ParsedRank], spill: Spill, notes: list[str],
+         options: IngestOptions) -> RunData:
     options.progress.phase("numbering ranks and matching collectives")
+    traces = [p.trace for p in parsed]
     _number_ranks(traces)
     require_unique_ranks([t.rank for t in traces], [str(t.source) for t in traces])
     _name_hosts(traces, notes)
@@ -128,10 +187,9 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     def with_rank(frame: pl.DataFrame, trace: RankTrace) -> pl.DataFrame:
         return frame.with_columns(rank=pl.lit(trace.rank, dtype=pl.Int32()))
 
-    events = pl.concat([with_rank(t.events, t) for t in traces]).sort("rank", "start_ns", "end_ns", "name")
-    events = events.with_columns(event_id=pl.int_range(pl.len(), dtype=pl.Int64).over("rank"))
+    ops = pl.concat([with_rank(t.events, t) for t in traces]).sort("rank", "event_id")
     metadata = [t.metadata for t in traces]
-    comm, groups = _collectives(events, metadata_groups(metadata))
+    comm, groups = _collectives(ops, metadata_groups(metadata))
     if comm["pg"].null_count():
         notes.append(f"{comm['pg'].null_count()} HCCL ops have no communicator evidence (no database groupName, no "
                      f"communication.json op@hash: profiler level 0?); their process group is unknown")
@@ -143,6 +201,8 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
           "source": str(t.source)} for t in traces],
         schema={"rank": pl.Int32(), "host": pl.String(), "device": pl.Int32(), "pid": pl.Int64(),
                 "rank_source": pl.String(), "source": pl.String()})
+    spill.parts = pl.DataFrame({"key": [p.key for p in parsed], "rank": [t.rank for t in traces],
+                                "shift": [0] * len(parsed)}, schema=spill.parts.schema)
     layout = None if options.layout else _metadata_layout(metadata, world, notes)
     return RunData(
         source_format="ascend",
@@ -152,15 +212,9 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         rank_source=",".join(sorted({t.rank_source for t in traces if t.rank_source})),
         notes=notes,
         layout=layout,
-        frames={
-            "ranks": ranks,
-            "process_groups": groups,
-            "device_events": events,
-            "collectives": comm,
-            "annotations": pl.concat([with_rank(t.annotations, t) for t in traces]),
-            "steps": pl.concat([with_rank(t.steps, t) for t in traces], how="vertical_relaxed"),  # STEP_TIME or marker
-            # None when no rank recorded memory (a database export without MEMORY_RECORD: profile_memory off)
-            "memory": pl.concat(sampled) if (sampled := [with_rank(t.memory, t) for t in traces
-                                                         if t.memory is not None]) else None,
-        },
+        frames={"ranks": ranks, "process_groups": groups, "collectives": comm,
+                "steps": pl.concat([with_rank(t.steps, t) for t in traces], how="vertical_relaxed")},
+        spill=spill,
+        comm_events=comm.select("rank", "event_id", "stream", "start_ns", "end_ns"),
+        dropped=sum((p.dropped for p in parsed), Dropped()),
     )
