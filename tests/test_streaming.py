@@ -1,6 +1,7 @@
-"""The streaming ingest (issue 12): each Kineto file and nsys report is read on its own and its per-event tables
-wait as Parquet beside the store until the store write streams them in. The folder they wait in goes away in every
-outcome, and what files validated apart report adds up to what the whole run validated at once reports."""
+"""The streaming ingest (issue 12): each Kineto file, nsys report and Ascend rank folder is read on its own and its
+per-event tables wait as Parquet beside the store until the store write streams them in. The folder they wait in
+goes away in every outcome, and what files validated apart report adds up to what the whole run validated at
+once reports."""
 
 from __future__ import annotations
 
@@ -114,4 +115,33 @@ def test_a_broken_nsys_report_leaves_no_spill_and_no_store(tmp_path: Path) -> No
     broken.write_bytes(b"SQLite format 3\x00" + b"\x00" * 100)
     code, _, err = run_main("ingest", reports, "--db", tmp_path / "s.duckdb", "--jobs", "2")
     assert code != 0 and len(err.strip().splitlines()) == 1 and str(broken) in err
+    assert spill_folders(tmp_path) == [] and not (tmp_path / "s.duckdb").exists()
+
+
+ASCEND_DB = TRACES / "ascend" / "torch_npu_2rank_level1_db"
+
+
+def test_an_ascend_run_spills_one_part_per_rank_folder(tmp_path: Path) -> None:
+    """Each rank folder's rows are their own part, mapped to the rank its profiler_info names. Per rank, the
+    database has 16 EVENT_RECORD + 10 EVENT_WAIT tasks (sync), 24 MEMCPY_ASYNC + 2 PROFILING_* tasks (other) and 4
+    COMMUNICATION_OP rows (SQLite: count(*) of TASK GROUP BY STRING_IDS.value of taskType; of COMMUNICATION_OP)."""
+    data = read_run([ASCEND_DB], "ascend", IngestOptions(spill_near=tmp_path / "s.duckdb", jobs=2))
+    assert data.spill is not None and not {"device_events", "annotations", "memory"} & set(data.frames)
+    (folder,) = spill_folders(tmp_path)
+    assert len(list((folder / "device_events").iterdir())) == data.world_size == 2
+    assert sorted(data.spill.parts["rank"].to_list()) == [0, 1]
+    counts = data.table("device_events").filter(pl.col("category") != "compute").group_by("rank", "category").len()
+    assert sorted(counts.rows()) == [(r, c, n) for r in (0, 1) for c, n in (("comm", 4), ("other", 26), ("sync", 26))]
+    assert data.table("collectives").group_by("rank").len().sort("rank").rows() == [(0, 4), (1, 4)]
+    data.discard()
+    assert not folder.exists()
+
+
+def test_a_broken_ascend_rank_folder_leaves_no_spill_and_no_store(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(ASCEND_DB, run)
+    (broken,) = run.glob("rank1_ascend_pt/ASCEND_PROFILER_OUTPUT/ascend_pytorch_profiler_1.db")
+    broken.write_bytes(b"SQLite format 3\x00" + b"\x00" * 100)
+    code, _, err = run_main("ingest", run, "--db", tmp_path / "s.duckdb", "--jobs", "2")
+    assert code != 0 and len(err.strip().splitlines()) == 1 and "ascend_pytorch_profiler_1.db" in err
     assert spill_folders(tmp_path) == [] and not (tmp_path / "s.duckdb").exists()
