@@ -5,6 +5,11 @@ Ranks come from the folder (profiler_info_{rank}.json, a PROF device's rank_id),
 a database file's name, else device or input order. Text exports carry no host name: ranks whose profiler
 recorded the same wall-minus-monotonic clock offset (the host's boot time) share a host. A layout comes from
 --layout, else from MindSpeed's ``distributed_args`` in the metadata.
+
+Each rank folder is read on its own (:func:`parse_rank`, in a worker with --jobs): its events are numbered and
+validated there, and its device events, annotations and memory samples spilled as Parquet (run_data.Spill); only
+ranks, hosts and communicators are decided across folders, on the HCCL ops' rows. Steps are the rank's own
+(STEP_TIME, else its step markers' ranges).
 """
 
 from __future__ import annotations
