@@ -38,7 +38,7 @@ from traceana.ingest.ascend_timeline import read_timeline
 from traceana.ingest.dispatch import IngestOptions
 from traceana.ingest.parallel import map_files, worker_count
 from traceana.ingest.rules import Rule
-from traceana.ingest.run_data import RunData, Spill, require_unique_ranks, spill_folder, spill_part
+from traceana.ingest.run_data import RunData, Spill, new_spill, require_unique_ranks, spill_part
 from traceana.ingest.validate import Dropped, check
 from traceana.layout import Layout
 
@@ -164,8 +164,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     inputs = find_inputs(paths, notes)
     files = [f for source in inputs for f in source.files]
     options.progress.files(files)
-    spill = Spill(spill_folder(options.spill_near))
-    try:
+    with new_spill(options.spill_near) as spill:
         task = partial(parse_rank, rules=options.rules, marker=options.step_marker, spill=spill.folder)
         jobs = worker_count(options.jobs, files)  # a rank folder may hold several files: one worker per folder
         jobs = min(jobs, len(inputs)) if isinstance(jobs, int) else jobs
@@ -175,9 +174,6 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
             for file in source.files:
                 options.progress.read(file)
         return _run(inputs, parsed, spill, notes, options)
-    except BaseException:
-        spill.remove()
-        raise
 
 
 def _run(inputs: list[RankInput], parsed: list[ParsedRank], spill: Spill, notes: list[str],

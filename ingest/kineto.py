@@ -34,10 +34,10 @@ from traceana.ingest.run_data import (
     RunData,
     Spill,
     StepLinks,
+    new_spill,
     rank_in_file_name,
     require_overlapping_clocks,
     require_unique_ranks,
-    spill_folder,
     spill_part,
     step_windows_of,
 )
@@ -388,8 +388,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     if not files:
         raise TraceanaError(f"{paths[0]}: no Kineto trace files (*.json, *.json.gz) here")
     options.progress.files(files)
-    spill = Spill(spill_folder(options.spill_near))
-    try:
+    with new_spill(options.spill_near) as spill:
         workers = worker_count(options.jobs, files)
         task = functools.partial(parse_file, rules=options.rules, spill=spill.folder,
                                  threads=threads_per_task(workers))
@@ -401,9 +400,6 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
             parsed.append(part)
             options.progress.read(file)
         return _run(files, parsed, spill, options)
-    except BaseException:
-        spill.remove()
-        raise
 
 
 def _run(files: list[Path], parsed: list[ParsedFile], spill: Spill, options: IngestOptions) -> RunData:

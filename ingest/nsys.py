@@ -42,10 +42,10 @@ from traceana.ingest.run_data import (
     Spill,
     StepLinks,
     marker_steps,
+    new_spill,
     rank_in_file_name,
     require_overlapping_clocks,
     require_unique_ranks,
-    spill_folder,
     spill_part,
     step_windows_of,
 )
@@ -412,8 +412,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     (:func:`parse_report`, across ``options.jobs`` workers), then ranks and clocks across the reports' small parts."""
     sources = _inputs(paths)
     options.progress.files(sources)
-    spill = Spill(spill_folder(options.spill_near))
-    try:
+    with new_spill(options.spill_near) as spill:
         task = partial(parse_report, cache_dir=options.cache_dir, rules=options.rules,
                        marker=options.step_marker or DEFAULT_STEP_MARKER, spill=spill.folder)
         reports = []
@@ -422,9 +421,6 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
             reports.append(report)
             options.progress.read(source)
         return _run(paths, reports, spill, options)
-    except BaseException:
-        spill.remove()
-        raise
 
 
 def _run(paths: list[Path], reports: list[ParsedReport], spill: Spill, options: IngestOptions) -> RunData:

@@ -2,10 +2,10 @@
 back in file order.
 
 Workers are spawned (not forked: the parent may hold DuckDB threads), and Ray tasks run in other processes or on
-other machines, so the function they run must be importable at module level and its results picklable. Kineto's
-(kineto.parse_file) does all of one file's work and writes its per-event tables as Parquet into the ingest's spill
-folder, returning only the small rest (a CPU-only file also its rows, as an Arrow IPC stream: :func:`to_ipc`); nsys
-returns its frames pickled (which Polars does as IPC). Both executors run the same function and return the same
+other machines, so the function they run must be importable at module level and its results picklable. Each
+format's task (kineto.parse_file, nsys.parse_report, ascend.parse_rank) does all of one input's work and writes its
+per-event tables as Parquet into the ingest's spill folder, returning only the small rest (a CPU-only Kineto file
+also its rows, as an Arrow IPC stream: :func:`to_ipc`). Both executors run the same function and return the same
 results. A worker's TraceanaError ends the whole ingest with that one line; nothing is written, since the store is
 written only after every file is read, and the spill folder is removed.
 """

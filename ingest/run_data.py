@@ -16,6 +16,8 @@ import re
 import shutil
 import tempfile
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -112,6 +114,18 @@ def spill_folder(near: Path) -> Path:
     """A new empty folder for one ingest's Parquet parts next to ``near`` (the store), named after it."""
     near.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f"{near.name}.ingest-{os.getpid()}-", dir=near.parent))
+
+
+@contextmanager
+def new_spill(near: Path) -> Iterator[Spill]:
+    """A :class:`Spill` for one ingest's parts, next to ``near`` (the store); removed if reading the run fails (on
+    success the RunData carries it, and the store write or its caller removes it)."""
+    spill = Spill(spill_folder(near))
+    try:
+        yield spill
+    except BaseException:
+        spill.remove()
+        raise
 
 
 @dataclass
