@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -162,7 +163,9 @@ def connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.Du
     """The dataset at ``folder`` as a store. A reader gets an in-memory DuckDB whose tables are views over the
     dataset's files (columns in schema.sql's order and types; a table without files stays an empty table) with the
     usual views on top. A writer gets an in-memory store holding the dataset's tables, empty: what it writes is
-    added to the dataset when its work succeeds (:func:`merge`), and nothing is written when it fails."""
+    added to the dataset when its work succeeds (:func:`merge`), and nothing is written when it fails. The writer's
+    DuckDB offloads to a hidden buffer folder beside the dataset (removed after), so a large run written under
+    store.write_run's capped memory limit waits on disk, not in memory."""
     import duckdb
 
     schema = folder / SCHEMA_FILE
@@ -172,7 +175,12 @@ def connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.Du
         raise TraceanaError(f"{folder}: a folder but not a traceana Parquet dataset (no {SCHEMA_FILE}); pass --db "
                             "with a dataset, a store file, or a new or empty folder to ingest into")
     con = duckdb.connect(":memory:", config=store.CONFIG)
+    spill = None
     try:
+        if not read_only:  # the run's rows wait here, not in memory, beyond DuckDB's memory limit
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            spill = Path(tempfile.mkdtemp(prefix=f".{folder.name}.buffer-{os.getpid()}-", dir=folder.parent))
+            con.execute("SET temp_directory = ?", [str(spill)])
         if schema.is_file():
             try:
                 con.execute(schema.read_text())
@@ -194,6 +202,8 @@ def connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.Du
         raise
     finally:
         con.close()
+        if spill is not None:
+            shutil.rmtree(spill, ignore_errors=True)
 
 
 def _quoted(column: str) -> str:
@@ -239,7 +249,8 @@ def merge(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
                     table.rmdir()
         else:
             partial.mkdir(parents=True)
-        _write(con, partial)
+        with store.bounded_memory(con):  # a partitioned COPY would otherwise buffer the whole run
+            _write(con, partial)
         _move_into_place(partial, folder)
     except BaseException as exc:
         shutil.rmtree(partial, ignore_errors=True)

@@ -235,7 +235,7 @@ def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData) -> Non
         )
         if data.spill is not None:
             con.register("spill_parts", data.spill.parts.to_arrow())
-            with _bounded_memory(con):
+            with bounded_memory(con):
                 for table in SPILLED:
                     if pattern := data.spill.glob(table):
                         con.execute(f"INSERT INTO {table} (run_id, {', '.join(SCHEMAS[table])}) SELECT ?, * FROM "
@@ -252,9 +252,10 @@ def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData) -> Non
 
 
 @contextmanager
-def _bounded_memory(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """DuckDB's buffer pool capped at 256 MiB per thread (512 MiB at least) while a spilled run streams in: by
-    default it may keep up to 80 % of RAM of written blocks cached, and a large run's insert would take that much."""
+def bounded_memory(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """DuckDB's buffer pool capped at 256 MiB per thread (512 MiB at least) while a spilled run streams in, or a
+    dataset's partitions are written: by default it may keep up to 80 % of RAM of written blocks cached (or buffer
+    every open partition), and a large run would take that much."""
     (limit, threads), = con.execute("SELECT current_setting('memory_limit'), current_setting('threads')").fetchall()
     con.execute(f"SET memory_limit = '{max(512, 256 * int(threads))}MiB'")
     try:
