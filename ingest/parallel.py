@@ -114,9 +114,16 @@ def _map_ray(parse: Callable[[Path], T], files: list[Path], cluster: RayCluster)
             except ray.exceptions.RayError as exc:  # the task's worker or node died, or its result was lost
                 raise TraceanaError(f"{file}: the Ray task reading it failed ({type(exc).__name__}: "
                                     f"{str(exc).strip().splitlines()[0][:160]})") from None
-    finally:
-        for ref in refs:
+    except BaseException:
+        # Only tasks not yet finished are cancelled, and only when the ingest ends early: cancelling a task whose
+        # reply is being processed trips a check in Ray (2.60: "Tried to complete task that was not pending") that
+        # ends this process. The cancelled ones are waited for, so none writes into a removed spill folder.
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in pending:
             ray.cancel(ref)
+        ray.wait(pending, num_returns=len(pending))
+        raise
+    finally:
         if started:
             ray.shutdown()
 
