@@ -16,7 +16,7 @@ import tempfile
 from decimal import Decimal
 from pathlib import Path
 
-from ingest_timing import load, sqlite_reader, synthesize, time_ingest, time_phases
+from ingest_timing import load, print_phases, sqlite_reader, synthesize, time_ingest
 
 ASCEND = Path(__file__).resolve().parents[2] / "shared" / "traces" / "ascend"
 
@@ -67,11 +67,7 @@ def synthetic(ranks: int, repeats: int) -> None:
         megabytes, events = _inputs(folder)
         print(f"\nsynthetic: {ranks} database exports, {megabytes:.1f} MB, {events:,} TASK + HCCL op + PyTorch rows "
               f"(best of {repeats})")
-        print(f"{'jobs':<6}{'stage':<16}{'seconds':>9}{'MB/s':>9}{'rows/s':>12}")
-        for jobs in (1, 2):
-            files, whole, cpu, _ = time_phases(folder, "ascend", jobs, repeats)
-            for stage, seconds in (("files read", files), ("read_run", whole), ("read_run CPU", cpu)):
-                print(f"{jobs:<6}{stage:<16}{seconds:>9.3f}{megabytes / seconds:>9.1f}{events / seconds:>12,.0f}")
+        print_phases(folder, "ascend", repeats, megabytes, events, "rows")
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from ingest_timing import load, sqlite_reader, synthesize, time_ingest, time_phases
+from ingest_timing import load, print_phases, sqlite_reader, synthesize, time_ingest
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "nsys"
 
@@ -46,11 +46,7 @@ def synthetic(ranks: int, repeats: int) -> None:
         exports = sorted(folder.glob("*.sqlite"))
         mb, kernels = sum(p.stat().st_size for p in exports) / 1e6, kernel_count(exports)
         print(f"\nsynthetic: {ranks} reports, {mb:.1f} MB, {kernels:,} kernels (best of {repeats})")
-        print(f"{'jobs':<6}{'stage':<16}{'seconds':>9}{'MB/s':>9}{'kernels/s':>12}")
-        for jobs in (1, 2):
-            files, whole, cpu, _ = time_phases(folder, "nsys", jobs, repeats)
-            for stage, seconds in (("files read", files), ("read_run", whole), ("read_run CPU", cpu)):
-                print(f"{jobs:<6}{stage:<16}{seconds:>9.3f}{mb / seconds:>9.1f}{kernels / seconds:>12,.0f}")
+        print_phases(folder, "nsys", repeats, mb, kernels, "kernels")
 
 
 def main() -> None:

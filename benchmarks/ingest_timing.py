@@ -75,6 +75,15 @@ def time_phases(folder: Path, fmt: str, jobs: int, repeats: int) -> tuple[float,
     return best_files, best_run, cpu, data
 
 
+def print_phases(folder: Path, fmt: str, repeats: int, megabytes: float, count: int, unit: str) -> None:
+    """The table of :func:`time_phases` with 1 and 2 workers: seconds, MB/s and ``unit`` (of ``count``) per second."""
+    print(f"{'jobs':<6}{'stage':<16}{'seconds':>9}{'MB/s':>9}{unit + '/s':>12}")
+    for jobs in (1, 2):
+        files, whole, cpu, _ = time_phases(folder, fmt, jobs, repeats)
+        for stage, seconds in (("files read", files), ("read_run", whole), ("read_run CPU", cpu)):
+            print(f"{jobs:<6}{stage:<16}{seconds:>9.3f}{megabytes / seconds:>9.1f}{count / seconds:>12,.0f}")
+
+
 def sqlite_reader() -> str:
     """Which SQLite reader the nsys and Ascend database ingest uses here."""
     try:
