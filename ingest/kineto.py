@@ -436,7 +436,8 @@ def _run(files: list[Path], parsed: list[ParsedFile], spill: Spill, options: Ing
         ).filter(pl.col("ranks").is_null() | pl.col("ranks").list.contains(pl.col("rank"))).unique(
             ["rank", "event_id"], keep="first", maintain_order=True)
         steps = pl.concat([tagged(p.steps, i) for i, p in enumerate(parsed)], how="vertical_relaxed")
-        links = sum((StepLinks(p.links.linked, p.links.unlaunched, p.links.annotated, [i] if p.links.unlinked else [])
+        links = sum((StepLinks(p.links.linked, p.links.unlaunched, p.links.annotated,
+                               [ranks[i]] if p.links.unlinked else [])
                      for i, p in enumerate(parsed)), StepLinks())
         if unnumbered := sum(p.unnumbered for p in parsed):
             notes.append(f"{unnumbered} ProfilerStep ranges left out: their step number does not fit an INTEGER")

@@ -5,6 +5,8 @@ once reports."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import shutil
 from pathlib import Path
 
@@ -145,3 +147,17 @@ def test_a_broken_ascend_rank_folder_leaves_no_spill_and_no_store(tmp_path: Path
     code, _, err = run_main("ingest", run, "--db", tmp_path / "s.duckdb", "--jobs", "2")
     assert code != 0 and len(err.strip().splitlines()) == 1 and "ascend_pytorch_profiler_1.db" in err
     assert spill_folders(tmp_path) == [] and not (tmp_path / "s.duckdb").exists()
+
+
+def test_the_no_launch_records_note_names_the_file_s_rank_not_its_position(tmp_path: Path) -> None:
+    # hta_rank3of8 (distributedInfo rank 3, one file) without its runtime calls: its kernels have no launch record,
+    # so its steps are the ProfilerStep CPU ranges, and the note must name rank 3 (the worker only knows "this file")
+    with gzip.open(TRACES / "kineto" / "hta_rank3of8_6steps.json.gz") as raw:
+        trace = json.load(raw)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") not in ("cuda_runtime", "cuda_driver")]
+    path = tmp_path / "rank3.json"
+    path.write_text(json.dumps(trace))
+    data = read_run([path], "kineto", IngestOptions(spill_near=tmp_path / "s.duckdb"))
+    data.discard()
+    assert data.table("ranks")["rank"].to_list() == [3]
+    assert "no launch records on rank(s) 3: steps there are the step markers' CPU ranges" in data.notes
