@@ -18,7 +18,7 @@ import itertools
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import duckdb
@@ -436,8 +436,7 @@ def _run(files: list[Path], parsed: list[ParsedFile], spill: Spill, options: Ing
         ).filter(pl.col("ranks").is_null() | pl.col("ranks").list.contains(pl.col("rank"))).unique(
             ["rank", "event_id"], keep="first", maintain_order=True)
         steps = pl.concat([tagged(p.steps, i) for i, p in enumerate(parsed)], how="vertical_relaxed")
-        links = sum((StepLinks(p.links.linked, p.links.unlaunched, p.links.annotated,
-                               [ranks[i]] if p.links.unlinked else [])
+        links = sum((replace(p.links, unlinked=[ranks[i]] if p.links.unlinked else [])  # the worker's rank: "this"
                      for i, p in enumerate(parsed)), StepLinks())
         if unnumbered := sum(p.unnumbered for p in parsed):
             notes.append(f"{unnumbered} ProfilerStep ranges left out: their step number does not fit an INTEGER")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -453,9 +453,8 @@ def _run(paths: list[Path], reports: list[ParsedReport], spill: Spill, options: 
     collectives, steps = ranked("collectives"), ranked("steps")
     if any(r.has_events for r in reports):
         unit_rank = {(i, u): r for i, u, r in keys.select("report", "unit", "rank").rows()}
-        notes += sum((StepLinks(r.links.linked, r.links.unlaunched, r.links.annotated,
-                                [unit_rank[(i, u)] for u in r.links.unlinked]) for i, r in enumerate(reports)),
-                     StepLinks()).notes()
+        notes += sum((replace(r.links, unlinked=[unit_rank[(i, u)] for u in r.links.unlinked])
+                      for i, r in enumerate(reports)), StepLinks()).notes()
     spill.parts = keys.select(pl.concat_str(pl.col("report").replace_strict(
         dict(enumerate(r.key for r in reports)), return_dtype=_STR), pl.lit("-"), pl.col("unit").cast(_STR))
         .alias("key"), "rank", pl.col("_offset").alias("shift")).cast(dict(spill.parts.schema))
