@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from traceana import calibrate, sweep
 from traceana.estimator import config
+from traceana.model import compare_fit, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT.parent / "shared" / "validation" / "vtrain_ground_truth_single_node.csv"
@@ -33,16 +33,16 @@ def main() -> None:
           f"Pearson r {stats['pearson_r']:.3f}, MAPE {stats['mape_pct']:.1f}%")
 
     calls = 0
-    count = calibrate.residuals
+    count = compare_fit.residuals
 
     def counted(fit_rows: list[sweep.Row], configs: list[config.Config]):  # type: ignore[no-untyped-def]
         nonlocal calls
         calls += 1
         return count(fit_rows, configs)
 
-    calibrate.residuals = counted  # type: ignore[assignment]
+    compare_fit.residuals = counted  # type: ignore[assignment]
     started = time.perf_counter()
-    fitted = calibrate.fit(rows)
+    fitted = compare_fit.fit(rows)
     fit_s = time.perf_counter() - started
     held = fitted.held_out.row(0, named=True)  # type: ignore[union-attr]
     estimates = calls * len(fitted.fit_rows) + 2 * len(rows)  # residual passes, then before and after on every row

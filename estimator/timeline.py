@@ -84,7 +84,7 @@ def plot(est: Estimate, path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from traceana.plots import save_figure
+    from traceana.render.plots import save_figure
 
     table = frame(est)
     pp = est.config.parallel.pp

@@ -1,4 +1,6 @@
-"""Pick the ingester for the paths a user gave, and run it: the one entry point the CLI calls."""
+"""Pick the ingester for the paths a user gave, run it, and apply the steps every format shares (:func:`finish`):
+the one entry point the CLI calls. The readers (ingest/kineto/, nsys/, ascend/) only parse, so that none of them
+re-implements coordinates, group dims, instance numbers or clock alignment."""
 
 from __future__ import annotations
 
@@ -8,20 +10,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+import polars as pl
+
 from traceana.errors import TraceanaError
-from traceana.ingest.parallel import RayCluster
+from traceana.ingest.clocks import align_hosts, align_ranks
+from traceana.ingest.executor import RayCluster
+from traceana.ingest.groups.communicators import attribute, group_dims
+from traceana.ingest.groups.instances import number_instances
 from traceana.ingest.rules import Rule, load_rules
-from traceana.ingest.run_data import RunData, finish
+from traceana.ingest.run_data import RunData
 from traceana.ingest.validate import validate
 from traceana.layout import Layout
 
 # Format name -> module. Each module has ``matches(path) -> bool`` (cheap: names and a few header bytes) and
 # ``read(paths, options) -> RunData``. Order is the detection order.
-FORMATS = {"ascend": "traceana.ingest.ascend", "nsys": "traceana.ingest.nsys", "kineto": "traceana.ingest.kineto"}
+FORMATS = {"ascend": "traceana.ingest.ascend.reader", "nsys": "traceana.ingest.nsys.reader",
+           "kineto": "traceana.ingest.kineto.reader"}
 
 
 class ReadProgress:
-    """What an ingester reports as it works; silent here, a progress bar in the CLI (output.IngestProgress).
+    """What an ingester reports as it works; silent here, a progress bar in the CLI (render.console.IngestProgress).
 
     An ingester calls ``files`` once with every file it will read, ``read`` after each, and ``phase`` as it moves
     on to the work after reading."""
@@ -90,3 +98,30 @@ def read_run(paths: list[Path], fmt: str, options: IngestOptions) -> RunData:
     except BaseException:
         data.discard()
         raise
+
+
+def finish(data: RunData, layout: Layout | None) -> RunData:
+    """Coordinates, group dimensions, collective groups and dims (communicators.attribute), instance numbers: the
+    steps every format shares.
+
+    ``layout`` is the user's; without it, a layout the trace itself states is used."""
+    layout = data.layout = layout or data.layout
+    ranks = data.table("ranks").with_columns(pl.col("clock_offset_ns").fill_null(0))
+    if layout is not None:
+        layout.check_world_size(data.world_size, data.sources[0])
+        coords = pl.DataFrame([{"rank": r, **layout.coords(r)} for r in ranks["rank"].to_list()],
+                              schema={"rank": pl.Int32(), **{d: pl.Int32() for d in ("tp", "cp", "ep", "dp", "pp")}})
+        ranks = ranks.drop("tp", "cp", "ep", "dp", "pp").join(coords, on="rank", how="left").select(ranks.columns)
+    data.frames["ranks"] = ranks
+    groups = group_dims(data.table("process_groups"), layout)
+    coll = data.table("collectives")
+    stated = data.frames.get("collectives")
+    if stated is not None and "group_size" in stated.columns:  # kept for the fingerprints, not stored
+        coll = coll.with_columns(stated["group_size"].cast(pl.Int64))
+    coll, data.frames["process_groups"], notes = attribute(coll, data.device_times(), groups, layout,
+                                                           data.world_size)
+    data.frames["collectives"] = number_instances(coll)
+    data.notes += notes
+    align_hosts(data)
+    align_ranks(data)
+    return data

@@ -5,14 +5,17 @@ SQLite types values, not columns: an id column may hold the profilers' "none" (u
 plain integer is read as unknown (NULL): that is data, not an error. A value that matters and cannot be represented
 (a time, a rank) is a one-line error naming the file, the table or field and the value.
 
-Queries are read straight into Arrow by ADBC's SQLite driver (:class:`ArrowQueries`, native code, the optional
+:class:`ProfilerSqlite` is one export opened read-only, which the nsys and Ascend readers build on. Queries are read
+straight into Arrow by ADBC's SQLite driver (:class:`ArrowQueries`, native code, the optional
 extra ``traceana[sqlite]``) where it is installed; Python's sqlite3 rows and :func:`typed_frame` read what it does
 not (the driver absent, or a result it cannot type plainly), and give the same frame or the one-line error.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
+from urllib.parse import quote
 
 import polars as pl
 import pyarrow as pa
@@ -135,3 +138,81 @@ def _cast(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame |
             return None
         columns.append(pl.col(name).cast(wanted, strict=True))  # an Int32 column raises on a wider value
     return frame.select(columns)
+
+
+class ProfilerSqlite:
+    """One profiler SQLite export opened read-only twice: sqlite3, which reads any value and gives the one-line
+    errors, and :class:`ArrowQueries`, which reads plain results fast. ``kind`` names the file in errors ("the
+    export", "the database"); ``notes`` collects what a reader leaves out. Call :meth:`open_arrow` once the file is
+    known to be of the reader's format (probing many files must not leave them open), and :meth:`close` after."""
+
+    def __init__(self, path: Path, kind: str) -> None:
+        self.path, self.kind = path, kind
+        self.notes: list[str] = []
+        # A finished export has no pending write-ahead log: open it immutable, which writes no -shm file beside it
+        # (the Ascend profiler leaves its databases in WAL mode, and input folders may be read-only).
+        wal = path.with_name(path.name + "-wal")
+        mode = "ro" if wal.is_file() and wal.stat().st_size else "ro&immutable=1"
+        self._uri = f"file:{quote(str(path.resolve()))}?mode={mode}"
+        self._arrow: ArrowQueries | None = None
+        self._columns: dict[str, list[str]] = {}
+        try:
+            self._con = sqlite3.connect(self._uri, uri=True)
+        except sqlite3.Error as exc:
+            raise TraceanaError(f"{path}: not a readable SQLite database ({exc})") from None
+        self._con.text_factory = decode_text  # some profilers' strings are not UTF-8
+        try:
+            self.tables = {r[0] for r in self._con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.Error as exc:
+            self._con.close()
+            raise TraceanaError(f"{path}: not a readable SQLite database ({exc})") from None
+
+    def open_arrow(self) -> None:
+        self._arrow = ArrowQueries(self._uri)
+
+    def close(self) -> None:
+        self._con.close()
+        if self._arrow is not None:
+            self._arrow.close()
+
+    def rows(self, sql: str, params: tuple = (), where: str | None = None) -> list[tuple]:
+        """The rows of ``sql``, or a one-line error naming the file and ``where`` (default: the file's kind)."""
+        try:
+            return self._con.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise TraceanaError(f"{self.path}: cannot read {where or self.kind} ({exc}); is the file complete?") \
+                from None
+
+    def scalar(self, sql: str) -> object | None:
+        """The first value of ``sql``, or None when it returns nothing or a table it names is absent."""
+        try:
+            rows = self._con.execute(sql).fetchall()
+        except sqlite3.OperationalError:
+            return None
+        except sqlite3.DatabaseError as exc:
+            raise TraceanaError(f"{self.path}: cannot read {self.kind} ({exc}); is the file complete?") from None
+        return rows[0][0] if rows else None
+
+    def columns(self, table: str) -> list[str]:
+        """``table``'s columns in order (none for a table the file lacks)."""
+        if table not in self._columns:
+            self._columns[table] = [r[1] for r in self.rows(f'PRAGMA table_info("{table}")')] \
+                if table in self.tables else []
+        return self._columns[table]
+
+    def has(self, table: str, columns: tuple[str, ...] = ()) -> bool:
+        return table in self.tables and set(columns) <= set(self.columns(table))
+
+    def query(self, sql: str, schema: dict[str, pl.DataType], where: str, *, ids: tuple[str, ...] = (),
+              slow_sql: str | None = None) -> pl.DataFrame:
+        """The result of ``sql`` typed by ``schema`` (looked up by the result's column names), through Arrow where it
+        can be; else through sqlite3 (``slow_sql`` where the caller has a form better for it) and
+        :func:`typed_frame`. ``where`` names the table in an error; ``ids`` as in :meth:`ArrowQueries.frame`."""
+        if self._arrow is not None and (fast := self._arrow.frame(sql, schema, ids)) is not None:
+            return fast
+        try:
+            cursor = self._con.execute(slow_sql or sql)
+            rows = cursor.fetchall()
+        except sqlite3.Error as exc:
+            raise TraceanaError(f"{self.path}: cannot read {where} ({exc}); is the file complete?") from None
+        return typed_frame(rows, {c[0]: schema[c[0]] for c in cursor.description}, self.path, where)

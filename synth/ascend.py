@@ -13,7 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
-from traceana.ingest.ascend_groups import double_hash
+from traceana.ingest.ascend.groups import double_hash
 from traceana.synth import sqlite
 from traceana.synth.schedule import (
     COLLECTIVE,

@@ -38,7 +38,7 @@ def run_main(*args: object) -> tuple[int, str, str]:
     import io
     from contextlib import redirect_stderr, redirect_stdout
 
-    from traceana.cli import main
+    from traceana.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     code: int = 0

@@ -23,10 +23,11 @@ import pytest
 
 from tests.conftest import TRACES
 from traceana.errors import TraceanaError
-from traceana.ingest.ascend_groups import double_hash, layout_from_metadata, metadata_groups
-from traceana.ingest.ascend_tasks import hcom_columns
+from traceana.ingest.ascend.groups import double_hash, layout_from_metadata, metadata_groups
+from traceana.ingest.ascend.tasks import hcom_columns
 from traceana.ingest.dispatch import IngestOptions, detect, read_run
-from traceana.ingest.run_data import RunData, group_dims
+from traceana.ingest.groups.communicators import group_dims
+from traceana.ingest.run_data import RunData
 from traceana.layout import Layout
 
 ASCEND = TRACES / "ascend"

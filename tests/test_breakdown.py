@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from traceana import store
-from traceana.breakdown import PARTS
+from traceana.analyses.breakdown import PARTS
 from traceana.ingest.run_data import RunData
 
 # (rank, start_ns, end_ns, category, dim): dim is the collectives row's dim for comm events, "-" for a comm event

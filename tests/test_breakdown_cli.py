@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from tests.test_breakdown import Event, run_data
 from traceana import store
-from traceana.cli import app, main
+from traceana.cli.main import app, main
 
 # Ranks 0 (stage 0) and 1 (stage 1); steps 0 = [0, 1000) (warm-up) and 1 = [1000, 2000) (the typical step).
 EVENTS: list[Event] = [

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from traceana.ingest.run_data import RunData, align_hosts, chain_offsets
+from traceana.ingest.clocks import align_hosts, chain_offsets
+from traceana.ingest.run_data import RunData
 
 
 def test_least_squares_over_an_inconsistent_triangle() -> None:

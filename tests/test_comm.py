@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from tests.conftest import SAMPLES, TRACES
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
-from traceana.cli import app
-from traceana.comm import slow_links
+from traceana.analyses.comm import slow_links
+from traceana.cli.main import app
 from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.ingest.run_data import RunData
 from traceana.layout import Layout

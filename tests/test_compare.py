@@ -16,11 +16,11 @@ from tests.conftest import ROOT, SAMPLES, run_cli
 from tests.test_breakdown import run_data
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
-from traceana.compare import compare_run
 from traceana.estimator import config
 from traceana.estimator.estimate import estimate
 from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.layout import Layout
+from traceana.model.compare import compare_run
 
 CONFIGS = ROOT / "sample_traces" / "configs"
 SWEEP = ROOT / "examples" / "sample_traces_sweep.yaml"

@@ -14,16 +14,16 @@ import yaml
 from tests.conftest import run_cli
 from tests.test_compare import CONFIGS, db  # noqa: F401  (the sample-runs store fixture)
 from tests.test_compare_sweep import SEED000, VTRAIN
-from traceana import calibrate
-from traceana.compare import PEAK, estimated_quantities
 from traceana.estimator import config
 from traceana.estimator.estimate import estimate
-from traceana.sweep import get_path, read_csv
+from traceana.model import compare_fit
+from traceana.model.compare import PEAK, estimated_quantities
+from traceana.model.sweep import get_path, read_csv
 
 
 def test_vtrain_fit_on_half_is_scored_on_the_other_half() -> None:
     rows, _ = read_csv(VTRAIN[1], config.load(VTRAIN[0]))
-    fitted = calibrate.fit(rows)
+    fitted = compare_fit.fit(rows)
     labels = [r.label for r in rows]
     assert fitted.fit_rows == labels[0::2] and fitted.held_out_rows == labels[1::2]
     assert len(fitted.fit_rows) == len(fitted.held_out_rows) == 720
@@ -36,7 +36,7 @@ def test_vtrain_fit_on_half_is_scored_on_the_other_half() -> None:
         return 100 * float(np.mean(np.abs(errors)))
 
     before = mape([r.config for r in held])
-    after = mape([calibrate.apply(fitted.values, r.config) for r in held])
+    after = mape([compare_fit.apply(fitted.values, r.config) for r in held])
     (stat,) = fitted.held_out.to_dicts()
     assert (stat["quantity"], stat["rows"]) == ("TOTAL_ms", 720)
     assert stat["mape_pct_before"] == pytest.approx(before, rel=1e-9)
@@ -94,8 +94,8 @@ def test_fit_plot_draws_the_fitted_estimates_and_flags_unphysical_links(db: Path
     8-rank CPU sample the fit wants a gloo latency more than 10x the probed 164.9 µs, which it flags."""
     from typer.testing import CliRunner
 
-    from traceana import compare_plot
-    from traceana.cli import app
+    from traceana.cli.main import app
+    from traceana.render import compare_plot
 
     drawn: dict[str, pl.DataFrame] = {}
     monkeypatch.setattr(compare_plot, "_draw", lambda time, memory, path, title: drawn.update(time=time))

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import ROOT, SHARED, run_cli
 from tests.test_compare import one_line_error
 from traceana.estimator import config
-from traceana.sweep import PEAK, quantity, read_csv
+from traceana.model.sweep import PEAK, quantity, read_csv
 
 VALIDATION = SHARED / "validation"
 KORTHIKANTI = (ROOT / "examples" / "korthikanti2022_gpt.yaml", VALIDATION / "korthikanti2022_table5.csv")

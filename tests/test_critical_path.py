@@ -18,9 +18,9 @@ from tests.test_breakdown import run_data
 from tests.test_breakdown_real import _union_ns
 from tests.test_sample_traces import EXPERIMENTS
 from tests.test_stragglers import EVENTS, INSTANCE_OF, STEPS
-from traceana import critical_path as cp
 from traceana import store
-from traceana.cli import app
+from traceana.analyses import critical_path as cp
+from traceana.cli.main import app
 from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.layout import Layout
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, SAMPLES, TRACES, run_main, store_rows
-from traceana import parquet
+from traceana.store import dataset
 
 TOY8 = SAMPLES / "toy8_tp2pp2dp2_1f1b"
 PG = TRACES / "kineto" / "hta_rank0of2_pg_args.json.gz"
@@ -96,37 +96,37 @@ def test_reingest_replaces_a_run_and_keeps_the_others(stores: tuple[Path, Path],
 
 def test_a_failing_ingest_leaves_the_dataset_as_it_was(stores: tuple[Path, Path], tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    dataset = tmp_path / "d"
-    shutil.copytree(stores[1], dataset)
+    folder = tmp_path / "d"
+    shutil.copytree(stores[1], folder)
     before = files(tmp_path)
     bad = tmp_path / "rank1.json"
     bad.write_text('{"traceEvents": [')
-    assert f"{bad}:" in one_error("ingest", bad, "--db", dataset)
+    assert f"{bad}:" in one_error("ingest", bad, "--db", folder)
     bad.unlink()
 
-    real = parquet._write
+    real = dataset._write
 
     def interrupted(con, folder, progress=lambda _: None):
         real(con, folder, progress)  # every new partition written, then killed before the rename
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(parquet, "_write", interrupted)
-    assert run_main("ingest", PG, "--db", dataset, "--run-id", "toy8")[0] != 0
+    monkeypatch.setattr(dataset, "_write", interrupted)
+    assert run_main("ingest", PG, "--db", folder, "--run-id", "toy8")[0] != 0
     assert files(tmp_path) == before
 
 
 def test_a_full_disk_is_one_line_and_leaves_the_dataset_as_it_was(stores: tuple[Path, Path], tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    dataset = tmp_path / "d"
-    shutil.copytree(stores[1], dataset)
+    folder = tmp_path / "d"
+    shutil.copytree(stores[1], folder)
     before = files(tmp_path)
 
     def full(source: str, target: str) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(parquet, "_link", full)
-    line = one_error("ingest", PG, "--db", dataset, "--run-id", "pg2")
-    assert f"{dataset}: cannot write the dataset (" in line and "No space left on device); it is unchanged" in line
+    monkeypatch.setattr(dataset, "_link", full)
+    line = one_error("ingest", PG, "--db", folder, "--run-id", "pg2")
+    assert f"{folder}: cannot write the dataset (" in line and "No space left on device); it is unchanged" in line
     assert files(tmp_path) == before
 
 
@@ -155,5 +155,5 @@ def test_what_is_not_a_dataset_is_one_line(stores: tuple[Path, Path], tmp_path: 
 
 
 def test_the_dataset_rule() -> None:
-    assert parquet.is_dataset(Path("runs.parquet")) and parquet.is_dataset(ROOT)
-    assert not parquet.is_dataset(Path("runs.duckdb")) and not parquet.is_dataset(Path("runs"))
+    assert dataset.is_dataset(Path("runs.parquet")) and dataset.is_dataset(ROOT)
+    assert not dataset.is_dataset(Path("runs.duckdb")) and not dataset.is_dataset(Path("runs"))

@@ -16,9 +16,9 @@ from tests.conftest import SAMPLES, TRACES
 from tests.test_kernels import short
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
-from traceana.breakdown import PARTS
-from traceana.cli import app
-from traceana.diff import breakdown_diff, collective_diff, kernel_diff
+from traceana.analyses.breakdown import PARTS
+from traceana.analyses.diff import breakdown_diff, collective_diff, kernel_diff
+from traceana.cli.main import app
 from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.layout import Layout
 

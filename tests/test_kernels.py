@@ -18,10 +18,10 @@ from tests.conftest import SAMPLES, TRACES
 from tests.test_breakdown_real import _union_ns
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
-from traceana.cli import app
+from traceana.analyses.kernels import top_kernels
+from traceana.cli.main import app
 from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.ingest.run_data import RunData
-from traceana.kernels import top_kernels
 from traceana.layout import Layout
 
 H200 = TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz"

@@ -14,7 +14,7 @@ import duckdb
 import pytest
 
 from tests.conftest import SAMPLES, TRACES, run_cli
-from traceana.ingest.run_data import rank_in_file_name
+from traceana.ingest.ranks import rank_in_file_name
 
 KINETO = TRACES / "kineto"
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from tests.conftest import ROOT
 from traceana import store
 
-HEAVY = ("polars", "duckdb", "matplotlib", "numpy", "pyarrow", "traceana.estimator.estimate", "traceana.breakdown")
+HEAVY = ("polars", "duckdb", "matplotlib", "numpy", "pyarrow", "traceana.estimator.estimate",
+         "traceana.analyses.breakdown")
 PROBE = """
 import json, runpy, sys
 sys.argv = ["traceana", *json.loads(sys.argv[1])]

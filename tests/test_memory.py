@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import TRACES
 from traceana import store
-from traceana.cli import app
+from traceana.cli.main import app
 from traceana.ingest.dispatch import IngestOptions, read_run
 
 H200 = TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz"

@@ -18,8 +18,8 @@ import pytest
 from tests.conftest import ROOT, TRACES, run_cli
 from traceana import store
 from traceana.errors import TraceanaError
-from traceana.ingest import nsys
 from traceana.ingest.dispatch import IngestOptions, read_run
+from traceana.ingest.nsys import reader as nsys
 from traceana.ingest.run_data import RunData
 
 NSYS = TRACES / "nsys"

@@ -2,7 +2,7 @@
 
 None of the shared exports holds NCCL kernels (the H100 fixture's window has none), so the split is tested as a
 rule on small frames shaped like the export's CUDA runtime and NVTX rows: each case is one sequence of API calls
-that NCCL or PyTorch issue, and the expected op follows from the rule in ingest/nsys_comm.py.
+that NCCL or PyTorch issue, and the expected op follows from the rule in ingest/nsys/comm.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from traceana.ingest.comm_names import parse_nccl_kernel
-from traceana.ingest.nsys_comm import collective_ops
+from traceana.ingest.nsys.comm import collective_ops
 from traceana.ingest.rules import classify, load_rules
 
 # Real kernel names as NCCL / RCCL generate them (research note nsys-sqlite.md §2.1, Kineto traces in shared/).

@@ -10,8 +10,9 @@ import duckdb
 import pytest
 
 from tests.conftest import ROOT, TRACES, run_cli
-from traceana import parquet, store
+from traceana import store
 from traceana.errors import TraceanaError
+from traceana.store import dataset
 
 INPUTS = {
     "kineto pg args": TRACES / "kineto" / "hta_rank0of2_pg_args.json.gz",
@@ -70,7 +71,7 @@ def test_every_table_round_trips(source_db: Path, tmp_path: Path) -> None:
 def test_export_is_all_or_nothing(source_db: Path, tmp_path: Path) -> None:
     target = tmp_path / "dataset"
     with store.connect(source_db, read_only=True) as con:
-        parquet.export(con, target)
+        dataset.export(con, target)
         before = sorted(p.relative_to(target) for p in target.rglob("*"))
 
         def fail_midway(table: str) -> None:
@@ -78,11 +79,11 @@ def test_export_is_all_or_nothing(source_db: Path, tmp_path: Path) -> None:
                 raise KeyboardInterrupt
 
         with pytest.raises(TraceanaError, match="already exists"):
-            parquet.export(con, target)
+            dataset.export(con, target)
         with pytest.raises(KeyboardInterrupt):
-            parquet.export(con, target, replace=True, progress=fail_midway)
+            dataset.export(con, target, replace=True, progress=fail_midway)
         with pytest.raises(KeyboardInterrupt):
-            parquet.export(con, tmp_path / "fresh", progress=fail_midway)
+            dataset.export(con, tmp_path / "fresh", progress=fail_midway)
     assert sorted(p.relative_to(target) for p in target.rglob("*")) == before  # the old dataset is intact
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset"]  # no partial folder, no new dataset
 

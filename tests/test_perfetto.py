@@ -12,7 +12,7 @@ import duckdb
 import pytest
 
 from tests.conftest import SAMPLES, TRACES, run_cli
-from traceana.perfetto import CNAME
+from traceana.render.perfetto import CNAME
 
 TOY = "toy8_tp2pp2dp2_1f1b"
 SAMPLED = [TRACES / "kineto" / f"hta_sampled_rank{r}of128.json.gz" for r in (0, 1)]  # GPU, NCCL SendRecv

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from tests.test_breakdown import Event, run_data
 from traceana import store
-from traceana.cli import app
+from traceana.cli.main import app
 
 # Stage 0 = ranks 0, 1; stage 1 = ranks 2, 3. Step 0 [-1000, 0) is warm-up; step 1 [0, 2000) is the typical step.
 EVENTS: list[Event] = [

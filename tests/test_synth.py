@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import ROOT
 from traceana import store
-from traceana.cli import app
+from traceana.cli.main import app
 from traceana.synth import schedule
 
 CONFIG = ROOT / "examples" / "synth_gpt_tp2pp2.yaml"

@@ -1,5 +1,5 @@
 """`python -m traceana` runs the CLI (same as the `traceana` script)."""
 
-from traceana.cli import main
+from traceana.cli.main import main
 
 main()

@@ -17,8 +17,8 @@ from typing import TypeVar
 import duckdb
 import polars as pl
 
-from traceana import breakdown as bd
 from traceana import store
+from traceana.analyses import breakdown as bd
 from traceana.errors import TraceanaError
 
 T = TypeVar("T")
@@ -99,7 +99,7 @@ class Traces:
         """The cross-rank critical path of ``step`` (None: the second step), as `traceana critical-path --json`:
         its segments (``by="segments"``: rank, stage, kind, dim, name, start_ms, duration_ms, share_pct) or their
         totals ``by`` "rank", "stage" or "kind"."""
-        from traceana import critical_path as cp
+        from traceana.analyses import critical_path as cp
 
         keys = {"segments": "segments", "rank": "by_rank", "stage": "by_stage", "kind": "by_kind"}
         if by not in keys:
@@ -109,37 +109,37 @@ class Traces:
     def comm(self, run: str | None = None) -> pl.DataFrame:
         """Communication per op, dim and link (intra- / inter-node): instances, bytes, time (ms), algbw and busbw
         (GB/s, as nccl-tests defines them), as `traceana comm --json` gives ``by_op``."""
-        from traceana.comm import by_op
+        from traceana.analyses.comm import by_op
 
         return self.read(run, by_op)
 
     def comm_matrix(self, run: str | None = None) -> pl.DataFrame:
         """Bytes, messages, time (ms) and GB/s per rank pair (src, dst, dim) from point-to-point and all-to-all."""
-        from traceana.comm import matrix
+        from traceana.analyses.comm import matrix
 
         return self.read(run, matrix)
 
     def slow_links(self, threshold_pct: float = 20.0, run: str | None = None) -> pl.DataFrame:
         """Rank pairs and groups whose bandwidth is ``threshold_pct`` % or more below their peers' median."""
-        from traceana.comm import by_group, matrix, slow_links
+        from traceana.analyses.comm import by_group, matrix, slow_links
 
         return self.read(run, lambda con, rid: slow_links(matrix(con, rid), by_group(con, rid), threshold_pct))
 
     def kernels(self, top: int = 20, by: str = "run", run: str | None = None) -> pl.DataFrame:
         """The ``top`` kernels by total time (short names), over the run or ``by="stage"``, as `traceana kernels`."""
-        from traceana.kernels import ranking
+        from traceana.analyses.kernels import ranking
 
         return self.read(run, lambda con, rid: ranking(con, rid, top, by))
 
     def idle(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
         """Per rank: IDLE (ms) split by cause (host launch, sync wait, queued, step boundary, unknown)."""
-        from traceana.idle import idle_causes
+        from traceana.analyses.idle import idle_causes
 
         return self.read(run, lambda con, rid: idle_causes(con, rid, step))
 
     def memory(self, run: str | None = None) -> pl.DataFrame:
         """Peak allocated and reserved memory (bytes) per rank and step; empty when the run sampled none."""
-        from traceana.memory import peaks
+        from traceana.analyses.memory import peaks
 
         return self.read(run, peaks)
 
@@ -147,7 +147,7 @@ class Traces:
         """Run A against run B, as `traceana diff`: ``part`` "breakdown" (per stage and part: A, B, delta, %,
         which dims explain it), "kernels" (every kernel, with its status: both, new or vanished) or
         "collectives" (by op and dim)."""
-        from traceana import diff
+        from traceana.analyses import diff
 
         readers = {"breakdown": diff.breakdown_diff, "kernels": diff.kernel_diff,
                    "collectives": diff.collective_diff}
@@ -160,9 +160,9 @@ class Traces:
 
     def compare(self, config: str | Path, run: str | None = None) -> pl.DataFrame:
         """Estimate (job YAML ``config``) versus measured, per dimension (ms), as `traceana compare` prints it."""
-        from traceana.compare import compare_run
         from traceana.estimator import config as cfgmod
         from traceana.estimator.estimate import estimate
+        from traceana.model.compare import compare_run
 
         est = estimate(cfgmod.load(Path(config)))
         return self.read(run, lambda con, rid: compare_run(con, rid, est).by_dimension)

@@ -9,15 +9,14 @@ their task type says so. Kernel-typed TASK rows without operator info are contai
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import polars as pl
 
 from traceana.errors import TraceanaError
-from traceana.ingest.ascend_memory import EMPTY as NO_MEMORY
-from traceana.ingest.ascend_memory import SCHEMA as MEMORY_SCHEMA
-from traceana.ingest.ascend_tasks import (
+from traceana.ingest.ascend.memory import EMPTY as NO_MEMORY
+from traceana.ingest.ascend.memory import SCHEMA as MEMORY_SCHEMA
+from traceana.ingest.ascend.tasks import (
     RUNTIME_TASKS,
     RankTrace,
     hccl_task_annotations,
@@ -25,10 +24,10 @@ from traceana.ingest.ascend_tasks import (
     rank_events,
     with_task_categories,
 )
-from traceana.ingest.ascend_timeline import DEFAULT_STEP_MARKER
+from traceana.ingest.ascend.timeline import DEFAULT_STEP_MARKER
+from traceana.ingest.profiler_sqlite import ProfilerSqlite, unknown_id
 from traceana.ingest.rules import Rule
-from traceana.ingest.run_data import marker_steps
-from traceana.ingest.sqlite_read import ArrowQueries, decode_text, typed_frame, unknown_id
+from traceana.ingest.step_windows import marker_steps
 from traceana.ingest.validate import checked_rank
 
 SCHEMA_MAJOR = "1"  # the schema family read here (META_DATA SCHEMA_VERSION 1.x)
@@ -80,50 +79,12 @@ FROM PYTORCH_API p JOIN STRING_IDS s ON s.id = p.name {op_type}
 """
 
 
-class _Database:
-    """A read-only SQLite connection that knows the tables and columns it holds."""
+class _Database(ProfilerSqlite):
+    """An Ascend database export, read-only (profiler_sqlite.ProfilerSqlite), with its ENUM tables."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.notes: list[str] = []
-        # A finished export has no pending write-ahead log: open it immutable, which writes no -shm file beside it
-        # (the profiler leaves its databases in WAL mode, and input folders may be read-only).
-        wal = path.with_name(path.name + "-wal")
-        mode = "ro" if wal.is_file() and wal.stat().st_size else "ro&immutable=1"
-        uri = f"file:{path}?mode={mode}"
-        try:
-            self.con = sqlite3.connect(uri, uri=True)
-            self.con.text_factory = decode_text
-            tables = [r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        except sqlite3.Error as exc:
-            raise TraceanaError(f"{path}: not a readable SQLite database ({exc})") from None
-        self.columns = {t: {r[1] for r in self.con.execute(f'PRAGMA table_info("{t}")')} for t in tables}
-        self.arrow = ArrowQueries(uri)
-
-    def close(self) -> None:
-        self.con.close()
-        self.arrow.close()
-
-    def has(self, table: str, columns: tuple[str, ...] = ()) -> bool:
-        return table in self.columns and set(columns) <= self.columns[table]
-
-    def frame(self, sql: str, schema: dict[str, pl.DataType], where: str) -> pl.DataFrame:
-        """Rows of ``sql`` typed by ``schema`` (looked up by the query's column names); ``where`` names the table
-        in an error."""
-        if (fast := self.arrow.frame(sql, schema)) is not None:
-            return fast
-        try:
-            cursor = self.con.execute(sql)
-            rows = cursor.fetchall()
-        except sqlite3.Error as exc:
-            raise TraceanaError(f"{self.path}: cannot read {where} ({exc})") from None
-        return typed_frame(rows, {c[0]: schema[c[0]] for c in cursor.description}, self.path, where)
-
-    def rows(self, sql: str) -> list[tuple]:
-        try:
-            return self.con.execute(sql).fetchall()
-        except sqlite3.Error as exc:
-            raise TraceanaError(f"{self.path}: cannot read the database ({exc})") from None
+        super().__init__(path, "the database")
+        self.open_arrow()
 
     def enum(self, table: str, column: str) -> tuple[str, str]:
         """(value expression, join) resolving ``column`` through ENUM table ``table`` when the database has it."""
@@ -142,9 +103,9 @@ def _check_schema(db: _Database) -> str:
         if found and str(version).split(".")[0] != SCHEMA_MAJOR:
             raise TraceanaError(f"{db.path}: database schema version {version} is not supported "
                                 f"(traceana reads {SCHEMA_MAJOR}.x)")
-    for table, columns in {**_REQUIRED, **{t: c for t, c in _OPTIONAL.items() if t in db.columns}}.items():
-        lacking = sorted(set(columns) - db.columns.get(table, set()))
-        problem = f"no {table} table" if table not in db.columns else f"{table} lacks {', '.join(lacking)}"
+    for table, columns in {**_REQUIRED, **{t: c for t, c in _OPTIONAL.items() if t in db.tables}}.items():
+        lacking = sorted(set(columns) - set(db.columns(table)))
+        problem = f"no {table} table" if table not in db.tables else f"{table} lacks {', '.join(lacking)}"
         if lacking:
             raise TraceanaError(f"{db.path}: unknown Ascend database schema (version {version}): {problem}")
     return version
@@ -161,16 +122,16 @@ _ANNOTATION = {"start_ns": pl.Int64(), "end_ns": pl.Int64(), "name": pl.String()
 
 
 def _events(db: _Database, rules: list[Rule]) -> pl.DataFrame:
-    compute = db.frame(_COMPUTE_SQL.format(**_IDS), _EVENT, "TASK/COMPUTE_TASK_INFO")
+    compute = db.query(_COMPUTE_SQL.format(**_IDS), _EVENT, "TASK/COMPUTE_TASK_INFO")
     comm_task = "AND t.globalTaskId NOT IN (SELECT globalTaskId FROM COMMUNICATION_TASK_INFO)" \
         if db.has("COMMUNICATION_TASK_INFO") else ""
-    runtime = db.frame(_RUNTIME_SQL.format(**_IDS, not_comm_task=comm_task), _EVENT, "TASK").filter(
+    runtime = db.query(_RUNTIME_SQL.format(**_IDS, not_comm_task=comm_task), _EVENT, "TASK").filter(
         pl.col("name").is_in([k for k, v in RUNTIME_TASKS.items() if v]))  # kernel-typed containers are dropped
     tasks = with_task_categories(pl.concat([compute, runtime]), rules)
     hcom = pl.DataFrame(schema=_HCOM)
     if db.has("COMMUNICATION_OP"):
         dtype, join = db.enum("ENUM_HCCL_DATA_TYPE", "o.dataType")
-        hcom = db.frame(_HCOM_SQL.format(**_IDS, dtype=dtype, dtype_join=join), _HCOM, "COMMUNICATION_OP")
+        hcom = db.query(_HCOM_SQL.format(**_IDS, dtype=dtype, dtype_join=join), _HCOM, "COMMUNICATION_OP")
     return rank_events(tasks, hcom_columns(hcom))
 
 
@@ -181,12 +142,12 @@ def _annotations(db: _Database) -> pl.DataFrame:
         op_type = ""
         if db.has("PYTORCH_API", ("type",)) and db.has("ENUM_API_TYPE", ("id", "name")):
             op_type = "WHERE p.type IN (SELECT id FROM ENUM_API_TYPE WHERE name = 'op')"
-        annotations = db.frame(_CPU_OPS_SQL.format(op_type=op_type), _ANNOTATION, "PYTORCH_API")
+        annotations = db.query(_CPU_OPS_SQL.format(op_type=op_type), _ANNOTATION, "PYTORCH_API")
     if db.has("COMMUNICATION_TASK_INFO"):
         transport, join_t = db.enum("ENUM_HCCL_TRANSPORT_TYPE", "c.transportType")
         link, join_l = db.enum("ENUM_HCCL_LINK_TYPE", "c.linkType")
         sql = _HCCL_TASK_SQL.format(**_IDS, transport=transport, link=link, joins=join_t + join_l)
-        tasks = db.frame(sql, _HCCL_TASK, "COMMUNICATION_TASK_INFO")
+        tasks = db.query(sql, _HCCL_TASK, "COMMUNICATION_TASK_INFO")
         annotations = pl.concat([annotations, hccl_task_annotations(tasks)])
     return annotations
 
@@ -205,7 +166,7 @@ def _metadata(db: _Database) -> dict:
 def _memory(db: _Database) -> pl.DataFrame:
     """The PTA allocator samples. Memory is an extra: a table that cannot be read is left out with a note."""
     try:
-        return db.frame(
+        return db.query(
             f"SELECT m.timestamp AS ts_ns, {unknown_id('m.totalAllocated')} AS allocated_bytes, "
             f"{unknown_id('m.totalReserved')} AS reserved_bytes FROM MEMORY_RECORD m "
             "JOIN STRING_IDS s ON s.id = m.component WHERE s.value = 'PTA' ORDER BY m.timestamp",
@@ -239,7 +200,7 @@ def _rank_trace(db: _Database, rules: list[Rule], step_marker: str | None) -> Ra
     version = _check_schema(db)
     annotations = _annotations(db)
     if step_marker is None and db.has("STEP_TIME", ("id", "startNs", "endNs")):
-        steps = db.frame(f"SELECT {unknown_id('id', 32)} AS step, startNs AS start_ns, endNs AS end_ns FROM STEP_TIME",
+        steps = db.query(f"SELECT {unknown_id('id', 32)} AS step, startNs AS start_ns, endNs AS end_ns FROM STEP_TIME",
                          {"step": pl.Int32(), "start_ns": pl.Int64(), "end_ns": pl.Int64()}, "STEP_TIME")
         if steps["step"].null_count():  # a step id that is the profiler's "none": number the steps by order
             steps = steps.sort("start_ns").with_columns(step=pl.int_range(pl.len(), dtype=pl.Int32()))

@@ -7,7 +7,7 @@ recorded the same wall-minus-monotonic clock offset (the host's boot time) share
 --layout, else from MindSpeed's ``distributed_args`` in the metadata.
 
 Each rank folder is read on its own (:func:`parse_rank`, in a worker with --jobs): its events are numbered and
-validated there, and its device events, annotations and memory samples spilled as Parquet (run_data.Spill); only
+validated there, and its device events, annotations and memory samples spilled as Parquet (spill.Spill); only
 ranks, hosts and communicators are decided across folders, on the HCCL ops' rows. Steps are the rank's own
 (STEP_TIME, else its step markers' ranges).
 """
@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-import uuid
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import polars as pl
 
-from traceana.ingest.ascend_db import read_database
-from traceana.ingest.ascend_groups import (
+from traceana.ingest.ascend.database import read_database
+from traceana.ingest.ascend.groups import (
     checked_metadata,
     communication_keys,
     double_hash,
@@ -32,14 +31,16 @@ from traceana.ingest.ascend_groups import (
     link_by_hash,
     metadata_groups,
 )
-from traceana.ingest.ascend_inputs import RankInput, find_inputs, is_ascend
-from traceana.ingest.ascend_tasks import RankTrace
-from traceana.ingest.ascend_timeline import read_timeline
+from traceana.ingest.ascend.inputs import RankInput, find_inputs, is_ascend
+from traceana.ingest.ascend.tasks import RankTrace
+from traceana.ingest.ascend.timeline import read_timeline
 from traceana.ingest.dispatch import IngestOptions
-from traceana.ingest.parallel import map_files, worker_count
+from traceana.ingest.executor import map_files, worker_count
+from traceana.ingest.ranks import require_unique_ranks
 from traceana.ingest.rules import Rule
-from traceana.ingest.run_data import RunData, Spill, new_spill, require_unique_ranks, spill_part
-from traceana.ingest.validate import Dropped, check
+from traceana.ingest.run_data import RunData
+from traceana.ingest.spill import Spill, new_spill, spill_file
+from traceana.ingest.validate import Dropped
 from traceana.layout import Layout
 
 _HOST_CLOCK_TOLERANCE_NS = 1_000_000  # ranks of one host record the same wall-minus-monotonic offset to a few µs
@@ -85,20 +86,15 @@ def parse_rank(source: RankInput, *, rules: list[Rule], marker: str | None, spil
     rank = pl.lit(0, dtype=pl.Int32()).alias("rank")  # the rank is decided across folders: the part key stands in
     events = trace.events.sort("start_ns", "end_ns", "name").with_columns(
         rank, pl.int_range(pl.len(), dtype=pl.Int64).alias("event_id"))
-    data = RunData("ascend", [str(source.origin)], 1, frames={
+    frames, key, dropped = spill_file(spill, "ascend", str(source.origin), {
         "device_events": events,
         "collectives": events.filter((pl.col("category") == "comm") & pl.col("kernel_op").is_not_null()),
         "annotations": trace.annotations.with_columns(rank),
         "steps": trace.steps.with_columns(rank),  # STEP_TIME or marker
         **({"memory": trace.memory.with_columns(rank)} if trace.memory is not None else {}),
     })
-    dropped = check(data)
-    key = uuid.uuid4().hex
-    for table in ("device_events", "annotations", "memory"):
-        if table in data.frames:
-            spill_part(spill, table, key, data.frames[table])
-    trace.events = data.frames["collectives"].drop("rank")
-    trace.steps = data.frames["steps"].drop("rank")
+    trace.events = frames["collectives"].drop("rank")
+    trace.steps = frames["steps"].drop("rank")
     trace.annotations, trace.memory = trace.annotations.clear(), None
     return ParsedRank(key, trace, dropped)
 

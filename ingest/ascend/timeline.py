@@ -16,8 +16,8 @@ import duckdb
 import polars as pl
 
 from traceana.errors import TraceanaError
-from traceana.ingest.ascend_memory import memory_from_csv
-from traceana.ingest.ascend_tasks import (
+from traceana.ingest.ascend.memory import memory_from_csv
+from traceana.ingest.ascend.tasks import (
     RankTrace,
     hccl_task_annotations,
     hcom_columns,
@@ -25,7 +25,7 @@ from traceana.ingest.ascend_tasks import (
     with_task_categories,
 )
 from traceana.ingest.rules import Rule
-from traceana.ingest.run_data import marker_steps
+from traceana.ingest.step_windows import marker_steps
 
 DEFAULT_STEP_MARKER = r"^ProfilerStep#(\d+)$"
 

@@ -8,7 +8,7 @@ stronger one (a collective that already has a group keeps it):
 1. ``pg-args`` / ``cpu-op`` / ``comm-name``: the trace names the group (kernel or CPU-op args, pg_config, HCCL).
 2. ``stream``: a communicator where some collectives name their group lends that group to the others.
 3. ``timing-match``: with several ranks and a layout, each remaining communicator is matched across ranks against
-   every group the layout generates (:mod:`traceana.ingest.group_match`); the winning rank set gives the dim.
+   every group the layout generates (:mod:`traceana.ingest.groups.matching`); the winning rank set gives the dim.
 4. ``fingerprint``: with a layout, what one communicator runs picks its group among the layout's groups of its
    rank (:data:`FINGERPRINTS`), narrowed by the group size the trace states or implies when it does.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from traceana.ingest.group_match import match_communicators
+from traceana.ingest.groups.matching import match_communicators
 from traceana.layout import GROUP_PRIORITY, Layout, dim_from_name
 
 P2P = ("Send", "Recv", "SendRecv")
@@ -219,3 +219,15 @@ def _unknown_note(work: pl.DataFrame, layout: Layout | None, world_size: int) ->
         helps.append("check that --layout is the job's (no layout group matched these communicators)")
     return [f"{unknown.height} of {work.height} collectives ({share:.0%} of communication time) have no dim: "
             + "; or ".join(helps)]
+
+
+def group_dims(groups: pl.DataFrame, layout: Layout | None) -> pl.DataFrame:
+    """Fill each group's missing dim: from its rank set against the layout (name breaks ties), else its name."""
+    known = groups["dim"].to_list() if "dim" in groups.columns else [None] * groups.height
+    dims = [
+        dim if dim and dim != "UNKNOWN"
+        else layout.dim_of(ranks, name)[0] if layout is not None
+        else dim_from_name(name) or "UNKNOWN"
+        for ranks, name, dim in zip(groups["ranks"].to_list(), groups["name"].to_list(), known, strict=True)
+    ]
+    return groups.with_columns(pl.Series("dim", dims, dtype=pl.String()))

@@ -10,7 +10,7 @@ host side of communication (``c10d::*``) and autograd bookkeeping are not comput
 threads record. Those ranges carry op and shape but no process group, so the group is inferred:
 
 - collectives (evidence ``timing-match``): every gloo worker thread serves one group; which one is found by
-  :mod:`traceana.ingest.group_match`, the matching every format shares (candidates: pg_config's groups);
+  :mod:`traceana.ingest.groups.matching`, the matching every format shares (candidates: pg_config's groups);
 - point-to-point (evidence ``cpu-op``): send/recv run on the calling thread, right after the ``c10d::send`` /
   ``c10d::recv_`` op whose third concrete input is the peer's rank *within the group*. A Send from a to group-rank k
   of group G is real only if G[k] has a Recv from a's own group-rank with the same size; the group where most of a
@@ -24,8 +24,8 @@ import polars as pl
 
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op
 from traceana.ingest.dispatch import IngestOptions
-from traceana.ingest.group_match import match_communicators
-from traceana.ingest.kineto import FIRST_INPUT_NELEMS
+from traceana.ingest.groups.matching import match_communicators
+from traceana.ingest.kineto.events import FIRST_INPUT_NELEMS
 
 _STEP = r"^ProfilerStep#(\d+)$"
 _NOT_COMPUTE = r"^(c10d::|autograd::|torch::autograd::|profiler::)"  # operator-named, but waits or bookkeeping
@@ -95,7 +95,7 @@ def cpu_frames(con: duckdb.DuckDBPyConnection, file_rank: pl.DataFrame, groups: 
 
 
 def _collective_groups(comm: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
-    """Give each gloo collective its group: the group its worker thread serves (group_match, by timing)."""
+    """Give each gloo collective its group: the group its worker thread serves (groups.matching, by timing)."""
     assignment = match_communicators(comm, groups.filter(pl.col("ranks").list.len() > 1))
     return comm.join(assignment, on=["rank", "stream"], how="left").with_columns(
         pl.lit("timing-match").alias("evidence"), pl.lit(None, dtype=pl.Int64).alias("seq"))

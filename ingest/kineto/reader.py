@@ -8,16 +8,14 @@ only what needs every file (ranks, host clocks, groups) runs over the small part
 GPU runs: device events are `kernel`, `gpu_memcpy`, `gpu_memset`. A communication kernel's op comes, in order,
 from its own args (`Collective name`, pg-args), from the CPU op that launched it (runtime correlation, then the
 innermost enclosing `record_param_comms` / `nccl:*` / `c10d::*` op on the launching thread, cpu-op), else from its
-name (name-rule). CPU-only runs (gloo) have no device events: see :mod:`traceana.ingest.kineto_cpu`.
+name (name-rule). CPU-only runs (gloo) have no device events: see :mod:`traceana.ingest.kineto.cpu`.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import json
 import re
-import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,57 +23,23 @@ import duckdb
 import polars as pl
 
 from traceana.errors import TraceanaError
+from traceana.ingest.clocks import require_overlapping_clocks
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op, parse_nccl_kernel
 from traceana.ingest.dispatch import IngestOptions
-from traceana.ingest.parallel import from_ipc, map_files, threads_per_task, to_ipc, worker_count
+from traceana.ingest.executor import from_ipc, map_files, threads_per_task, to_ipc, worker_count
+from traceana.ingest.kineto.events import EVENT_TABLE, FIRST_INPUT_NELEMS, load, trace_files
+from traceana.ingest.ranks import rank_in_file_name, require_unique_ranks
 from traceana.ingest.rules import Rule, with_classes
-from traceana.ingest.run_data import (
-    SCHEMAS,
-    RunData,
-    Spill,
-    StepLinks,
-    new_spill,
-    rank_in_file_name,
-    require_overlapping_clocks,
-    require_unique_ranks,
-    spill_part,
-    step_windows_of,
-)
-from traceana.ingest.validate import MAX_RANK, MAX_TIME_NS, Dropped, check, checked_rank, rank_list
+from traceana.ingest.run_data import SCHEMAS, RunData
+from traceana.ingest.spill import Spill, new_spill, spill_file
+from traceana.ingest.step_windows import StepLinks, step_windows_of
+from traceana.ingest.validate import Dropped, rank_list
 
-_SUFFIXES = (".json", ".json.gz")
 _STEP = r"^ProfilerStep#(\d+)$"
-
-# Only the fields traceana reads; DuckDB ignores the rest. JSON-typed where traces disagree on the type.
-_EVENT = (
-    "STRUCT(ph VARCHAR, cat VARCHAR, name VARCHAR, pid JSON, tid JSON, ts DECIMAL(24,3), dur DECIMAL(24,3), "
-    'args STRUCT("External id" JSON, correlation JSON, stream JSON, "Collective name" VARCHAR, '
-    '"In msg nelems" JSON, "Out msg nelems" JSON, dtype VARCHAR, "Process Group Name" VARCHAR, '
-    '"Process Group Ranks" JSON, "Process Group Description" VARCHAR, "Seq" JSON, "Input Dims" JSON, '
-    '"Input type" JSON, "Concrete Inputs" JSON, "dst rank" JSON, "src rank" JSON, "Total Allocated" JSON, '
-    '"Total Reserved" JSON, "Device Type" JSON, "Group size" JSON))[]'
-)
-
-
-# The table _load fills (also read by traceana calibrate, which needs the operators' input shapes).
-EVENT_TABLE = (
-    "CREATE TABLE ev (f INTEGER, ph VARCHAR, cat VARCHAR, name VARCHAR, pid VARCHAR, tid VARCHAR, "
-    "start_ns BIGINT, end_ns BIGINT, ext_id BIGINT, corr BIGINT, stream BIGINT, coll_name VARCHAR, "
-    "in_nelems BIGINT, dtype VARCHAR, pg_name VARCHAR, pg_ranks VARCHAR, pg_desc VARCHAR, seq BIGINT, "
-    "input_dims JSON, input_type JSON, concrete JSON, peer INTEGER, mem_allocated BIGINT, mem_reserved BIGINT, "
-    "mem_device_type INTEGER, group_size INTEGER)"
-)
-
-
-def _trace_files(path: Path) -> list[Path]:
-    if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_SUFFIXES))
-    return [path] if path.name.endswith(_SUFFIXES) else []
-
 
 def matches(path: Path) -> bool:
     """A Kineto trace, or a folder of them: JSON whose first bytes open an object (Ascend timelines are arrays)."""
-    files = _trace_files(path)
+    files = trace_files(path)
     if not files:
         return False
     import gzip
@@ -89,84 +53,13 @@ def matches(path: Path) -> bool:
     return head.startswith(b"{") or not head
 
 
-def _load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
-    """Load one file's events into table ``ev`` (tagged with ``f = index``); return its metadata.
-
-    One typed pass over the JSON: the document lands in a temporary table, from which the three metadata values
-    and the events are read (a second read_json for the metadata alone cost as much as the events)."""
-    if file.stat().st_size == 0:
-        raise TraceanaError(f"{file}: the file is empty")
-    source = str(file).replace("'", "''")
-    reader = (f"read_json('{source}', format='unstructured', maximum_object_size=4000000000, "
-              f"columns={{'traceEvents': '{_EVENT}', 'distributedInfo': 'JSON', 'baseTimeNanoseconds': 'JSON'}})")
-    try:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE kineto_file AS SELECT * FROM {reader}")
-        meta = con.execute("SELECT distributedInfo, baseTimeNanoseconds, len(traceEvents) FROM kineto_file").fetchall()
-        if len(meta) != 1 or meta[0][2] is None:
-            raise TraceanaError(f"{file}: not a Kineto trace (no traceEvents array)")
-        info, base = _metadata(file, meta[0][0], meta[0][1])
-        # Times in HUGEINT, then TRY_CAST: a time no BIGINT holds becomes NULL, and validation drops it with a note.
-        con.execute(_INSERT.format(index=index, base=base, reader="kineto_file"))
-    except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
-        raise TraceanaError(f"{file}: not a readable Kineto trace ({_first_line(exc)})") from None
-    finally:
-        con.execute("DROP TABLE IF EXISTS kineto_file")
-    return info
-
-
-_INSERT = """INSERT INTO ev SELECT {index} AS f, e.ph, e.cat, e.name, e.pid->>'$' AS pid, e.tid->>'$' AS tid,
-            TRY_CAST({base}::HUGEINT + e.ts * 1000 AS BIGINT) AS start_ns,
-            TRY_CAST({base}::HUGEINT + e.ts * 1000 + coalesce(e.dur, 0) * 1000 AS BIGINT) AS end_ns,
-            TRY_CAST(e.args."External id"->>'$' AS BIGINT) AS ext_id,
-            TRY_CAST(e.args.correlation->>'$' AS BIGINT) AS corr,
-            TRY_CAST(e.args.stream->>'$' AS BIGINT) AS stream,
-            e.args."Collective name" AS coll_name,
-            TRY_CAST(e.args."In msg nelems"->>'$' AS BIGINT) AS in_nelems,
-            e.args.dtype AS dtype,
-            e.args."Process Group Name" AS pg_name,
-            e.args."Process Group Ranks"->>'$' AS pg_ranks,
-            e.args."Process Group Description" AS pg_desc,
-            TRY_CAST(e.args."Seq"->>'$' AS BIGINT) AS seq,
-            e.args."Input Dims" AS input_dims, e.args."Input type" AS input_type,
-            e.args."Concrete Inputs" AS concrete,
-            TRY_CAST(coalesce(e.args."dst rank", e.args."src rank")->>'$' AS INTEGER) AS peer,
-            TRY_CAST(e.args."Total Allocated"->>'$' AS BIGINT) AS mem_allocated,
-            TRY_CAST(e.args."Total Reserved"->>'$' AS BIGINT) AS mem_reserved,
-            TRY_CAST(e.args."Device Type"->>'$' AS INTEGER) AS mem_device_type,
-            TRY_CAST(e.args."Group size"->>'$' AS INTEGER) AS group_size
-        FROM (SELECT unnest(traceEvents) AS e FROM {reader}) WHERE e.ph = 'X' OR e.name = '[memory]'"""
-
-
-def _metadata(file: Path, distributed: str | None, base: str | None) -> tuple[dict, int]:
-    """distributedInfo (rank, world_size and pg_config checked and normalized) and baseTimeNanoseconds; a field
-    of the wrong type is a one-line error naming it."""
-    info = json.loads(distributed) if distributed else {}
-    if not isinstance(info, dict):
-        raise TraceanaError(f"{file}: distributedInfo is {json.dumps(info)[:60]}, not an object")
-    info["rank"] = checked_rank(info.get("rank"), str(file), "distributedInfo.rank")
-    size = info.get("world_size")
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_RANK + 1):
-        raise TraceanaError(f"{file}: distributedInfo.world_size is {size!r}, not a number of ranks")
-    groups = info.get("pg_config")
-    if groups is not None and not (isinstance(groups, list) and all(isinstance(g, dict) for g in groups)):
-        raise TraceanaError(f"{file}: distributedInfo.pg_config is {json.dumps(groups)[:60]}, not a list of objects")
-    for group in groups or []:
-        group["ranks"] = rank_list(group.get("ranks"), file, "distributedInfo.pg_config ranks")
-    value = json.loads(base) if base else 0
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TIME_NS:
-        raise TraceanaError(f"{file}: baseTimeNanoseconds is {value!r}, not a time in ns")
-    return info, value
-
-
 _DEVICE = "cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"
 
 
 @dataclass
 class ParsedFile:
     """What reading one file gives back to the run: everything but its bulky tables, which went to the spill
-    folder as part ``key`` (:func:`run_data.spill_part`). Times are the file's own clock."""
+    folder as part ``key`` (:func:`spill.spill_file`). Times are the file's own clock."""
 
     info: dict  # distributedInfo, checked
     key: str
@@ -188,34 +81,26 @@ def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) 
     con = duckdb.connect(config={"threads": threads})
     con.execute("SET enable_progress_bar = false")  # a worker's bar would garble the CLI's
     con.execute(EVENT_TABLE)
-    info = _load(con, file, 0)
+    info = load(con, file, 0)
     span = con.execute("SELECT min(start_ns), max(end_ns) FROM ev").fetchall()[0]
     seen = con.execute("SELECT DISTINCT pg_name, pg_desc, pg_ranks FROM ev "
                        "WHERE pg_name IS NOT NULL AND pg_ranks IS NOT NULL").fetchall()
     devices = con.execute(f"SELECT count(*) FROM ev WHERE {_DEVICE}").fetchall()[0][0]
     events, comm = _device_frames(con, rules)
     steps, links, unnumbered = _device_steps(con)
-    data = RunData("kineto", [str(file)], 1, frames={
+    frames, key, dropped = spill_file(spill, "kineto", str(file), {
         "device_events": events.rename({"f": "rank"}), "steps": steps.rename({"f": "rank"}),
         "memory": con.sql("SELECT 0 AS rank, start_ns AS ts_ns, mem_allocated AS allocated_bytes, mem_reserved AS "
                           "reserved_bytes FROM ev WHERE name = '[memory]' AND mem_device_type = 1").pl(),
         "annotations": con.sql("SELECT 0 AS rank, start_ns, end_ns, name, 'cpu' AS domain, cat AS kind FROM ev "
                                "WHERE cat IN ('user_annotation', 'gpu_user_annotation')").pl()})
-    dropped = check(data)
-    key = uuid.uuid4().hex
-    for table in ("device_events", "annotations", "memory"):
-        spill_part(spill, table, key, data.frames[table])
-    kept = data.frames["device_events"].select(pl.col("rank").alias("f"), "event_id")
+    kept = frames["device_events"].select(pl.col("rank").alias("f"), "event_id")
     comm = comm.join(kept, on=["f", "event_id"], how="semi").select(
         *[c for c in SCHEMAS["collectives"] if c in comm.columns and c not in ("rank", "pg")], "f", "pg_name",
         "group_size", "stream", "start_ns", "end_ns")
     return ParsedFile(info, key, span if span[0] is not None else None, seen, con.sql(_SAMPLES_SQL).pl(), comm,
-                      data.frames["steps"].rename({"rank": "f"}), links, unnumbered, dropped,
+                      frames["steps"].rename({"rank": "f"}), links, unnumbered, dropped,
                       None if devices else to_ipc(con.sql("SELECT * FROM ev").arrow()))
-
-
-def _first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0][:200]
 
 
 # torch.profiler.tensorboard_trace_handler names files {worker_name}.{ms}.pt.trace.json with worker_name
@@ -230,7 +115,7 @@ def _host_of(file: Path) -> str | None:
 
 def _ranks(infos: list[dict], files: list[Path]) -> tuple[list[int], list[str]]:
     """Each file's rank and how it was found: distributedInfo's rank, else one the file name states
-    (run_data.rank_in_file_name), else the lowest free rank in file order, torch's default worker names
+    (ranks.rank_in_file_name), else the lowest free rank in file order, torch's default worker names
     ({host}_{pid}.{ms}.pt.trace.json) by host then pid. Other digits in a name are not ranks."""
     stated: list[tuple[int, str] | None] = []
     for info, file in zip(infos, files, strict=True):
@@ -287,8 +172,6 @@ def _process_groups(infos: list[dict], seen: list[tuple[str, str | None, str]]) 
 
 _COMM_CPU_OPS = r"^(record_param_comms|nccl:|c10d::|gloo:)"
 
-# Elements of an op's first input tensor (Input Dims [[65536, 384], ...]): the payload when args lack msg nelems.
-FIRST_INPUT_NELEMS = "list_reduce(TRY_CAST(input_dims->0 AS BIGINT[]), lambda x, y: x * y, 1)"
 _SECOND_INPUT_NELEMS = FIRST_INPUT_NELEMS.replace("->0", "->1")
 # A file's first communication events, for the coarse alignment of host clocks (_align_hosts).
 _SAMPLES_SQL = f"""SELECT * FROM (
@@ -384,7 +267,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     """The run: each file read on its own (:func:`parse_file`, across ``options.jobs`` workers), then what needs
     every file (ranks, host clocks, one job, process groups) on the small parts the files gave back. A CPU-only run
     (no file has device events) is read whole (:func:`_cpu_run`)."""
-    files = [f for p in paths for f in _trace_files(p)]
+    files = [f for p in paths for f in trace_files(p)]
     if not files:
         raise TraceanaError(f"{paths[0]}: no Kineto trace files (*.json, *.json.gz) here")
     options.progress.files(files)
@@ -462,8 +345,8 @@ def _run(files: list[Path], parsed: list[ParsedFile], spill: Spill, options: Ing
 def _cpu_run(parsed: list[ParsedFile], file_rank: pl.DataFrame, offsets: list[int], groups: pl.DataFrame,
              options: IngestOptions) -> RunData:
     """A CPU-only (gloo) run, read whole: its compute and communication are found across ranks
-    (:mod:`traceana.ingest.kineto_cpu`). Such runs are small (a profiled CPU job, not a GPU cluster's)."""
-    from traceana.ingest.kineto_cpu import cpu_frames
+    (:mod:`traceana.ingest.kineto.cpu`). Such runs are small (a profiled CPU job, not a GPU cluster's)."""
+    from traceana.ingest.kineto.cpu import cpu_frames
 
     con = duckdb.connect()
     con.execute(EVENT_TABLE)
@@ -524,7 +407,7 @@ def _align_hosts(samples: list[pl.DataFrame], hosts: list[str | None]) -> list[i
 
 
 def _device_steps(con: duckdb.DuckDBPyConnection) -> tuple[pl.DataFrame, StepLinks, int]:
-    """ProfilerStep#N on the device (run_data.device_step_windows): each kernel / copy / memset belongs to the step
+    """ProfilerStep#N on the device (step_windows.device_step_windows): each kernel / copy / memset belongs to the step
     whose CPU range on its process was open when the runtime call that launched it ran (correlation id, any thread:
     backward launches from autograd's thread); one without a recorded launch to the step of Kineto's own
     gpu_user_annotation ProfilerStep#N range that holds it, if any, else to its stream's previous event's step.

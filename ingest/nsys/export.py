@@ -1,4 +1,4 @@
-"""One Nsight Systems SQLite export, opened read-only and read by column name.
+"""One Nsight Systems SQLite export, opened read-only (profiler_sqlite.ProfilerSqlite) and read by column name.
 
 Exports differ between nsys versions (2022.x schema 2.9 ... 2026.x schema 3.28): metadata tables were renamed,
 columns are inserted mid-table, lazy exports omit empty tables, and some strings are not valid UTF-8. This module
@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import sqlite3
 import subprocess
 from pathlib import Path
-from urllib.parse import quote
 
 import polars as pl
 
 from traceana.errors import TraceanaError
-from traceana.ingest.sqlite_read import ArrowQueries, decode_text, typed_frame, unknown_id
+from traceana.ingest.profiler_sqlite import ProfilerSqlite, unknown_id
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 TIMES = ("start", "end")  # read as they are: a time that is not an integer is an error; other ids may be unknown
@@ -64,35 +62,18 @@ def _read(column: str, dtype: pl.DataType) -> str:
     return quoted
 
 
-class Export:
+class Export(ProfilerSqlite):
     """A read-only view of one export: tables, columns, metadata, strings."""
 
     def __init__(self, path: Path) -> None:
         _check_header(path)
-        self.path = path
-        self.notes: list[str] = []
-        uri = f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1"
-        self._con = sqlite3.connect(uri, uri=True)
-        self._con.text_factory = decode_text  # some StringIds are not UTF-8
+        super().__init__(path, "the export")
         try:
-            names = [r[0] for r in self._sql("SELECT name FROM sqlite_master WHERE type = 'table'")]
-            self.tables = set(names)
-            self._columns: dict[str, list[str]] = {}
             self.meta = self._meta()
         except TraceanaError:  # not an export: probing many files must not leave them open
-            self._con.close()
+            self.close()
             raise
-        self._arrow = ArrowQueries(uri)  # opened once the file is known to be an export
-
-    def close(self) -> None:
-        self._con.close()
-        self._arrow.close()
-
-    def _sql(self, sql: str, params: tuple = ()) -> list[tuple]:
-        try:
-            return self._con.execute(sql, params).fetchall()
-        except sqlite3.DatabaseError as exc:
-            raise TraceanaError(f"{self.path}: cannot read the export ({exc}); is the file complete?") from None
+        self.open_arrow()
 
     def _meta(self) -> dict[str, str]:
         table = next((t for t in META_TABLES if t in self.tables), None)
@@ -104,7 +85,7 @@ class Export:
                 )
             self.notes.append(f"{self.path.name}: no export metadata table; nsys version unknown")
             return {}
-        return {str(k): str(v) for k, v in self._sql(f'SELECT name, value FROM "{table}"')}
+        return {str(k): str(v) for k, v in self.rows(f'SELECT name, value FROM "{table}"')}
 
     @property
     def version(self) -> str | None:
@@ -112,11 +93,6 @@ class Export:
         if not product:
             return None
         return f"nsys {product} (export schema {schema})" if schema else f"nsys {product}"
-
-    def columns(self, table: str) -> list[str]:
-        if table not in self._columns:
-            self._columns[table] = [r[1] for r in self._sql(f'PRAGMA table_info("{table}")')]
-        return self._columns[table]
 
     def frame(self, table: str, columns: dict[str, pl.DataType], required: tuple[str, ...] = (),
               narrow: str = "") -> pl.DataFrame | None:
@@ -137,10 +113,8 @@ class Export:
         select = ", ".join(_read(c, t) if c in present else f'NULL AS "{c}"' for c, t in columns.items())
         ids = tuple(c for c, t in columns.items() if c in present and t.is_integer() and c not in TIMES)
         stored = ", ".join(f'"{c}"' if c in present else f'NULL AS "{c}"' for c in columns)
-        fast = self._arrow.frame(f'SELECT {stored} FROM "{table}"', columns, ids)
-        if fast is not None:
-            return fast
-        return typed_frame(self._sql(f'SELECT {select} FROM "{table}" {narrow}'), columns, self.path, f"table {table}")
+        return self.query(f'SELECT {stored} FROM "{table}"', columns, f"table {table}", ids=ids,
+                          slow_sql=f'SELECT {select} FROM "{table}" {narrow}')
 
     def strings(self) -> pl.DataFrame:
         """StringIds as (id, value): every name in the export is an id into it."""
@@ -152,21 +126,11 @@ class Export:
         if "META_DATA_CAPTURE" not in self.tables:
             return {}
         env: dict[str, str] = {}
-        rows = self._sql("SELECT value FROM META_DATA_CAPTURE WHERE name LIKE 'PROCESS_%:ENVIRONMENT_VARIABLE'")
+        rows = self.rows("SELECT value FROM META_DATA_CAPTURE WHERE name LIKE 'PROCESS_%:ENVIRONMENT_VARIABLE'")
         for (value,) in rows:
             key, _, text = str(value).partition("=")
             env.setdefault(key, text.strip('"'))
         return env
-
-    def scalar(self, sql: str) -> object | None:
-        """The first value of ``sql``, or None when it returns nothing or a table it names is absent."""
-        try:
-            rows = self._con.execute(sql).fetchall()
-        except sqlite3.OperationalError:
-            return None
-        except sqlite3.DatabaseError as exc:
-            raise TraceanaError(f"{self.path}: cannot read the export ({exc}); is the file complete?") from None
-        return rows[0][0] if rows else None
 
 
 def export_report(report: Path, cache_dir: Path) -> Path:

@@ -17,14 +17,13 @@ kernel table is ingested with a note (no device activity); one with neither GPU 
 refused. CUDA synchronization records are host-side waits, not device work, and are not read.
 
 Each report is read on its own (:func:`parse_report`, in a worker with --jobs): its units' events are numbered,
-step-windowed and validated there, and their device events and NVTX ranges spilled as Parquet (run_data.Spill);
+step-windowed and validated there, and their device events and NVTX ranges spilled as Parquet (spill.Spill);
 only ranks, clocks and the collectives' event times are decided across reports.
 """
 
 from __future__ import annotations
 
 import re
-import uuid
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -33,23 +32,16 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from traceana.errors import TraceanaError
-from traceana.ingest.nsys_comm import collective_ops
-from traceana.ingest.nsys_export import Export, export_report, is_sqlite
-from traceana.ingest.parallel import map_files, worker_count
+from traceana.ingest.clocks import require_overlapping_clocks
+from traceana.ingest.executor import map_files, worker_count
+from traceana.ingest.nsys.comm import collective_ops
+from traceana.ingest.nsys.export import Export, export_report, is_sqlite
+from traceana.ingest.ranks import rank_in_file_name, require_unique_ranks
 from traceana.ingest.rules import Rule, with_classes
-from traceana.ingest.run_data import (
-    RunData,
-    Spill,
-    StepLinks,
-    marker_steps,
-    new_spill,
-    rank_in_file_name,
-    require_overlapping_clocks,
-    require_unique_ranks,
-    spill_part,
-    step_windows_of,
-)
-from traceana.ingest.validate import Dropped, check, checked_rank
+from traceana.ingest.run_data import RunData
+from traceana.ingest.spill import Spill, new_spill, spill_file
+from traceana.ingest.step_windows import StepLinks, marker_steps, step_windows_of
+from traceana.ingest.validate import Dropped, checked_rank
 
 if TYPE_CHECKING:
     from traceana.ingest.dispatch import IngestOptions
@@ -390,19 +382,14 @@ def parse_report(source: Path, *, cache_dir: Path, rules: list[Rule], marker: st
     span = pl.concat([f.select("start_ns", "end_ns") for f in (device, annotations)]).select(
         pl.col("start_ns").min(), pl.col("end_ns").max()).row(0)
     steps, links = step_windows_of(device, marker_steps(annotations, marker))
-    data = RunData("nsys", [str(source)], 1, frames={"device_events": device, "annotations": annotations,
-                                                     "steps": steps})
-    dropped = check(data)
-    key = uuid.uuid4().hex
-    for table in ("device_events", "annotations"):
-        for (unit,), part in data.frames[table].partition_by("rank", as_dict=True).items():
-            spill_part(spill, table, f"{key}-{unit}", part)
-    device = data.frames["device_events"]
+    frames, key, dropped = spill_file(spill, "nsys", str(source), {
+        "device_events": device, "annotations": annotations, "steps": steps}, per_rank=True)
+    device = frames["device_events"]
     return ParsedReport(
         source, key, units, device.filter(pl.col("op").is_not_null()).select(
             pl.col("rank").alias("unit"), "event_id", "op", "kernel_op", "dtype", "evidence", "stream", "start_ns",
             "end_ns"),
-        data.frames["steps"].rename({"rank": "unit"}), links, not device.is_empty(),
+        frames["steps"].rename({"rank": "unit"}), links, not device.is_empty(),
         span if span[0] is not None else None, unowned, dropped, report.host, report.session_start, report.version,
         report.notes)
 

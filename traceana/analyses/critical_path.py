@@ -29,7 +29,7 @@ import numpy as np
 import polars as pl
 
 from traceana import store
-from traceana.breakdown import check_step, steps
+from traceana.analyses.breakdown import check_step, steps
 from traceana.errors import TraceanaError
 
 SEGMENT_COLUMNS = ("rank", "stage", "kind", "dim", "name", "start_ns", "end_ns")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from traceana.breakdown import PARTS, by_stage
+from traceana.analyses.breakdown import PARTS, by_stage
 
 BREAKDOWN = ("TOTAL", *PARTS, "OVERLAPPED")
 

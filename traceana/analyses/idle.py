@@ -11,7 +11,7 @@ import duckdb
 import polars as pl
 
 from traceana import store
-from traceana.breakdown import check_step
+from traceana.analyses.breakdown import check_step
 from traceana.errors import TraceanaError
 
 CAUSES = ("host_launch", "sync_wait", "queued", "step_boundary", "unknown")

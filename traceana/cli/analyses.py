@@ -1,5 +1,5 @@
 """The analysis commands beyond the breakdown: critical-path, comm, kernels, idle, memory and diff. Each is thin:
-it opens the store, calls the module that owns the concept (traceana/critical_path.py, comm.py, kernels.py,
+it opens the store, calls the module that owns the concept (traceana/analyses/critical_path.py, comm.py, kernels.py,
 idle.py, memory.py, diff.py), and prints or plots. Those modules (and Polars) are imported where used, so that
 `traceana --help` stays cheap (tests/test_lazy_imports.py)."""
 
@@ -11,9 +11,9 @@ from typing import Annotated
 import typer
 
 from traceana import store
-from traceana.cli import DbOption, JsonOption, RunArgument
+from traceana.cli.options import DbOption, JsonOption, RunArgument
 from traceana.errors import TraceanaError
-from traceana.output import emit, emit_json
+from traceana.render.console import emit, emit_json
 
 
 def critical_path(
@@ -26,7 +26,7 @@ def critical_path(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """The chain of work and waits across ranks that set one step's length: segments, totals by rank, stage, kind."""
-    from traceana.critical_path import hops, of_step, report
+    from traceana.analyses.critical_path import hops, of_step, report
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
@@ -36,7 +36,7 @@ def critical_path(
     parts = report(segments)
     length_ms = (segments["end_ns"].max() - segments["start_ns"].min()) / 1e6
     if plot is not None:
-        from traceana.plots import timeline_gantt
+        from traceana.render.plots import timeline_gantt
 
         timeline_gantt(windows, intervals, plot, f"{rid}: step {step}, critical path ({length_ms:,.3f} ms) in red",
                        critical=segments)
@@ -64,7 +64,7 @@ def comm(
 ) -> None:
     """Communication per op and dim (count, bytes, time, algbw and busbw as nccl-tests defines them, intra- or
     inter-node), the slowest instances, the rank-pair matrix and the slow links."""
-    from traceana.comm import by_group, by_op, matrix, slow_links, slowest
+    from traceana.analyses.comm import by_group, by_op, matrix, slow_links, slowest
 
     if top < 1 or not 0 <= threshold < 100:
         raise TraceanaError("--top must be >= 1 and --threshold a percentage in [0, 100)")
@@ -78,7 +78,7 @@ def comm(
     if plot is not None:
         if pairs.is_empty():
             raise TraceanaError(f"run {rid!r}: no point-to-point or all-to-all peers, so no matrix to plot")
-        from traceana.plots import comm_heatmaps
+        from traceana.render.plots import comm_heatmaps
 
         comm_heatmaps(pairs, world, plot, f"{rid}: point-to-point and all-to-all traffic per rank pair")
     if json:
@@ -102,7 +102,7 @@ def kernels(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """Top kernels by total device time: short name, category, calls, mean, share of COMP, time per rank-step."""
-    from traceana.kernels import ranking
+    from traceana.analyses.kernels import ranking
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
@@ -126,7 +126,7 @@ def idle(
     and step-boundary gaps (ms and % of IDLE)."""
     import polars as pl
 
-    from traceana.idle import CAUSES, idle_causes
+    from traceana.analyses.idle import CAUSES, idle_causes
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
@@ -138,7 +138,7 @@ def idle(
                                   "correlation): interior gaps are left whole as 'unknown'")
     which = f"step {step}" if step is not None else "typical step (mean over steps after the first)"
     if plot is not None:
-        from traceana.plots import IDLE_CAUSE_COLORS, breakdown_bars
+        from traceana.render.plots import IDLE_CAUSE_COLORS, breakdown_bars
 
         breakdown_bars(frame, plot, f"{rid}\nwhy the device was idle, {which}", stack=IDLE_CAUSE_COLORS,
                        ylabel="idle time per step (ms)")
@@ -165,7 +165,7 @@ def memory(
     """Peak allocated and reserved memory per rank and step, and the timeline of both (--plot)."""
     import polars as pl
 
-    from traceana.memory import peaks
+    from traceana.analyses.memory import peaks
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
@@ -179,7 +179,7 @@ def memory(
             windows = con.sql("SELECT rank, step, start_ns, end_ns FROM step_windows WHERE run_id = ?",
                               params=[rid]).pl()
     if plot is not None:
-        from traceana.plots import memory_timeline
+        from traceana.render.plots import memory_timeline
 
         memory_timeline(samples, windows, plot, f"{rid}: allocator memory per rank")
     if json:
@@ -203,7 +203,7 @@ def diff(
     kernels whose time changed most, new and vanished kernels, collectives by op and dim (all per rank and step)."""
     import polars as pl
 
-    from traceana.diff import breakdown_diff, collective_diff, kernel_diff
+    from traceana.analyses.diff import breakdown_diff, collective_diff, kernel_diff
 
     if top < 1:
         raise TraceanaError(f"--top {top}: must be >= 1")

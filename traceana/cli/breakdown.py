@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from traceana import store
-from traceana.cli import DbOption, JsonOption, RunArgument
+from traceana.cli.options import DbOption, JsonOption, RunArgument
 from traceana.errors import TraceanaError
-from traceana.output import emit, emit_json, plot_path
+from traceana.render.console import emit, emit_json, plot_path
 
 if TYPE_CHECKING:  # imported where used: the CLI's fixed cost stays small (`traceana --help` loads no Polars)
     import polars as pl
@@ -20,7 +20,7 @@ StepOption = Annotated[int | None, typer.Option("--step", help="One step (defaul
 
 def _varying_coords(frame: pl.DataFrame) -> list[str]:
     """The coordinates worth a column: those of dimensions larger than 1."""
-    from traceana import breakdown as bd
+    from traceana.analyses import breakdown as bd
 
     return [c for c in bd.COORDS if frame[c].n_unique() > 1]
 
@@ -29,7 +29,7 @@ def _cells(frame: pl.DataFrame, suffix: str, share: bool) -> list[pl.Expr]:
     """TOTAL, each part that is not zero everywhere as 'ms (pct%)' (or plain ms), and OVERLAPPED, for a table."""
     import polars as pl
 
-    from traceana import breakdown as bd
+    from traceana.analyses import breakdown as bd
 
     def ms(part: str) -> pl.Expr:
         return pl.col(f"{part}{suffix}").round_sig_figs(4)
@@ -53,7 +53,7 @@ def breakdown(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """Where each rank's step time went: COMP, each dimension's exposed communication wait, IDLE (ms, % of TOTAL)."""
-    from traceana import breakdown as bd
+    from traceana.analyses import breakdown as bd
 
     if by not in ("rank", "stage"):
         raise TraceanaError(f"--by {by!r}: choose rank or stage")
@@ -65,11 +65,11 @@ def breakdown(
             raise TraceanaError(f"run {rid!r} has no device events, so no breakdown")
         which = bd.which_step(con, rid, step)
         if json and by == "rank":  # the memory peak of the same step (of the steps averaged), where sampled
-            from traceana.memory import rank_peaks
+            from traceana.analyses.memory import rank_peaks
 
             frame = frame.join(rank_peaks(con, rid, step), on="rank", how="left")
     if plot is not None:
-        from traceana.plots import breakdown_bars
+        from traceana.render.plots import breakdown_bars
 
         breakdown_bars(ranks, plot, f"{rid}\ntime per rank, {which}")
     if json:
@@ -105,8 +105,8 @@ def timeline(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """Gantt of one step across ranks: compute grey, communication colored by dimension, idle blank."""
-    from traceana import breakdown as bd
-    from traceana.plots import timeline_gantt
+    from traceana.analyses import breakdown as bd
+    from traceana.render.plots import timeline_gantt
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
@@ -127,7 +127,7 @@ def stragglers(
     """The straggler stage (largest mean COMP per step), ranks slower than their stage, and who others waited for."""
     import polars as pl
 
-    from traceana import breakdown as bd
+    from traceana.analyses import breakdown as bd
 
     if not threshold >= 0 or threshold == float("inf"):  # NaN compares false with everything
         raise TraceanaError(f"--threshold {threshold}: must be a finite percentage >= 0")

@@ -1,4 +1,4 @@
-"""`traceana calibrate`: a hardware profile from a run's trace (traceana.trace_profile), shown or written as YAML."""
+"""`traceana calibrate`: a hardware profile from a run's trace (traceana.model.calibrate), shown or written as YAML."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from traceana import store
-from traceana.cli import DbOption, JsonOption
-from traceana.output import emit, emit_json
+from traceana.cli.options import DbOption, JsonOption
+from traceana.render.console import emit, emit_json
 
 
 def calibrate(
@@ -24,8 +24,8 @@ def calibrate(
     bandwidth (GB/s); --write saves it for `estimate` and `compare`."""
     import polars as pl
 
-    from traceana import trace_profile
     from traceana.estimator import config
+    from traceana.model import calibrate as trace_profile
 
     cfg = config.load(cfg_path)
     result = trace_profile.measure(db, run_id, cfg)

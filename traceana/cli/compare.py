@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from traceana import store
-from traceana.cli import DbOption, JsonOption
+from traceana.cli.options import DbOption, JsonOption
 from traceana.errors import TraceanaError
-from traceana.output import emit, emit_json, plot_path, progress
+from traceana.render.console import emit, emit_json, plot_path, progress
 
 if TYPE_CHECKING:  # imported where used: the CLI's fixed cost stays small (`traceana --help` loads no Polars)
     import polars as pl
 
-    from traceana import calibrate, sweep
-    from traceana.compare import RunComparison
     from traceana.estimator import config
+    from traceana.model import compare_fit, sweep
+    from traceana.model.compare import RunComparison
 
 BIG_SWEEP = 30  # rows: beyond this the text output lists only the worst rows (--json has them all)
 
@@ -40,8 +40,8 @@ def compare(
 ) -> None:
     """Estimate versus measured: per dimension and pipeline stage for one run; Pearson r, Spearman ρ and MAPE per
     quantity over a sweep; --fit calibrates on half the rows and scores the other half."""
-    from traceana import sweep
     from traceana.estimator import config
+    from traceana.model import sweep
 
     fit = fit or write_calibration is not None
     if measured is not None and runs:
@@ -72,7 +72,7 @@ def compare(
 
 def _traced(entries: list[config.Run], db: Path) -> list[sweep.Row]:
     """Sweep rows of ``entries``, opening the store only when some entry is measured there."""
-    from traceana import sweep
+    from traceana.model import sweep
 
     if all(e.measured for e in entries):
         return sweep.traced_rows(None, entries)
@@ -82,11 +82,11 @@ def _traced(entries: list[config.Run], db: Path) -> list[sweep.Row]:
 
 def _one_run(cfg: config.Config, cfg_path: Path, run: str | None, db: Path, plot: Path | None, fit: bool,
              write_calibration: Path | None, json: bool) -> None:
-    from traceana import breakdown as bd
-    from traceana import calibrate, sweep
-    from traceana.compare import compare_run
+    from traceana.analyses import breakdown as bd
     from traceana.estimator import config
     from traceana.estimator.estimate import estimate as run_estimate
+    from traceana.model import compare_fit, sweep
+    from traceana.model.compare import compare_run
 
     est = run_estimate(cfg)
     with store.connect(db, read_only=True) as con:
@@ -94,9 +94,9 @@ def _one_run(cfg: config.Config, cfg_path: Path, run: str | None, db: Path, plot
         result = compare_run(con, run_id, est)
         which = bd.which_step(con, run_id, None)
         fitted = _fit(sweep.traced_rows(con, [config.Run(run_id, cfg, {})])) if fit else None
-        after = compare_run(con, run_id, run_estimate(calibrate.apply(fitted.values, cfg))) if fitted else None
+        after = compare_run(con, run_id, run_estimate(compare_fit.apply(fitted.values, cfg))) if fitted else None
     if plot is not None:
-        from traceana.compare_plot import run_scatter
+        from traceana.render.compare_plot import run_scatter
 
         what = "fitted estimate" if after else "estimate"
         run_scatter(after or result, plot, f"{run_id}: {what} ({cfg_path.name}) vs measured, per stage",
@@ -142,32 +142,32 @@ def _print_run(result: RunComparison, cfg_path: Path, which: str) -> None:
 def _labelled(frame: pl.DataFrame) -> pl.DataFrame:
     import polars as pl
 
-    from traceana import breakdown as bd
+    from traceana.analyses import breakdown as bd
 
     return frame.with_columns(pl.col("dim").replace("MP_WAIT", bd.label("MP_WAIT")))
 
 
-def _fit(rows: list[sweep.Row]) -> calibrate.Fit:
-    from traceana import calibrate
+def _fit(rows: list[sweep.Row]) -> compare_fit.Fit:
+    from traceana.model import compare_fit
 
     with progress(None, "fitting") as advance:
-        return calibrate.fit(rows, advance)
+        return compare_fit.fit(rows, advance)
 
 
 def _sweep(rows: list[sweep.Row], notes: list[str], base: config.Config, title: str, plot: Path | None, fit: bool,
            write_calibration: Path | None, json: bool) -> None:
     import polars as pl
 
-    from traceana import calibrate, sweep
+    from traceana.model import compare_fit, sweep
 
     frame = sweep.rows_frame(rows)
     stats = sweep.statistics(frame)
     fitted = _fit(rows) if fit else None
     if plot is not None:
-        from traceana.compare_plot import sweep_scatter
+        from traceana.render.compare_plot import sweep_scatter
 
         if fitted:
-            refit = sweep.rows_frame(rows, [calibrate.apply(fitted.values, r.config) for r in rows])
+            refit = sweep.rows_frame(rows, [compare_fit.apply(fitted.values, r.config) for r in rows])
             sweep_scatter(refit, plot, f"{title}: {len(rows)} rows, fitted estimates", before=frame)
         else:
             sweep_scatter(frame, plot, f"{title}: {len(rows)} rows")
@@ -187,7 +187,7 @@ def _sweep(rows: list[sweep.Row], notes: list[str], base: config.Config, title: 
     _finish(fitted, write_calibration, base, title, plot)
 
 
-def _print_fit(fitted: calibrate.Fit) -> None:
+def _print_fit(fitted: compare_fit.Fit) -> None:
     emit(fitted.knobs, title=f"--fit: knobs by least squares ({fitted.trials} trial steps, squared residuals "
                              f"{fitted.cost_before:.4g} -> {fitted.cost_after:.4g})")
     emit(fitted.in_sample, title=f"in-sample residuals on the {len(fitted.fit_rows)} fit rows (not accuracy): "
@@ -203,22 +203,22 @@ def _listing(labels: list[str]) -> str:
     return ", ".join(labels) if len(labels) <= 12 else f"{', '.join(labels[:6])}, ... {labels[-1]} (every other row)"
 
 
-def _fit_json(fitted: calibrate.Fit) -> dict[str, Any]:
+def _fit_json(fitted: compare_fit.Fit) -> dict[str, Any]:
     return {"fit_rows": fitted.fit_rows, "held_out_rows": fitted.held_out_rows, "trial_steps": fitted.trials,
             "squared_residuals_before": fitted.cost_before, "squared_residuals_after": fitted.cost_after,
             "knobs": fitted.knobs.to_dicts(), "in_sample": fitted.in_sample.to_dicts(),
             "held_out": None if fitted.held_out is None else fitted.held_out.to_dicts()}
 
 
-def _finish(fitted: calibrate.Fit | None, write_calibration: Path | None, base: config.Config, source: str,
+def _finish(fitted: compare_fit.Fit | None, write_calibration: Path | None, base: config.Config, source: str,
             plot: Path | None) -> None:
-    from traceana import calibrate
+    from traceana.model import compare_fit
 
     if fitted is not None and write_calibration is not None:
         header = (f"calibration fitted by `traceana compare --fit` on {source}\nfit rows: "
                   f"{_listing(fitted.fit_rows)}\nheld out: {_listing(fitted.held_out_rows) or 'none'}")
         try:
-            write_calibration.write_text(calibrate.calibration_yaml(fitted, base, header))
+            write_calibration.write_text(compare_fit.calibration_yaml(fitted, base, header))
         except OSError as exc:
             raise TraceanaError(f"--write-calibration {write_calibration}: cannot write ({exc.strerror})") from None
         typer.echo(f"wrote {write_calibration}", err=True)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from traceana.output import emit, emit_json, plot_path, progress
+from traceana.render.console import emit, emit_json, plot_path, progress
 
 if TYPE_CHECKING:  # imported where used: the CLI's fixed cost stays small
     from traceana.estimator.estimate import Estimate

@@ -1,5 +1,6 @@
-"""`traceana export`: a measured run, or the whole store, in a format other tools open. Each format is an option and
-its own module (--perfetto: traceana/perfetto.py; --parquet: traceana/parquet.py, read back by `import-parquet`)."""
+"""`traceana export` and `import-parquet`: a measured run, or the whole store, in a format other tools open, and a
+Parquet dataset back into a store. Each format is an option and its own module (--perfetto:
+traceana/render/perfetto.py; --parquet: traceana/store/dataset.py, which `import-parquet` reads back)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Annotated
 import typer
 
 from traceana import store
-from traceana.cli import DbOption, RunArgument
+from traceana.cli.options import DbOption, RunArgument
 from traceana.errors import TraceanaError
-from traceana.output import progress
+from traceana.render.console import progress
 
 
 def parse_steps(text: str) -> tuple[int, int]:
@@ -47,7 +48,7 @@ def export(
         _parquet(db, parquet, replace)
         return
     window = parse_steps(steps) if steps is not None else None
-    from traceana.perfetto import export as write_perfetto
+    from traceana.render.perfetto import export as write_perfetto
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
@@ -58,10 +59,22 @@ def export(
 
 
 def _parquet(db: Path, folder: Path, replace: bool) -> None:
-    from traceana import parquet as dataset
+    from traceana.store import dataset
 
     if dataset.is_dataset(db):
         raise TraceanaError(f"{db}: already a Parquet dataset (copy the folder, or import-parquet it into a store)")
     with store.connect(db, read_only=True, views=False) as con, progress(None, "exporting") as advance:
         counts = dataset.export(con, folder, replace, advance)
     typer.echo(f"{db} -> {folder}: " + ", ".join(f"{t} {n:,}" for t, n in counts.items()))
+
+
+def import_parquet(
+    source: Annotated[Path, typer.Argument(help="Dataset folder written by `traceana export --parquet`.")],
+    db: DbOption = Path(store.DEFAULT_DB),
+) -> None:
+    """Read a Parquet dataset into the store, replacing the runs and estimates it holds (one transaction)."""
+    from traceana.store import dataset
+
+    with store.connect(db) as con, progress(None, "importing") as advance:
+        counts = dataset.import_dataset(con, source, advance)
+    typer.echo(f"{source} -> {db}: " + ", ".join(f"{t} {n:,}" for t, n in counts.items()))

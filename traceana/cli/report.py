@@ -1,4 +1,4 @@
-"""`traceana report`: one self-contained HTML file about a measured run (traceana/html_report.py)."""
+"""`traceana report`: one self-contained HTML file about a measured run (traceana/render/html_report.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from traceana import store
-from traceana.cli import DbOption, RunArgument
+from traceana.cli.options import DbOption, RunArgument
 
 
 def report(
@@ -20,7 +20,7 @@ def report(
     """Write a run's summary, stage and rank breakdowns with plots, stragglers, communication and, with
     --estimate, estimate vs measured into one HTML file to share."""
     from traceana.api import Traces
-    from traceana.html_report import write
+    from traceana.render.html_report import write
 
     traces = Traces(db, run)
     rid = traces.read(None, lambda _con, rid: rid)

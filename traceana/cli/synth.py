@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from traceana.errors import TraceanaError
-from traceana.output import progress
+from traceana.render.console import progress
 
 if TYPE_CHECKING:
     import polars as pl

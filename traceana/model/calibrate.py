@@ -1,7 +1,7 @@
 """A hardware profile measured from a run's own trace (`traceana calibrate`), for `estimate` and `compare` to use.
 
-Not to be confused with traceana.calibrate, which fits calibration knobs to measured step times (`compare --fit`):
-this reads the kernels themselves.
+Not to be confused with traceana.model.compare_fit, which fits calibration knobs to measured step times
+(`compare --fit`): this reads the kernels themselves.
 
 - Matrix products: every ``aten::mm`` / ``aten::addmm`` operator recorded with its input shapes (PyTorch profiler
   ``record_shapes=True``) is joined to the kernels it launched through their shared ``External id``; the median
@@ -29,7 +29,7 @@ import yaml
 from traceana import store
 from traceana.errors import TraceanaError
 from traceana.estimator.config import Config
-from traceana.ingest import kineto
+from traceana.ingest.kineto import events as kineto
 
 SYNC = "%ynchronize%"     # cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize: the host waits
 MIN_LINK_BYTES = 2**20    # smaller all-reduces measure latency, not bandwidth
@@ -48,14 +48,14 @@ class TraceProfile:
 
 
 def _events(sources: list[str]) -> duckdb.DuckDBPyConnection:
-    files = [f for s in sources for f in kineto._trace_files(Path(s))]
+    files = [f for s in sources for f in kineto.trace_files(Path(s))]
     if not files:
         raise TraceanaError(f"{sources[0] if sources else 'run'}: no Kineto trace files to read shapes from "
                             "(calibrate reads PyTorch profiler traces recorded with record_shapes=True)")
     con = duckdb.connect()
     con.execute(kineto.EVENT_TABLE)
     for index, file in enumerate(files):
-        kineto._load(con, file, index)
+        kineto.load(con, file, index)
     return con
 
 

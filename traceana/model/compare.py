@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import duckdb
 import polars as pl
 
-from traceana import breakdown as bd
+from traceana.analyses import breakdown as bd
 from traceana.errors import TraceanaError
 from traceana.estimator.config import Config
 from traceana.estimator.estimate import Estimate

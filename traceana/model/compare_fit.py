@@ -21,10 +21,10 @@ import numpy as np
 import polars as pl
 import yaml
 
-from traceana.compare import PEAK, estimated_quantities
 from traceana.estimator.config import Config
 from traceana.estimator.estimate import estimate
-from traceana.sweep import Row, get_path, replace_path, rows_frame, statistics
+from traceana.model.compare import PEAK, estimated_quantities
+from traceana.model.sweep import Row, get_path, replace_path, rows_frame, statistics
 
 
 @dataclass(frozen=True)

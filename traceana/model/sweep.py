@@ -32,7 +32,12 @@ import duckdb
 import polars as pl
 
 from traceana import store
-from traceana.compare import (
+from traceana.errors import TraceanaError
+from traceana.estimator import config as cfgmod
+from traceana.estimator.config import Config
+from traceana.estimator.estimate import estimate
+from traceana.estimator.memory import MIB
+from traceana.model.compare import (
     DIMS,
     ESTIMATED,
     NOISE_MS,
@@ -42,11 +47,6 @@ from traceana.compare import (
     measured_quantities,
     ratio_columns,
 )
-from traceana.errors import TraceanaError
-from traceana.estimator import config as cfgmod
-from traceana.estimator.config import Config
-from traceana.estimator.estimate import estimate
-from traceana.estimator.memory import MIB
 
 _CONFIG_ALIASES: dict[tuple[str, ...], tuple[str, ...]] = {
     ("parallel", "tp"): ("tp", "tensor_parallelism", "tensor_parallel"),

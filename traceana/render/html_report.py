@@ -18,7 +18,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from traceana import breakdown as bd
+from traceana.analyses import breakdown as bd
 from traceana.api import Traces
 from traceana.errors import TraceanaError
 
@@ -103,7 +103,7 @@ def stages(ctx: Context) -> str | None:
 def ranks(ctx: Context) -> str:
     frame = ctx.traces.breakdown()
     which = ctx.traces.read(ctx.run, lambda con, rid: bd.which_step(con, rid, None))
-    from traceana.plots import breakdown_bars
+    from traceana.render.plots import breakdown_bars
 
     plot = _image(lambda p: breakdown_bars(frame, p, f"{ctx.run}\ntime per rank, {which}"), ctx, "ranks",
                   "stacked bars of each rank's step time")
@@ -114,7 +114,7 @@ def ranks(ctx: Context) -> str:
 
 
 def timeline(ctx: Context) -> str:
-    from traceana.plots import timeline_gantt
+    from traceana.render.plots import timeline_gantt
 
     def frames(con: duckdb.DuckDBPyConnection, rid: str) -> tuple[int, pl.DataFrame, pl.DataFrame]:
         step = bd.first_analysed_step(con, rid)
@@ -138,8 +138,8 @@ def stragglers(ctx: Context) -> str:
 
 def critical_path(ctx: Context) -> str | None:
     """The path's totals by rank and kind (as `traceana critical-path`) and the step's timeline with it drawn."""
-    from traceana import critical_path as cp
-    from traceana.plots import timeline_gantt
+    from traceana.analyses import critical_path as cp
+    from traceana.render.plots import timeline_gantt
 
     def frames(con: duckdb.DuckDBPyConnection, rid: str) -> tuple[int, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
         step, windows, segments = cp.of_step(con, rid, None)
@@ -177,7 +177,7 @@ def kernels(ctx: Context) -> str | None:
 
 
 def idle(ctx: Context) -> str | None:
-    from traceana.idle import CAUSES
+    from traceana.analyses.idle import CAUSES
 
     frame = ctx.traces.idle()
     if frame.is_empty() or frame["IDLE_ms"].sum() == 0:
@@ -200,10 +200,10 @@ def memory(ctx: Context) -> str | None:
 def estimate(ctx: Context) -> str | None:
     if ctx.estimate is None:
         return None
-    from traceana.compare import compare_run
-    from traceana.compare_plot import run_scatter
     from traceana.estimator import config
     from traceana.estimator.estimate import estimate as run_estimate
+    from traceana.model.compare import compare_run
+    from traceana.render.compare_plot import run_scatter
 
     est = run_estimate(config.load(ctx.estimate))
     result = ctx.traces.read(ctx.run, lambda con, rid: compare_run(con, rid, est))

@@ -3,8 +3,8 @@
 One process per rank, named with its coordinates ("rank 5 · tp1 dp2 pp1"); a track of step windows on top, then
 each stream's compute work, then communication on one track per (dim, stream); flow arrows link the members of
 each collective instance in order of arrival. Above the ranks, a process "critical path" holds the run's critical
-path (traceana/critical_path.py): one track per exported step (consecutive steps' paths may overlap where ranks'
-windows do), one slice per path segment, named by its rank and kind. Times are µs (ns precision) since the first
+path (traceana/analyses/critical_path.py): one track per exported step (consecutive steps' paths may overlap where
+ranks' windows do), one slice per path segment, named by its rank and kind. Times are µs (ns precision) since the first
 exported event, on the run's aligned clock.
 
 Colours: chrome://tracing honours ``cname`` (the nearest of its reserved colours to the plots' dim colours);
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import duckdb
 
-from traceana.breakdown import COORDS, DIM_LANES
+from traceana.analyses.breakdown import COORDS, DIM_LANES
 from traceana.errors import TraceanaError
 
 # chrome://tracing reserved colours closest to plots.DIM_COLORS (tab:blue, purple, orange, green, red, brown) and
@@ -130,7 +130,7 @@ def _critical_path(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     process id of its track group: one past the last rank."""
     import polars as pl
 
-    from traceana import critical_path as cp
+    from traceana.analyses import critical_path as cp
 
     steps = [r[0] for r in con.execute("SELECT DISTINCT step FROM x_windows ORDER BY step").fetchall()]
     paths = [cp.of_step(con, run_id, step)[2].with_columns(pl.lit(step, pl.Int32).alias("step")) for step in steps]

@@ -13,9 +13,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from traceana.breakdown import DIM_LANES, WAITS, label
+from traceana.analyses.breakdown import DIM_LANES, WAITS, label
+from traceana.analyses.idle import CAUSES
 from traceana.errors import TraceanaError
-from traceana.idle import CAUSES
 
 COMP_COLOR = "0.55"
 IDLE_COLOR = "0.93"

@@ -1,5 +1,5 @@
-"""The DuckDB store: schema on first use, one transaction per run, and the views from queries/*.sql. --db names a
-DuckDB file, or a Parquet dataset folder (traceana/parquet.py) that opens as an in-memory DuckDB over its files.
+"""A store as one DuckDB file: opening it (one line for a file that is locked, damaged, or not a store), the one
+transaction a run is written in, and the run a command means.
 
 What it guarantees: a write that fails leaves an existing store byte-for-byte as it was (schema, views and rows
 change only inside the write's transaction) and leaves no file behind where there was none; a file that is not a
@@ -9,66 +9,21 @@ store of this schema is a one-line error for every command, before anything is r
 from __future__ import annotations
 
 import datetime as dt
-import functools
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from traceana.errors import TraceanaError
+from traceana.store.schema import FRESH, check_tables, define_views, schema_sql, view_sql
 
 if TYPE_CHECKING:  # imported where used, so that `traceana --help` loads neither DuckDB nor Polars
     import duckdb
 
     from traceana.ingest.run_data import RunData
 
-DEFAULT_DB = "traceana.duckdb"
-# What a report says when a view it reads could not be defined on an older database (see connect).
-OUTDATED = "this database was written by an older traceana and lacks columns this report reads: ingest the run again"
 # No extension is installed or loaded behind the user's back (a SQLite file would otherwise pull in sqlite_scanner).
 CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
-_FRESH = "ingest again into a new --db file"
-
-
-def _schema_sql() -> str:
-    return resources.files("traceana").joinpath("schema.sql").read_text()
-
-
-def view_sql() -> list[str]:
-    """The CREATE VIEW statements of queries/*.sql, in file-name order (files are numbered by dependency)."""
-    root = resources.files("traceana.queries")
-    return [p.read_text() for p in sorted(root.iterdir(), key=lambda p: p.name) if p.name.endswith(".sql")]
-
-
-@functools.cache
-def _expected_columns() -> dict[str, list[tuple[str, str]]]:
-    """Each store table's (column, type) list, as this version's schema.sql creates them."""
-    import duckdb
-
-    with duckdb.connect(":memory:") as con:
-        con.execute(_schema_sql())
-        return _columns(con)
-
-
-def _columns(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[str, str]]]:
-    rows = con.execute("SELECT table_name, column_name, data_type FROM information_schema.columns "
-                       "WHERE table_catalog = current_database() AND table_schema = 'main' "
-                       "AND table_name IN (SELECT table_name FROM information_schema.tables "
-                       "WHERE table_type = 'BASE TABLE') ORDER BY table_name, ordinal_position").fetchall()
-    found: dict[str, list[tuple[str, str]]] = {}
-    for table, column, kind in rows:
-        found.setdefault(table, []).append((column, kind))
-    return found
-
-
-@functools.cache
-def _added_columns() -> set[tuple[str, str]]:
-    """(table, column) that schema.sql adds to stores written before the column existed (ALTER TABLE ... ADD COLUMN
-    IF NOT EXISTS): a store lacking only those is an older store of this schema, upgraded by its next write."""
-    return set(re.findall(r"ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+)", _schema_sql()))
-
 
 def check_schema(con: duckdb.DuckDBPyConnection, path: Path, *, read_only: bool) -> None:
     """A one-line error unless the database holds this version's tables with this version's columns (an older
@@ -78,30 +33,8 @@ def check_schema(con: duckdb.DuckDBPyConnection, path: Path, *, read_only: bool)
     size, blocks = con.execute("SELECT block_size, used_blocks FROM pragma_database_size() "
                                "WHERE database_name = current_database()").fetchall()[0]
     if path.stat().st_size < size * blocks:
-        raise TraceanaError(f"{path}: the database file is truncated or damaged; restore it from a copy or {_FRESH}")
+        raise TraceanaError(f"{path}: the database file is truncated or damaged; restore it from a copy or {FRESH}")
     check_tables(con, path, read_only=read_only)
-
-
-def check_tables(con: duckdb.DuckDBPyConnection, path: Path, *, read_only: bool) -> None:
-    """The table part of :func:`check_schema`, which a Parquet dataset's schema.sql passes too."""
-    found = _columns(con)
-    if not found:
-        if read_only:
-            raise TraceanaError(f"{path}: the database holds no runs yet (run `traceana ingest PATH` first)")
-        return
-    expected = _expected_columns()
-    if "runs" not in found:
-        raise TraceanaError(f"{path}: a DuckDB database but not a traceana store (its tables: "
-                            f"{', '.join(sorted(found)[:5])}); pass --db with a traceana store or a new file name")
-    added = _added_columns()
-    for table, columns in expected.items():
-        have = {c for c, _ in found.get(table, [])}
-        if found.get(table) != [(c, t) for c, t in columns if c in have or (table, c) not in added]:
-            have = {c for c, _ in found.get(table, [])}
-            lacking = [c for c, _ in columns if c not in have]
-            problem = (f"no {table} table" if table not in found else f"{table} lacks {', '.join(lacking)}"
-                       if lacking else f"{table} has other columns or types")
-            raise TraceanaError(f"{path}: a store of another traceana schema ({problem}); {_FRESH}")
 
 
 def _open_error(path: Path, exc: duckdb.Error, read_only: bool) -> TraceanaError:
@@ -127,7 +60,7 @@ def file_error(path: Path, exc: duckdb.Error) -> TraceanaError | None:
     """The one line for a damaged file or a write the file system refused, or None for any other error."""
     text = str(exc)
     if "read enough bytes" in text or "checksum" in text.lower() or "corrupt" in text.lower():
-        return TraceanaError(f"{path}: the database file is truncated or damaged; restore it from a copy or {_FRESH}")
+        return TraceanaError(f"{path}: the database file is truncated or damaged; restore it from a copy or {FRESH}")
     if "No space left on device" in text:
         return TraceanaError(f"{path}: no space left on device; the store is unchanged")
     if "Permission denied" in text or "Read-only file system" in text:
@@ -135,35 +68,14 @@ def file_error(path: Path, exc: duckdb.Error) -> TraceanaError | None:
     return None
 
 
-def check_path(path: Path) -> bool:
-    """Whether the store exists, after making sure ``path`` can name one (not a symlink loop)."""
-    try:
-        path.resolve()
-        exists = path.exists()
-    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop on Python < 3.13
-        raise TraceanaError(f"{path}: cannot use as --db ({getattr(exc, 'strerror', None) or exc})") from None
-    return exists
-
-
 @contextmanager
-def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False,
-            views: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
-    """Open the store. Read-only opens need the file and take no lock against each other; they define this
+def connect(path: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+    """Open the DuckDB file at ``path``. Read-only opens take no lock against each other; they define this
     version's views as temporary views, which shadow the stored ones, so reports always run the installed queries
     (a reader that only reads tables passes ``views=False`` and skips them: a quarter second for `traceana runs`).
-    A writer changes nothing until :func:`transaction`; a file it created is removed again when the work fails.
-    A Parquet dataset opens through :func:`traceana.parquet.connect`, with the same guarantees."""
+    A writer changes nothing until :func:`transaction`; a file it created is removed again when the work fails."""
     import duckdb
 
-    from traceana import parquet
-
-    path = Path(db)
-    if not check_path(path) and read_only:
-        raise TraceanaError(f"{path}: no such database (run `traceana ingest` first, or pass --db)")
-    if parquet.is_dataset(path):
-        with parquet.connect(path, read_only=read_only, views=views) as con:
-            yield con
-        return
     leftovers = [path, path.with_name(path.name + ".wal")]
     existed = {p for p in leftovers if p.exists()}
     try:
@@ -185,16 +97,6 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False,
         raise
 
 
-def define_views(con: duckdb.DuckDBPyConnection) -> None:
-    """This version's views, as temporary views that shadow any stored ones."""
-    import duckdb
-
-    for sql in view_sql():
-        # an older store may lack a column a view reads: the reports that need that view raise OUTDATED
-        with suppress(duckdb.BinderException):
-            con.execute(sql.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW", 1))
-
-
 def _remove_new(paths: list[Path], existed: set[Path]) -> None:
     for p in paths:
         if p not in existed:
@@ -209,7 +111,7 @@ def transaction(con: duckdb.DuckDBPyConnection, *schema: str) -> Iterator[None]:
 
     con.execute("BEGIN TRANSACTION")
     try:
-        for sql in (_schema_sql(), *schema, *view_sql()):
+        for sql in (schema_sql(), *schema, *view_sql()):
             con.execute(sql)
         yield
         con.execute("COMMIT")

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-from traceana import store
 from traceana.errors import TraceanaError
+from traceana.store import database
+from traceana.store.schema import check_tables, define_views
 
 if TYPE_CHECKING:
     import duckdb
@@ -136,7 +137,7 @@ def import_dataset(con: duckdb.DuckDBPyConnection, source: Path,
     statements = schema.read_text().replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ")
     counts: dict[str, int] = {}
     try:
-        with store.transaction(con, statements):  # this version's schema and views too, all or nothing
+        with database.transaction(con, statements):  # this version's schema and views too, all or nothing
             for name, columns, _ in _tables(con):
                 folder = source / name
                 if not folder.is_dir():
@@ -165,7 +166,7 @@ def connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.Du
     usual views on top. A writer gets an in-memory store holding the dataset's tables, empty: what it writes is
     added to the dataset when its work succeeds (:func:`merge`), and nothing is written when it fails. The writer's
     DuckDB offloads to a hidden buffer folder beside the dataset (removed after), so a large run written under
-    store.write_run's capped memory limit waits on disk, not in memory."""
+    database.write_run's capped memory limit waits on disk, not in memory."""
     import duckdb
 
     schema = folder / SCHEMA_FILE
@@ -174,7 +175,7 @@ def connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.Du
     if not schema.is_file() and (read_only or (folder.exists() and any(folder.iterdir()))):
         raise TraceanaError(f"{folder}: a folder but not a traceana Parquet dataset (no {SCHEMA_FILE}); pass --db "
                             "with a dataset, a store file, or a new or empty folder to ingest into")
-    con = duckdb.connect(":memory:", config=store.CONFIG)
+    con = duckdb.connect(":memory:", config=database.CONFIG)
     spill = None
     try:
         if not read_only:  # the run's rows wait here, not in memory, beyond DuckDB's memory limit
@@ -186,16 +187,16 @@ def connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.Du
                 con.execute(schema.read_text())
             except duckdb.Error as exc:
                 raise TraceanaError(f"{schema}: not a traceana schema ({str(exc).splitlines()[0]})") from None
-            store.check_tables(con, folder, read_only=read_only)
+            check_tables(con, folder, read_only=read_only)
         if read_only:
             _view_files(con, folder)
             if views:
-                store.define_views(con)
+                define_views(con)
         yield con
         if not read_only:
             merge(con, folder)
     except duckdb.Error as exc:
-        if mapped := store.file_error(folder, exc):  # a full disk, a folder that cannot be written
+        if mapped := database.file_error(folder, exc):  # a full disk, a folder that cannot be written
             raise mapped from None
         if isinstance(exc, duckdb.IOException | duckdb.InvalidInputException):  # a damaged or vanished Parquet file
             raise TraceanaError(f"{folder}: cannot read the dataset ({str(exc).splitlines()[0]})") from None
@@ -249,7 +250,7 @@ def merge(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
                     table.rmdir()
         else:
             partial.mkdir(parents=True)
-        with store.bounded_memory(con):  # a partitioned COPY would otherwise buffer the whole run
+        with database.bounded_memory(con):  # a partitioned COPY would otherwise buffer the whole run
             _write(con, partial)
         _move_into_place(partial, folder)
     except BaseException as exc:

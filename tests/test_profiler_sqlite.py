@@ -1,4 +1,4 @@
-"""The native SQLite reader (ADBC, sqlite_read.ArrowQueries) against the sqlite3 rows it stands in for.
+"""The native SQLite reader (ADBC, profiler_sqlite.ArrowQueries) against the sqlite3 rows it stands in for.
 
 Every table of the shared nsys and Ascend database exports must come out the same through either reader, and the
 native one must hand back (None) every result it cannot type the way sqlite3 + typed_frame would: those are what
@@ -15,10 +15,10 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from tests.conftest import TRACES
-from traceana.ingest.ascend_db import read_database
+from traceana.ingest.ascend.database import read_database
 from traceana.ingest.dispatch import IngestOptions, read_run
+from traceana.ingest.profiler_sqlite import ArrowQueries, unknown_id
 from traceana.ingest.rules import load_rules
-from traceana.ingest.sqlite_read import ArrowQueries, unknown_id
 
 pytest.importorskip("adbc_driver_sqlite", reason="the optional native reader (pip install -e '.[sqlite]')")
 

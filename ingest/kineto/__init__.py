@@ -1,0 +1,3 @@
+"""PyTorch profiler (Kineto) Chrome-trace JSON, one file per rank. reader.py is the reader: ``parse_file`` does one
+file's work (in a worker), ``read`` the run's (ranks, host clocks, process groups); cpu.py reads CPU-only (gloo)
+runs, where the process is the device."""

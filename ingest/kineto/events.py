@@ -1,0 +1,118 @@
+"""One Kineto file into DuckDB: the JSON parsed straight into the typed table ``ev`` (no Python loop per event), and
+its metadata (distributedInfo, baseTimeNanoseconds) checked. The reader (reader.py), CPU-only runs (cpu.py) and
+`traceana calibrate` work on ``ev``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+
+from traceana.errors import TraceanaError
+from traceana.ingest.validate import MAX_RANK, MAX_TIME_NS, checked_rank, rank_list
+
+_SUFFIXES = (".json", ".json.gz")
+# Elements of an op's first input tensor (Input Dims [[65536, 384], ...]): the payload when args lack msg nelems.
+FIRST_INPUT_NELEMS = "list_reduce(TRY_CAST(input_dims->0 AS BIGINT[]), lambda x, y: x * y, 1)"
+
+# Only the fields traceana reads; DuckDB ignores the rest. JSON-typed where traces disagree on the type.
+_EVENT = (
+    "STRUCT(ph VARCHAR, cat VARCHAR, name VARCHAR, pid JSON, tid JSON, ts DECIMAL(24,3), dur DECIMAL(24,3), "
+    'args STRUCT("External id" JSON, correlation JSON, stream JSON, "Collective name" VARCHAR, '
+    '"In msg nelems" JSON, "Out msg nelems" JSON, dtype VARCHAR, "Process Group Name" VARCHAR, '
+    '"Process Group Ranks" JSON, "Process Group Description" VARCHAR, "Seq" JSON, "Input Dims" JSON, '
+    '"Input type" JSON, "Concrete Inputs" JSON, "dst rank" JSON, "src rank" JSON, "Total Allocated" JSON, '
+    '"Total Reserved" JSON, "Device Type" JSON, "Group size" JSON))[]'
+)
+
+
+# The table load fills (also read by traceana calibrate, which needs the operators' input shapes).
+EVENT_TABLE = (
+    "CREATE TABLE ev (f INTEGER, ph VARCHAR, cat VARCHAR, name VARCHAR, pid VARCHAR, tid VARCHAR, "
+    "start_ns BIGINT, end_ns BIGINT, ext_id BIGINT, corr BIGINT, stream BIGINT, coll_name VARCHAR, "
+    "in_nelems BIGINT, dtype VARCHAR, pg_name VARCHAR, pg_ranks VARCHAR, pg_desc VARCHAR, seq BIGINT, "
+    "input_dims JSON, input_type JSON, concrete JSON, peer INTEGER, mem_allocated BIGINT, mem_reserved BIGINT, "
+    "mem_device_type INTEGER, group_size INTEGER)"
+)
+
+
+def trace_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_SUFFIXES))
+    return [path] if path.name.endswith(_SUFFIXES) else []
+
+
+def load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
+    """Load one file's events into table ``ev`` (tagged with ``f = index``); return its metadata.
+
+    One typed pass over the JSON: the document lands in a temporary table, from which the three metadata values
+    and the events are read (a second read_json for the metadata alone cost as much as the events)."""
+    if file.stat().st_size == 0:
+        raise TraceanaError(f"{file}: the file is empty")
+    source = str(file).replace("'", "''")
+    reader = (f"read_json('{source}', format='unstructured', maximum_object_size=4000000000, "
+              f"columns={{'traceEvents': '{_EVENT}', 'distributedInfo': 'JSON', 'baseTimeNanoseconds': 'JSON'}})")
+    try:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE kineto_file AS SELECT * FROM {reader}")
+        meta = con.execute("SELECT distributedInfo, baseTimeNanoseconds, len(traceEvents) FROM kineto_file").fetchall()
+        if len(meta) != 1 or meta[0][2] is None:
+            raise TraceanaError(f"{file}: not a Kineto trace (no traceEvents array)")
+        info, base = _metadata(file, meta[0][0], meta[0][1])
+        # Times in HUGEINT, then TRY_CAST: a time no BIGINT holds becomes NULL, and validation drops it with a note.
+        con.execute(_INSERT.format(index=index, base=base, reader="kineto_file"))
+    except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
+        raise TraceanaError(f"{file}: not a readable Kineto trace ({first_line(exc)})") from None
+    finally:
+        con.execute("DROP TABLE IF EXISTS kineto_file")
+    return info
+
+
+_INSERT = """INSERT INTO ev SELECT {index} AS f, e.ph, e.cat, e.name, e.pid->>'$' AS pid, e.tid->>'$' AS tid,
+            TRY_CAST({base}::HUGEINT + e.ts * 1000 AS BIGINT) AS start_ns,
+            TRY_CAST({base}::HUGEINT + e.ts * 1000 + coalesce(e.dur, 0) * 1000 AS BIGINT) AS end_ns,
+            TRY_CAST(e.args."External id"->>'$' AS BIGINT) AS ext_id,
+            TRY_CAST(e.args.correlation->>'$' AS BIGINT) AS corr,
+            TRY_CAST(e.args.stream->>'$' AS BIGINT) AS stream,
+            e.args."Collective name" AS coll_name,
+            TRY_CAST(e.args."In msg nelems"->>'$' AS BIGINT) AS in_nelems,
+            e.args.dtype AS dtype,
+            e.args."Process Group Name" AS pg_name,
+            e.args."Process Group Ranks"->>'$' AS pg_ranks,
+            e.args."Process Group Description" AS pg_desc,
+            TRY_CAST(e.args."Seq"->>'$' AS BIGINT) AS seq,
+            e.args."Input Dims" AS input_dims, e.args."Input type" AS input_type,
+            e.args."Concrete Inputs" AS concrete,
+            TRY_CAST(coalesce(e.args."dst rank", e.args."src rank")->>'$' AS INTEGER) AS peer,
+            TRY_CAST(e.args."Total Allocated"->>'$' AS BIGINT) AS mem_allocated,
+            TRY_CAST(e.args."Total Reserved"->>'$' AS BIGINT) AS mem_reserved,
+            TRY_CAST(e.args."Device Type"->>'$' AS INTEGER) AS mem_device_type,
+            TRY_CAST(e.args."Group size"->>'$' AS INTEGER) AS group_size
+        FROM (SELECT unnest(traceEvents) AS e FROM {reader}) WHERE e.ph = 'X' OR e.name = '[memory]'"""
+
+
+def _metadata(file: Path, distributed: str | None, base: str | None) -> tuple[dict, int]:
+    """distributedInfo (rank, world_size and pg_config checked and normalized) and baseTimeNanoseconds; a field
+    of the wrong type is a one-line error naming it."""
+    info = json.loads(distributed) if distributed else {}
+    if not isinstance(info, dict):
+        raise TraceanaError(f"{file}: distributedInfo is {json.dumps(info)[:60]}, not an object")
+    info["rank"] = checked_rank(info.get("rank"), str(file), "distributedInfo.rank")
+    size = info.get("world_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_RANK + 1):
+        raise TraceanaError(f"{file}: distributedInfo.world_size is {size!r}, not a number of ranks")
+    groups = info.get("pg_config")
+    if groups is not None and not (isinstance(groups, list) and all(isinstance(g, dict) for g in groups)):
+        raise TraceanaError(f"{file}: distributedInfo.pg_config is {json.dumps(groups)[:60]}, not a list of objects")
+    for group in groups or []:
+        group["ranks"] = rank_list(group.get("ranks"), file, "distributedInfo.pg_config ranks")
+    value = json.loads(base) if base else 0
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TIME_NS:
+        raise TraceanaError(f"{file}: baseTimeNanoseconds is {value!r}, not a time in ns")
+    return info, value
+
+
+def first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0][:200]

@@ -1,0 +1,86 @@
+"""`traceana ingest`: profiler files of one run -> the store (the readers are in ingest/, the store in
+traceana/store/)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from traceana import store
+from traceana.cli.options import DbOption, LayoutOption
+from traceana.errors import TraceanaError
+from traceana.render.console import ingest_progress
+
+
+def default_run_id(paths: list[Path]) -> str:
+    """A stable id for the same sources: the input's name without trace suffixes, or the common folder's name."""
+    if len(paths) == 1:
+        name = paths[0].resolve().name
+    else:
+        parents = {p.resolve().parent for p in paths}
+        name = parents.pop().name if len(parents) == 1 else paths[0].resolve().name
+    return re.sub(r"(\.(json|gz|sqlite|nsys-rep|db|pt\.trace))+$", "", name) or "run"
+
+
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Trace files or folders (one run).")],
+    db: DbOption = Path(store.DEFAULT_DB),
+    run_id: Annotated[str | None, typer.Option(help="Run id (default: derived from the inputs).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="auto, nsys, kineto or ascend.")] = "auto",
+    layout: LayoutOption = None,
+    step_marker: Annotated[str | None, typer.Option(help="Regex over annotation names that marks steps.")] = None,
+    rules: Annotated[Path | None, typer.Option(help="Extra classification rules CSV (pattern,category,op).")] = None,
+    jobs: Annotated[int | None, typer.Option(
+        help="Worker processes parsing files (1: this process; default: every core for runs over 64 MiB).")] = None,
+    executor: Annotated[str, typer.Option(help="local (worker processes here) or ray (one Ray task per file; "
+                                          "needs the ray extra).")] = "local",
+    ray_address: Annotated[str | None, typer.Option(help="With --executor ray: the cluster (default: RAY_ADDRESS, "
+                                                    "else the local Ray, else one started here).")] = None,
+) -> None:
+    """Read one run's traces into the store (replacing an earlier ingest of the same run id). --db may name a Parquet
+    dataset folder (a folder, or a name ending in .parquet): the run is added to it."""
+    from traceana.ingest.dispatch import IngestOptions, read_run
+    from traceana.ingest.executor import RayCluster
+    from traceana.ingest.rules import load_rules
+    from traceana.layout import Layout
+
+    parsed_layout = Layout.parse(layout) if layout else None
+    if step_marker is not None:
+        try:
+            re.compile(step_marker)
+        except re.error as exc:
+            raise TraceanaError(f"--step-marker {step_marker!r}: not a regular expression ({exc})") from None
+    if executor not in ("local", "ray"):
+        raise TraceanaError(f"--executor {executor!r}: expected local or ray")
+    if executor == "local" and ray_address is not None:
+        raise TraceanaError("--ray-address goes with --executor ray")
+    if executor == "ray" and jobs is not None:
+        raise TraceanaError("--jobs sets local worker processes; with --executor ray the Ray cluster sizes itself")
+    store.check_path(db)
+    workers = RayCluster(ray_address) if executor == "ray" else jobs
+    options = IngestOptions(layout=parsed_layout, step_marker=step_marker, rules=load_rules(rules), jobs=workers,
+                            cache_dir=db.resolve().parent / ".traceana-cache", spill_near=db.resolve())
+    with ingest_progress() as bar:
+        options.progress = bar
+        data = read_run(paths, fmt, options)
+        rid = run_id or default_run_id(paths)
+        bar.phase(f"writing run {rid} to {db}")
+        with store.connect(db) as con:
+            try:
+                store.write_run(con, rid, data)
+            finally:
+                data.discard()
+            counts = con.execute(
+                "SELECT (SELECT count(*) FROM ranks WHERE run_id=$r), (SELECT count(*) FROM device_events WHERE "
+                "run_id=$r), (SELECT count(*) FROM collectives WHERE run_id=$r), (SELECT count(*) FROM steps WHERE "
+                "run_id=$r), (SELECT count(DISTINCT step) FROM steps WHERE run_id=$r)", {"r": rid},
+            ).fetchall()[0]
+    steps = (f"{counts[4]} steps ({counts[3]} rank-steps)" if counts[3]
+             else "no step markers: the whole trace is analysed as one step")
+    typer.echo(f"{rid}: {data.source_format}, {counts[0]} ranks, {counts[1]} device events, "
+               f"{counts[2]} collectives, {steps} -> {db}")
+    for note in data.notes:
+        typer.echo(f"  note: {note}")

@@ -1,0 +1,15 @@
+"""The option and argument types every command shares (--db, --json, --layout, the RUN argument), in a module of
+their own so that command modules import them and never the main one (traceana/cli/main.py imports the commands)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+DbOption = Annotated[Path, typer.Option("--db", help="DuckDB store file, or a Parquet dataset: a folder, or a name "
+                                         "ending in .parquet.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+LayoutOption = Annotated[str | None, typer.Option(help='Parallel layout, e.g. "tp=2,dp=2,pp=2,order=tp-cp-ep-dp-pp".')]
+RunArgument = Annotated[str | None, typer.Argument(help="Run id (default: the latest ingested run).")]

@@ -1,0 +1,47 @@
+"""The store: every run's tables (schema.sql) and the views over them (queries/*.sql), in one DuckDB file
+(database.py) or a Parquet dataset folder (dataset.py, which builds on database.py). Ingest writes a run with
+``write_run``; every command opens the store with ``connect`` below, which picks the kind from ``--db``.
+schema.py says what a store holds and checks that a database has it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from traceana.errors import TraceanaError
+from traceana.store import database, dataset
+from traceana.store.database import resolve_run, restrict_to_run, transaction, write_run
+from traceana.store.schema import OUTDATED
+
+if TYPE_CHECKING:
+    import duckdb
+
+__all__ = ["DEFAULT_DB", "OUTDATED", "check_path", "connect", "resolve_run", "restrict_to_run", "transaction",
+           "write_run"]
+
+DEFAULT_DB = "traceana.duckdb"
+
+
+def check_path(path: Path) -> bool:
+    """Whether the store exists, after making sure ``path`` can name one (not a symlink loop)."""
+    try:
+        path.resolve()
+        exists = path.exists()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop on Python < 3.13
+        raise TraceanaError(f"{path}: cannot use as --db ({getattr(exc, 'strerror', None) or exc})") from None
+    return exists
+
+
+@contextmanager
+def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False,
+            views: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
+    """Open the store ``db`` names: a Parquet dataset (a folder, or a name ending in .parquet) or a DuckDB file,
+    with the same guarantees (database.connect, dataset.connect). A read-only open needs the store to exist."""
+    path = Path(db)
+    if not check_path(path) and read_only:
+        raise TraceanaError(f"{path}: no such database (run `traceana ingest` first, or pass --db)")
+    opened = dataset.connect if dataset.is_dataset(path) else database.connect
+    with opened(path, read_only=read_only, views=views) as con:
+        yield con
