@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import SAMPLES, TRACES
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
+from traceana.errors import TraceanaError
 from traceana.ingest.dispatch import FORMATS, IngestOptions, read_run
 from traceana.layout import Layout
 
@@ -36,7 +37,18 @@ def _runs() -> list[Run]:
     return [r for r in runs if importlib.util.find_spec(FORMATS[r[1]]) is not None]  # ingesters that exist
 
 
-RUNS = {r[0]: r for r in _runs()}
+# Shared traces of kinds traceana refuses today (the Ascend text export without trace_view.json, a CANN msprof
+# database): issue 23 builds their readers. Until then each must be refused with one line, and the other runs' checks
+# stand; once one ingests, test_kinds_not_read_yet_are_refused fails and the run joins RUNS.
+NOT_READ_YET = {"gpt3_2rank_text_no_trace_view", "msprof_db_8npu"}
+RUNS = {r[0]: r for r in _runs() if r[0] not in NOT_READ_YET}
+
+
+@pytest.mark.parametrize("run", [r for r in _runs() if r[0] in NOT_READ_YET], ids=lambda r: r[0])
+def test_kinds_not_read_yet_are_refused(run: Run, tmp_path: Path) -> None:
+    _, fmt, paths, _ = run
+    with pytest.raises(TraceanaError, match=r"^/.*: "):
+        read_run(paths, fmt, IngestOptions(cache_dir=tmp_path / "cache"))
 
 
 @pytest.fixture(scope="module")
