@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_breakdown import Event, run_data
+from tests.analyses.test_breakdown import Event, run_data
 from traceana import store
 from traceana.cli.main import app, main
 

@@ -13,11 +13,11 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+from tests.analyses.test_breakdown import run_data
+from tests.analyses.test_breakdown_real import _union_ns
+from tests.analyses.test_stragglers import EVENTS, INSTANCE_OF, STEPS
 from tests.conftest import ROOT, SAMPLES, TRACES
-from tests.test_breakdown import run_data
-from tests.test_breakdown_real import _union_ns
 from tests.test_sample_traces import EXPERIMENTS
-from tests.test_stragglers import EVENTS, INSTANCE_OF, STEPS
 from traceana import store
 from traceana.analyses import critical_path as cp
 from traceana.cli.main import app

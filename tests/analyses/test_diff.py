@@ -12,8 +12,8 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
+from tests.analyses.test_kernels import short
 from tests.conftest import SAMPLES, TRACES
-from tests.test_kernels import short
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.analyses.breakdown import PARTS
@@ -63,7 +63,7 @@ def test_pipeline_micro_batches(con: duckdb.DuckDBPyConnection) -> None:
     # aten::mm per rank and step: stage 0 one (W0's gradient), stage 1 two (dH and W1's gradient), per micro-batch
     mm = _by(kernel_diff(con, "pp2_mb1", "pp2_mb8"), "short_name")[("aten::mm",)]
     assert (mm["calls_A"], mm["calls_B"], mm["status"]) == (1.5, 12, "both")
-    # the measured PP_WAIT rise (tests/test_breakdown_real.py) shows on both stages
+    # the measured PP_WAIT rise (tests/analyses/test_breakdown_real.py) shows on both stages
     parts = _by(breakdown_diff(con, "pp2_mb1", "pp2_mb8"), "stage", "part")
     assert all(parts[stage, "PP_WAIT"]["ms_delta"] > 0 for stage in (0, 1))
 

@@ -14,8 +14,8 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+from tests.analyses.test_breakdown_real import _union_ns
 from tests.conftest import SAMPLES, TRACES
-from tests.test_breakdown_real import _union_ns
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.analyses.kernels import top_kernels

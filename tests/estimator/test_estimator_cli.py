@@ -7,7 +7,7 @@ from pathlib import Path
 
 import duckdb
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 M3 = ROOT / "examples" / "m3_512_h100.yaml"
 SMALL = ROOT / "examples" / "vtrain_calibrated.yaml"
 

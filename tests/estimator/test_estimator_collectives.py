@@ -78,7 +78,7 @@ def test_node_limited_fp8_dispatch_by_hand() -> None:
     """DeepSeek-V3's all-to-all (examples/deepseek_v3_dualpipe.yaml): EP 64 over 8 nodes, a token's 8 experts on at
     most 4 nodes, so 4 x 7/8 network copies a token through the sender's 50 GB/s NIC, and 8 x 7/8 NVLink
     forwards at 160 GB/s; the dispatch in FP8 (1 byte), the combine and the backward in BF16; 63 latency steps."""
-    cfg = load(Path(__file__).resolve().parents[1] / "examples" / "deepseek_v3_dualpipe.yaml")
+    cfg = load(Path(__file__).resolve().parents[2] / "examples" / "deepseek_v3_dualpipe.yaml")
     where = comm.span(cfg, ("ep",), expert=True)
     assert (where.size, where.nodes) == (64, 8)
     t, h = 4096, 7168

@@ -12,7 +12,7 @@ import yaml
 from traceana.errors import TraceanaError
 from traceana.estimator.config import from_dict, load, load_runs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # job configs (a sweep file naming other configs, for `compare`, has no model section of its own)
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml") if "model" in yaml.safe_load(p.read_text()))
 

@@ -14,7 +14,7 @@ from traceana.errors import TraceanaError
 from traceana.estimator import compute, memory
 from traceana.estimator.config import from_dict, load
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPT: dict[str, Any] = {
     "model": {"layers": 4, "hidden": 4096, "ffn_hidden": 16384, "heads": 32, "vocab": 51200, "seq_len": 2048,
               "gated_mlp": False},

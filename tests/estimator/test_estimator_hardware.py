@@ -22,7 +22,7 @@ from traceana.estimator.config import from_dict, load
 from traceana.estimator.estimate import estimate, layer_cost
 from traceana.estimator.memory import GIB
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 H200 = SHARED / "hardware" / "h200"
 GPT = {"model": {"layers": 8, "hidden": 2048, "ffn_hidden": 8192, "heads": 16, "vocab": 50304, "seq_len": 1024,
                  "gated_mlp": False},

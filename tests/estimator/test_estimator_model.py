@@ -20,7 +20,7 @@ from traceana.estimator.estimate import DIMENSIONS, estimate, lower_bound, ppb
 from traceana.estimator.memory import MIB, Params, states
 from traceana.layout import Layout
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 GPT: dict[str, Any] = {  # a GPT of Korthikanti's family: ffn 4h, GeLU, scores materialized
     "model": {"layers": 8, "hidden": 2048, "ffn_hidden": 8192, "heads": 16, "vocab": 51200, "seq_len": 2048,

@@ -18,7 +18,7 @@ from traceana.estimator import comm, compute, memory
 from traceana.estimator.config import Config, load, load_runs
 from traceana.estimator.estimate import estimate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared"
 EXAMPLES = ROOT / "examples"
 

@@ -16,7 +16,7 @@ import duckdb
 import pytest
 
 from tests.conftest import SAMPLES, TRACES, run_cli
-from tests.test_kineto import SAMPLE_LAYOUTS
+from tests.ingest.test_kineto import SAMPLE_LAYOUTS
 from traceana.layout import Layout
 
 KINETO = TRACES / "kineto"

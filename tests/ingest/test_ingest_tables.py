@@ -2,7 +2,7 @@
 streaming, parallel reader (issue 12): a digest per table, recorded from that path, guards the faster readers.
 
 Regenerate (only when a change to the numbers is intended and explained):
-    .venv/bin/python -m tests.test_ingest_tables --write
+    .venv/bin/python -m tests.ingest.test_ingest_tables --write
 """
 
 from __future__ import annotations

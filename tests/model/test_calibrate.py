@@ -14,7 +14,7 @@ from tests.conftest import TRACES, run_cli
 from traceana import store as stores
 from traceana.model import calibrate as trace_profile
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPT = "h200_gpt_h2048_L8_s1024_gb4"
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import polars as pl
 import pytest
 
+from tests.analyses.test_breakdown import run_data
 from tests.conftest import ROOT, SAMPLES, run_cli
-from tests.test_breakdown import run_data
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.estimator import config

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
-from tests.test_compare import CONFIGS, db  # noqa: F401  (the sample-runs store fixture)
-from tests.test_compare_sweep import SEED000, VTRAIN
+from tests.model.test_compare import CONFIGS, db  # noqa: F401  (the sample-runs store fixture)
+from tests.model.test_compare_sweep import SEED000, VTRAIN
 from traceana.estimator import config
 from traceana.estimator.estimate import estimate
 from traceana.model import compare_fit

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, SHARED, run_cli
-from tests.test_compare import one_line_error
+from tests.model.test_compare import one_line_error
 from traceana.estimator import config
 from traceana.model.sweep import PEAK, quantity, read_csv
 
