@@ -25,9 +25,8 @@ import polars as pl
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op
 from traceana.ingest.dispatch import IngestOptions
 from traceana.ingest.groups.matching import match_communicators
-from traceana.ingest.kineto.events import FIRST_INPUT_NELEMS
+from traceana.ingest.kineto.events import FIRST_INPUT_NELEMS, STEP
 
-_STEP = r"^ProfilerStep#(\d+)$"
 _NOT_COMPUTE = r"^(c10d::|autograd::|torch::autograd::|profiler::)"  # operator-named, but waits or bookkeeping
 
 
@@ -39,7 +38,7 @@ def cpu_frames(con: duckdb.DuckDBPyConnection, file_rank: pl.DataFrame, groups: 
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE main_thread AS
         SELECT f, arg_max(tid, n) AS tid FROM (
-            SELECT f, tid, count(*) + 1000000 * count(*) FILTER (WHERE regexp_matches(name, '{_STEP}')) AS n
+            SELECT f, tid, count(*) + 1000000 * count(*) FILTER (WHERE regexp_matches(name, '{STEP}')) AS n
             FROM ev WHERE cat IN ('cpu_op', 'user_annotation') GROUP BY ALL
         ) GROUP BY f""")
     compute = con.sql(f"""
@@ -88,8 +87,8 @@ def cpu_frames(con: duckdb.DuckDBPyConnection, file_rank: pl.DataFrame, groups: 
     comm = pl.concat([_collective_groups(comm.filter(~is_p2p), groups), _p2p_groups(con, comm.filter(is_p2p))],
                      how="diagonal_relaxed")
     steps = con.sql(f"""
-        SELECT e.f, TRY_CAST(regexp_extract(e.name, '{_STEP}', 1) AS INTEGER) AS step, e.start_ns, e.end_ns
-        FROM ev e JOIN main_thread m USING (f, tid) WHERE regexp_matches(e.name, '{_STEP}')
+        SELECT e.f, TRY_CAST(regexp_extract(e.name, '{STEP}', 1) AS INTEGER) AS step, e.start_ns, e.end_ns
+        FROM ev e JOIN main_thread m USING (f, tid) WHERE regexp_matches(e.name, '{STEP}')
         ORDER BY e.f, step""").pl()
     return events, comm, steps
 

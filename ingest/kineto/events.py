@@ -13,6 +13,7 @@ from traceana.errors import TraceanaError
 from traceana.ingest.validate import MAX_RANK, MAX_TIME_NS, checked_rank, rank_list
 
 _SUFFIXES = (".json", ".json.gz")
+STEP = r"^ProfilerStep#(\d+)$"  # the profiler's step ranges; the number is the step
 # Elements of an op's first input tensor (Input Dims [[65536, 384], ...]): the payload when args lack msg nelems.
 FIRST_INPUT_NELEMS = "list_reduce(TRY_CAST(input_dims->0 AS BIGINT[]), lambda x, y: x * y, 1)"
 

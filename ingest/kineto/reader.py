@@ -1,9 +1,10 @@
 """PyTorch profiler (Kineto) Chrome-trace JSON, one file per rank (.json or .json.gz).
 
-DuckDB parses each file straight into typed columns (no Python loop per event); the linking of kernels to the
-CPU ops that launched them, steps and process groups are SQL over those columns. Each file is read on its own
-(:func:`parse_file`, in a worker process with --jobs), its per-event tables spilled as Parquet beside the store;
-only what needs every file (ranks, host clocks, groups) runs over the small parts the files give back (:func:`_run`).
+DuckDB parses each file straight into typed columns (events.py; no Python loop per event); the linking of kernels
+to the CPU ops that launched them and the steps (link.py), and the process groups, are SQL over those columns. Each
+file is read on its own (:func:`parse_file`, in a worker process with --jobs), its per-event tables spilled as
+Parquet beside the store; only what needs every file (ranks, host clocks, groups) runs over the small parts the
+files give back (:func:`_run`).
 
 GPU runs: device events are `kernel`, `gpu_memcpy`, `gpu_memset`. A communication kernel's op comes, in order,
 from its own args (`Collective name`, pg-args), from the CPU op that launched it (runtime correlation, then the
@@ -24,18 +25,17 @@ import polars as pl
 
 from traceana.errors import TraceanaError
 from traceana.ingest.clocks import require_overlapping_clocks
-from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op, parse_nccl_kernel
 from traceana.ingest.dispatch import IngestOptions
 from traceana.ingest.executor import from_ipc, map_files, threads_per_task, to_ipc, worker_count
 from traceana.ingest.kineto.events import EVENT_TABLE, FIRST_INPUT_NELEMS, load, trace_files
+from traceana.ingest.kineto.link import device_frames, device_steps
 from traceana.ingest.ranks import rank_in_file_name, require_unique_ranks
-from traceana.ingest.rules import Rule, with_classes
+from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import SCHEMAS, RunData
 from traceana.ingest.spill import Spill, new_spill, spill_file
-from traceana.ingest.step_windows import StepLinks, step_windows_of
+from traceana.ingest.step_windows import StepLinks
 from traceana.ingest.validate import Dropped, rank_list
 
-_STEP = r"^ProfilerStep#(\d+)$"
 
 def matches(path: Path) -> bool:
     """A Kineto trace, or a folder of them: JSON whose first bytes open an object (Ascend timelines are arrays)."""
@@ -86,8 +86,8 @@ def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) 
     seen = con.execute("SELECT DISTINCT pg_name, pg_desc, pg_ranks FROM ev "
                        "WHERE pg_name IS NOT NULL AND pg_ranks IS NOT NULL").fetchall()
     devices = con.execute(f"SELECT count(*) FROM ev WHERE {_DEVICE}").fetchall()[0][0]
-    events, comm = _device_frames(con, rules)
-    steps, links, unnumbered = _device_steps(con)
+    events, comm = device_frames(con, rules)
+    steps, links, unnumbered = device_steps(con)
     frames, key, dropped = spill_file(spill, "kineto", str(file), {
         "device_events": events.rename({"f": "rank"}), "steps": steps.rename({"f": "rank"}),
         "memory": con.sql("SELECT 0 AS rank, start_ns AS ts_ns, mem_allocated AS allocated_bytes, mem_reserved AS "
@@ -170,98 +170,11 @@ def _process_groups(infos: list[dict], seen: list[tuple[str, str | None, str]]) 
     return frame.with_columns(pg.alias("pg"), pl.lit("trace").alias("source")).drop("_n")
 
 
-_COMM_CPU_OPS = r"^(record_param_comms|nccl:|c10d::|gloo:)"
-
-_SECOND_INPUT_NELEMS = FIRST_INPUT_NELEMS.replace("->0", "->1")
 # A file's first communication events, for the coarse alignment of host clocks (_align_hosts).
 _SAMPLES_SQL = f"""SELECT * FROM (
     SELECT name, end_ns, coalesce(in_nelems, {FIRST_INPUT_NELEMS}) AS n, row_number() OVER (ORDER BY start_ns) AS k
     FROM ev WHERE (cat = 'kernel' AND regexp_matches(name, '^nccl')) OR starts_with(name, 'gloo:')
 ) WHERE k <= 2000"""
-
-# The group size an op states ("Group size" args), else the one its shapes imply: the c10d base ops take
-# (output, input), and a reduce-scatter's input or an all-gather's output is group size x the other.
-_GROUP_SIZE = f"""coalesce(group_size, CASE
-    WHEN name IN ('c10d::_reduce_scatter_base_', 'c10d::reduce_scatter_tensor')
-         AND {FIRST_INPUT_NELEMS} > 0 AND {_SECOND_INPUT_NELEMS} % {FIRST_INPUT_NELEMS} = 0
-        THEN {_SECOND_INPUT_NELEMS} // {FIRST_INPUT_NELEMS}
-    WHEN name IN ('c10d::_allgather_base_', 'c10d::all_gather_into_tensor')
-         AND {_SECOND_INPUT_NELEMS} > 0 AND {FIRST_INPUT_NELEMS} % {_SECOND_INPUT_NELEMS} = 0
-        THEN {FIRST_INPUT_NELEMS} // {_SECOND_INPUT_NELEMS} END)"""
-
-# Each kernel's launch: the first runtime call of its correlation id (the host time it was queued).
-_LAUNCHES_SQL = """SELECT f, corr, min(start_ns) AS launch_ns FROM ev
-    WHERE cat IN ('cuda_runtime', 'cuda_driver') AND corr IS NOT NULL GROUP BY f, corr"""
-
-_LAUNCHERS_SQL = f"""
--- For each communication kernel: the innermost comm CPU op around the runtime call that launched it.
-WITH runtime AS (
-    SELECT f, corr, pid, tid, start_ns FROM ev
-    WHERE cat IN ('cuda_runtime', 'cuda_driver') AND corr IS NOT NULL
-), host AS (
-    SELECT f, pid, tid, start_ns, end_ns, name, coll_name, pg_name, seq, {_GROUP_SIZE} AS group_size,
-           coalesce(in_nelems, {FIRST_INPUT_NELEMS}) AS in_nelems, coalesce(dtype, input_type->>0) AS dtype FROM ev
-    WHERE cat IN ('cpu_op', 'user_annotation') AND regexp_matches(name, '{_COMM_CPU_OPS}')
-), linked AS (
-    SELECT k.f, k.start_ns AS k_start, k.corr, h.*, row_number() OVER (
-        PARTITION BY k.f, k.corr, k.start_ns, h.name = 'record_param_comms' ORDER BY h.start_ns DESC) AS depth
-    FROM ev k JOIN runtime r ON r.f = k.f AND r.corr = k.corr
-    JOIN host h ON h.f = r.f AND h.pid = r.pid AND h.tid = r.tid AND h.start_ns <= r.start_ns AND h.end_ns >= r.start_ns
-    WHERE k.cat = 'kernel' AND k.corr IS NOT NULL
-)
-SELECT f, k_start, corr,  -- the innermost ops (depth 1) say what ran; any enclosing op may state the group size
-    max(name) FILTER (WHERE name <> 'record_param_comms' AND depth = 1) AS launcher,
-    max(coll_name) FILTER (WHERE depth = 1) AS l_coll_name, max(in_nelems) FILTER (WHERE depth = 1) AS l_in_nelems,
-    max(dtype) FILTER (WHERE depth = 1) AS l_dtype, max(pg_name) FILTER (WHERE depth = 1) AS l_pg_name,
-    max(seq) FILTER (WHERE depth = 1) AS l_seq, max(group_size) AS l_group_size
-FROM linked GROUP BY ALL
-"""
-
-
-def _device_frames(con: duckdb.DuckDBPyConnection, rules: list[Rule]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """device_events and the raw collective rows (op decided, pg by name) for all GPU files."""
-    events = con.sql(
-        f"""WITH launchers AS ({_LAUNCHERS_SQL})
-        SELECT k.f, row_number() OVER (PARTITION BY k.f ORDER BY k.start_ns, k.end_ns, k.name) - 1 AS event_id,
-               coalesce(k.stream, TRY_CAST(k.tid AS BIGINT)) AS stream, k.start_ns, k.end_ns, k.name, k.cat,
-               k.coll_name, k.in_nelems, k.dtype, k.pg_name, k.seq, k.peer, l.launcher, l.l_coll_name,
-               l.l_in_nelems, l.l_dtype, l.l_pg_name, l.l_seq, coalesce(k.group_size, l.l_group_size) AS group_size,
-               r.launch_ns
-        FROM ev k LEFT JOIN launchers l ON l.f = k.f AND l.corr = k.corr AND l.k_start = k.start_ns
-        LEFT JOIN ({_LAUNCHES_SQL}) r ON r.f = k.f AND r.corr = k.corr
-        WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
-    ).pl()
-    events = with_classes(events, "name", rules).with_columns(
-        pl.when(pl.col("cat") == "gpu_memcpy").then(pl.lit("memcpy"))
-        .when(pl.col("cat") == "gpu_memset").then(pl.lit("memset"))
-        .otherwise(pl.col("category")).alias("category")
-    )
-    comm = events.filter(pl.col("category") == "comm")
-    parsed = [parse_nccl_kernel(n) for n in comm["name"].to_list()]  # one call per comm kernel, not per event
-    comm = comm.with_columns(
-        pl.Series("kernel_op", [p[0] for p in parsed], dtype=pl.String()),
-        pl.Series("name_dtype", [p[1] for p in parsed], dtype=pl.String()),
-    )
-    args_op = pl.col("coll_name").map_elements(canonical_op, return_dtype=pl.String())
-    launcher_op = pl.coalesce(pl.col("l_coll_name"), pl.col("launcher")).map_elements(
-        canonical_op, return_dtype=pl.String())
-    name_op = pl.coalesce(pl.col("rule_op"), pl.col("kernel_op").replace({"Generic": None}))
-    comm = comm.with_columns(
-        pl.when(args_op.is_not_null()).then(pl.lit("pg-args"))
-        .when(launcher_op.is_not_null()).then(pl.lit("cpu-op"))
-        .otherwise(pl.lit("name-rule")).alias("evidence"),
-        pl.coalesce(args_op, launcher_op, name_op, pl.lit("Unknown")).alias("op"),
-        pl.coalesce("in_nelems", "l_in_nelems").alias("nelems"),
-        pl.coalesce("dtype", "l_dtype").map_elements(canonical_dtype, return_dtype=pl.String()).alias("arg_dtype"),
-        pl.coalesce("pg_name", "l_pg_name").alias("pg_name"),
-        pl.coalesce("seq", "l_seq").alias("seq"),
-    ).with_columns(pl.coalesce("arg_dtype", "name_dtype").alias("dtype"))
-    comm = comm.with_columns(
-        (pl.col("nelems") * pl.col("dtype").replace_strict(DTYPE_BYTES, default=None, return_dtype=pl.Int64))
-        .alias("bytes")
-    )
-    return events, comm
-
 
 def read(paths: list[Path], options: IngestOptions) -> RunData:
     """The run: each file read on its own (:func:`parse_file`, across ``options.jobs`` workers), then what needs
@@ -406,28 +319,3 @@ def _align_hosts(samples: list[pl.DataFrame], hosts: list[str | None]) -> list[i
     return [int(shifts.get(h) or 0) for h in hosts]
 
 
-def _device_steps(con: duckdb.DuckDBPyConnection) -> tuple[pl.DataFrame, StepLinks, int]:
-    """ProfilerStep#N on the device (step_windows.device_step_windows): each kernel / copy / memset belongs to the step
-    whose CPU range on its process was open when the runtime call that launched it ran (correlation id, any thread:
-    backward launches from autograd's thread); one without a recorded launch to the step of Kineto's own
-    gpu_user_annotation ProfilerStep#N range that holds it, if any, else to its stream's previous event's step.
-    Returns the windows, how they were found, and how many ProfilerStep ranges were left out (unnumbered)."""
-    markers = con.sql(
-        f"""SELECT f AS rank, TRY_CAST(regexp_extract(name, '{_STEP}', 1) AS INTEGER) AS step, start_ns, end_ns
-            FROM ev WHERE regexp_matches(name, '{_STEP}') AND cat IN ('user_annotation', 'cpu_op')"""
-    ).pl()
-    unnumbered = markers["step"].null_count()
-    markers = markers.drop_nulls("step")
-    events = con.sql(
-        f"""WITH launch AS ({_LAUNCHES_SQL}), device_step AS (
-            SELECT f, TRY_CAST(regexp_extract(name, '{_STEP}', 1) AS INTEGER) AS step, start_ns, end_ns FROM ev
-            WHERE cat = 'gpu_user_annotation' AND regexp_matches(name, '{_STEP}')
-        )
-        SELECT k.f AS rank, coalesce(k.stream, TRY_CAST(k.tid AS BIGINT)) AS stream, k.start_ns, k.end_ns,
-               l.launch_ns, (SELECT max(d.step) FROM device_step d
-                             WHERE d.f = k.f AND k.start_ns >= d.start_ns AND k.start_ns < d.end_ns) AS step
-        FROM ev k LEFT JOIN launch l ON l.f = k.f AND l.corr = k.corr
-        WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
-    ).pl()
-    windows, links = step_windows_of(events, markers)
-    return windows.rename({"rank": "f"}), links, unnumbered
