@@ -3,5 +3,5 @@
 config (the YAML, validated) -> stages (which layers each pipeline device runs) -> compute (FLOPs, elementwise
 bytes) + comm (per-dimension collectives, alpha-beta per network level) + memory (per-stage peak) -> estimate
 (per-chunk costs through pipeline's simulated schedule; PPB from balance) -> search, timeline (Gantt / Chrome
-trace), record (store tables), cli (`traceana estimate`, `traceana search`).
+trace), record (store tables). The commands `traceana estimate` and `search` are in traceana/cli/estimate.py.
 """
