@@ -156,16 +156,16 @@ class ProfilerSqlite:
         self._uri = f"file:{quote(str(path.resolve()))}?mode={mode}"
         self._arrow: ArrowQueries | None = None
         self._columns: dict[str, list[str]] = {}
+        con = None
         try:
-            self._con = sqlite3.connect(self._uri, uri=True)
+            con = sqlite3.connect(self._uri, uri=True)
+            con.text_factory = decode_text  # some profilers' strings are not UTF-8
+            self.tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         except sqlite3.Error as exc:
+            if con is not None:
+                con.close()
             raise TraceanaError(f"{path}: not a readable SQLite database ({exc})") from None
-        self._con.text_factory = decode_text  # some profilers' strings are not UTF-8
-        try:
-            self.tables = {r[0] for r in self._con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        except sqlite3.Error as exc:
-            self._con.close()
-            raise TraceanaError(f"{path}: not a readable SQLite database ({exc})") from None
+        self._con = con
 
     def open_arrow(self) -> None:
         self._arrow = ArrowQueries(self._uri)
@@ -175,13 +175,15 @@ class ProfilerSqlite:
         if self._arrow is not None:
             self._arrow.close()
 
-    def rows(self, sql: str, params: tuple = (), where: str | None = None) -> list[tuple]:
-        """The rows of ``sql``, or a one-line error naming the file and ``where`` (default: the file's kind)."""
+    def _unreadable(self, what: str, exc: sqlite3.Error) -> TraceanaError:
+        return TraceanaError(f"{self.path}: cannot read {what} ({exc}); is the file complete?")
+
+    def rows(self, sql: str) -> list[tuple]:
+        """The rows of ``sql``, or a one-line error naming the file."""
         try:
-            return self._con.execute(sql, params).fetchall()
+            return self._con.execute(sql).fetchall()
         except sqlite3.Error as exc:
-            raise TraceanaError(f"{self.path}: cannot read {where or self.kind} ({exc}); is the file complete?") \
-                from None
+            raise self._unreadable(self.kind, exc) from None
 
     def scalar(self, sql: str) -> object | None:
         """The first value of ``sql``, or None when it returns nothing or a table it names is absent."""
@@ -190,7 +192,7 @@ class ProfilerSqlite:
         except sqlite3.OperationalError:
             return None
         except sqlite3.DatabaseError as exc:
-            raise TraceanaError(f"{self.path}: cannot read {self.kind} ({exc}); is the file complete?") from None
+            raise self._unreadable(self.kind, exc) from None
         return rows[0][0] if rows else None
 
     def columns(self, table: str) -> list[str]:
@@ -214,5 +216,5 @@ class ProfilerSqlite:
             cursor = self._con.execute(slow_sql or sql)
             rows = cursor.fetchall()
         except sqlite3.Error as exc:
-            raise TraceanaError(f"{self.path}: cannot read {where} ({exc}); is the file complete?") from None
+            raise self._unreadable(where, exc) from None
         return typed_frame(rows, {c[0]: schema[c[0]] for c in cursor.description}, self.path, where)

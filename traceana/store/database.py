@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # imported where used, so that `traceana --help` loads neithe
 # No extension is installed or loaded behind the user's back (a SQLite file would otherwise pull in sqlite_scanner).
 CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 
+
 def check_schema(con: duckdb.DuckDBPyConnection, path: Path, *, read_only: bool) -> None:
     """A one-line error unless the database holds this version's tables with this version's columns (an older
     store may lack the columns schema.sql adds later), or is empty and about to be written. A file shorter than

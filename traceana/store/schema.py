@@ -74,7 +74,6 @@ def check_tables(con: duckdb.DuckDBPyConnection, path: Path, *, read_only: bool)
     for table, columns in expected.items():
         have = {c for c, _ in found.get(table, [])}
         if found.get(table) != [(c, t) for c, t in columns if c in have or (table, c) not in added]:
-            have = {c for c, _ in found.get(table, [])}
             lacking = [c for c, _ in columns if c not in have]
             problem = (f"no {table} table" if table not in found else f"{table} lacks {', '.join(lacking)}"
                        if lacking else f"{table} has other columns or types")
