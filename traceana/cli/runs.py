@@ -43,7 +43,7 @@ def info(run: RunArgument = None, db: DbOption = Path(store.DEFAULT_DB), json: J
                                   "FROM device_events WHERE run_id=$r GROUP BY ALL ORDER BY events DESC",
             "collectives by op and dim": "SELECT op, kernel_op, dim, evidence, count(*) AS events, "
                                          "sum(bytes) AS bytes FROM collectives WHERE run_id=$r "
-                                         "GROUP BY ALL ORDER BY events DESC",
+                                         "GROUP BY ALL ORDER BY events DESC, op, kernel_op, dim, evidence",
         }
         frames = {title: con.sql(sql, params={"r": rid}).pl() for title, sql in parts.items()}
         notes = con.execute("SELECT notes FROM runs WHERE run_id=$r", {"r": rid}).fetchall()[0]
