@@ -1,0 +1,343 @@
+"""The dependency graph of one step of a measured run (DESIGN §8): what each device event waited for.
+
+Nodes are each device event's start S and end E, each launched event's host launch point H, each collective
+instance's arrival A (its last member's start), each host wait's return R, and one root per rank, its step window's
+start W (the only measured time a replay keeps). An edge ``u -> v`` of weight ``w`` says ``t(v) >= t(u) + w``;
+:mod:`traceana.model.replay` gives every node the earliest time its edges allow. Edge kinds (``KINDS``):
+
+- ``run``: S -> E, the event's measured length; a collective's member instead runs S -> A and A -> E, the
+  transfer's measured length ``end - latest start`` (a member alone in the trace keeps its whole length).
+- ``stream``: the previous event on the same stream, E -> S.
+- ``launch``: H -> S, the rank's launch latency (the median ``start - launch_ns`` of events whose stream was free).
+- ``host``: the rank's host points in time order (launches, wait returns), each after the previous by the measured
+  gap: host time, kept as measured.
+- ``host_wait``: a recorded synchronization (``syncs`` table): the host resumes when the event it waited for ends,
+  after the measured return lag.
+- ``stream_wait``: a recorded cross-stream wait (event record + stream wait): the waited event's E -> the waiter's S.
+- ``inferred``: no record, but a launched event started late, right at another stream's event's end: that E -> S,
+  with the rank's median lag between the two.
+- ``gap``: an event with no launch record that starts after a gap nothing recorded explains (CPU-only and Ascend
+  runs): from the event that ended last before it on the rank, the measured gap, a fixed delay. A replay reproduces
+  these by construction; a what-if cannot shorten them. Their count is reported.
+- ``anchor``: W -> a rank's first host point or first event, its measured offset from the window start.
+
+Everything is vectorized (DuckDB ASOF joins, NumPy); the graph of one step at 1,024 ranks builds in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import duckdb
+import numpy as np
+import polars as pl
+
+KINDS = ("run", "transfer", "stream", "launch", "host", "host_wait", "stream_wait", "inferred", "gap", "anchor")
+RUN, TRANSFER, STREAM, LAUNCH, HOST, HOST_WAIT, STREAM_WAIT, INFERRED, GAP, ANCHOR = range(len(KINDS))
+SLACK_NS = 1_000            # a start later than every recorded constraint by more than this was held by something
+INFER_WITHIN_NS = 20_000    # ... and an other-stream end at most this long before it is taken as what held it
+
+EVENTS_SQL = """
+SELECT e.rank, e.event_id, e.stream, e.start_ns, e.end_ns, e.name, e.category, e.launch_ns,
+       c.op, c.dim, c.instance
+FROM device_events e
+JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns >= w.start_ns AND e.start_ns < w.end_ns
+LEFT JOIN collectives c ON c.run_id = e.run_id AND c.rank = e.rank AND c.event_id = e.event_id
+WHERE e.run_id = $run AND w.step = $step
+ORDER BY e.rank, e.stream, e.start_ns, e.end_ns, e.event_id
+"""
+
+
+# each stream's last end before the step's window: the step before holds the stream until then
+CARRIED_SQL = """
+SELECT e.rank, e.stream, max(e.end_ns) AS busy_until_ns
+FROM device_events e
+JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns < w.start_ns
+WHERE e.run_id = $run AND w.step = $step
+GROUP BY ALL
+"""
+
+
+@dataclass
+class Graph:
+    """One step's graph. ``events`` row i is nodes S = i and E = n + i; ``windows`` has one row per rank (rank,
+    start_ns, end_ns; tail_ns: the measured time from the rank's last event end to its window's end; has_events;
+    held_ns: how long launched events sat past every recorded and inferred constraint, what the graph cannot
+    explain and a replay therefore leaves out)."""
+
+    run_id: str
+    step: int
+    events: pl.DataFrame
+    windows: pl.DataFrame
+    n_nodes: int
+    src: np.ndarray
+    dst: np.ndarray
+    weight: np.ndarray
+    kind: np.ndarray
+    event: np.ndarray          # the event whose length an edge carries (run, transfer), else -1
+    roots: np.ndarray          # W nodes
+    root_ns: np.ndarray        # their measured times
+    counts: dict[str, int] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return self.events.height
+
+
+class _Edges:
+    """Edge arrays collected part by part."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[np.ndarray, ...]] = []
+
+    def add(self, kind: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | int,
+            event: np.ndarray | None = None) -> None:
+        src = np.asarray(src, np.int64)
+        self.parts.append((src, np.asarray(dst, np.int64), np.broadcast_to(np.asarray(weight, np.int64), src.shape),
+                           np.full(src.shape, kind, np.int8),
+                           np.full(src.shape, -1, np.int64) if event is None else np.asarray(event, np.int64)))
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return tuple(np.concatenate([p[k] for p in self.parts]) for k in range(5))
+
+
+def build(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> Graph:
+    """The graph of ``step`` of ``run_id`` from the store (see the module doc)."""
+    events = con.sql(EVENTS_SQL, params={"run": run_id, "step": step}).pl()
+    windows = con.sql("SELECT rank, start_ns, end_ns FROM step_windows WHERE run_id = $run AND step = $step "
+                      "ORDER BY rank", params={"run": run_id, "step": step}).pl()
+    syncs = _syncs(con, run_id, events)
+    carried = con.sql(CARRIED_SQL, params={"run": run_id, "step": step}).pl()
+    return from_frames(run_id, step, events, windows, syncs, carried)
+
+
+def _syncs(con: duckdb.DuckDBPyConnection, run_id: str, events: pl.DataFrame) -> pl.DataFrame:
+    """The run's recorded synchronizations among this step's events (none on a store without the syncs table)."""
+    empty = pl.DataFrame(schema={"rank": pl.Int32, "kind": pl.String, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                                 "waited_event_id": pl.Int64, "waiter_event_id": pl.Int64})
+    has = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'syncs'").fetchall()[0][0]
+    if not has or events.is_empty():
+        return empty
+    keys = events.select("rank", "event_id")  # noqa: F841 - read by the query below
+    return con.sql("SELECT s.rank, s.kind, s.start_ns, s.end_ns, s.waited_event_id, s.waiter_event_id FROM syncs s "
+                   "SEMI JOIN keys k ON k.rank = s.rank AND k.event_id = s.waited_event_id "
+                   "WHERE s.run_id = $run", params={"run": run_id}).pl().cast(empty.schema)
+
+
+def from_frames(run_id: str, step: int, events: pl.DataFrame, windows: pl.DataFrame, syncs: pl.DataFrame,
+                carried: pl.DataFrame) -> Graph:
+    """The graph from one step's events (sorted by rank, stream, start), windows, syncs and the times the step before
+    held each stream until (rank, stream, busy_until_ns)."""
+    n = events.height
+    rank = events["rank"].to_numpy().astype(np.int64)
+    stream = events["stream"].fill_null(-1).to_numpy()
+    start = events["start_ns"].to_numpy()
+    end = events["end_ns"].to_numpy()
+    launch = events["launch_ns"].to_numpy()
+    launched = ~events["launch_ns"].is_null().to_numpy()
+    instance = events["instance"].to_numpy()
+    member = ~events["instance"].is_null().to_numpy()
+    ranks = windows["rank"].to_numpy().astype(np.int64)
+    rank_row = np.full(int(max(ranks.max(initial=0), rank.max(initial=0))) + 1, -1, np.int64)
+    rank_row[ranks] = np.arange(len(ranks))
+    ws = windows["start_ns"].to_numpy()[rank_row[rank]] if n else np.zeros(0, np.int64)
+    idx = np.arange(n, dtype=np.int64)
+    edges, counts, missing = _Edges(), {}, []
+
+    # node numbering: S = i, E = n + i, then H per launched event, A per instance, R per host wait, W per rank
+    h_of = np.full(n, -1, np.int64)
+    h_of[launched] = 2 * n + np.arange(int(launched.sum()))
+    inst_values, inst_of = np.unique(instance[member], return_inverse=True) if member.any() else (
+        np.zeros(0, np.int64), np.zeros(0, np.int64))
+    a_base = 2 * n + int(launched.sum())
+    r_base = a_base + len(inst_values)
+    w_base = r_base + syncs.height
+    n_nodes = w_base + len(ranks)
+
+    # run and transfer
+    solo = ~member
+    edges.add(RUN, idx[solo], n + idx[solo], end[solo] - start[solo], idx[solo])
+    m = idx[member]
+    a_node = a_base + inst_of
+    latest = np.full(len(inst_values), np.iinfo(np.int64).min)
+    np.maximum.at(latest, inst_of, start[m])
+    edges.add(RUN, m, a_node, 0)
+    edges.add(TRANSFER, a_node, n + m, np.maximum(0, end[m] - latest[inst_of]), m)
+    counts["collective members"] = len(m)
+    alone = np.bincount(inst_of, minlength=len(inst_values))[inst_of] == 1 if len(m) else np.zeros(0, bool)
+    if alone.any():
+        missing.append(f"{int(alone.sum())} collective kernels have no other member in the trace (one rank of a "
+                       "larger job?): their measured length, waits included, is kept as the transfer")
+
+    # stream order (events are sorted by rank, stream, start)
+    same = np.zeros(n, bool)
+    same[1:] = (rank[1:] == rank[:-1]) & (stream[1:] == stream[:-1])
+    prev = np.where(same, idx - 1, -1)
+    has_prev = prev >= 0
+    touching = has_prev & (end[np.maximum(prev, 0)] <= start + SLACK_NS)
+    overlap = has_prev & ~touching
+    edges.add(STREAM, prev[overlap], idx[overlap], 0)  # overlapping events on one stream keep their start order
+    counts["overlapping on a stream"] = int(overlap.sum())
+
+    # per rank: the launch latency, the median start - launch of kernels launched after their stream ran dry (where
+    # none was, the least start - launch: a bound no start undercuts); and the device's own gap between a kernel
+    # and the next one already queued behind it on its stream
+    dry = launched & has_prev & (launch > end[np.maximum(prev, 0)])
+    lat = _per_rank_quantile(rank[dry], (start - launch)[dry], len(rank_row), 0.5)
+    least = _per_rank_quantile(rank[launched], (start - launch)[launched], len(rank_row), 0.0)
+    lat = np.maximum(np.where(lat >= 0, lat, least), 0)
+    edges.add(LAUNCH, h_of[launched], idx[launched], lat[rank[launched]])
+    queued = touching & launched & (launch < end[np.maximum(prev, 0)])
+    spacing = np.maximum(_per_rank_quantile(rank[queued], (start - end[prev])[queued], len(rank_row), 0.25), 0)
+    counts["launch"] = int(launched.sum())
+
+    edges.add(STREAM, n + prev[touching], idx[touching], np.where(launched[touching], spacing[rank[touching]], 0))
+
+    # the first event of a stream in the step follows the step before on that stream
+    busy = (events.select("rank", "stream").join(carried, on=["rank", "stream"], how="left", maintain_order="left")
+            ["busy_until_ns"].to_numpy()) if n else np.zeros(0)
+    follows = ~has_prev & ~np.isnan(busy.astype(np.float64))
+    busy = np.nan_to_num(busy.astype(np.float64), nan=0).astype(np.int64)
+    edges.add(ANCHOR, w_base + rank_row[rank[follows]], idx[follows], busy[follows] - ws[follows])
+    counts["carried over"] = int(follows.sum())
+
+    # measured readiness from what is recorded, to find what the records leave unexplained
+    ready = np.full(n, np.iinfo(np.int64).min)
+    ready[follows] = busy[follows]
+    ready[touching] = end[prev[touching]] + np.where(launched[touching], spacing[rank[touching]], 0)
+    ready[launched] = np.maximum(ready[launched], launch[launched] + lat[rank[launched]])
+    row_of = _row_lookup(events)
+
+    stream_waits = syncs.filter(pl.col("kind") == "stream_wait", pl.col("waiter_event_id").is_not_null())
+    if stream_waits.height:
+        waited = row_of(stream_waits["rank"], stream_waits["waited_event_id"])
+        waiter = row_of(stream_waits["rank"], stream_waits["waiter_event_id"])
+        ok = (waited >= 0) & (waiter >= 0)
+        edges.add(STREAM_WAIT, n + waited[ok], waiter[ok], 0)
+        np.maximum.at(ready, waiter[ok], end[waited[ok]])
+        counts["stream_wait"] = int(ok.sum())
+
+    # host chains: launches and wait returns of each rank in time order
+    host_waits = syncs.filter(pl.col("kind") == "host_wait")
+    _host_chain(edges, counts, n, rank[launched], launch[launched], h_of[launched], host_waits, row_of, end,
+                r_base, w_base + rank_row, windows)
+
+    # what nothing recorded explains: the event that ended last before a held start, in the step or (carried over)
+    # on a stream of the step before, whose end then comes from the rank's root
+    c_rank = carried["rank"].to_numpy().astype(np.int64)
+    c_end = carried["busy_until_ns"].to_numpy()
+    end_all = np.concatenate([end, c_end])
+    stream_all = np.concatenate([stream, carried["stream"].fill_null(-1).to_numpy()])
+    node_all = np.concatenate([n + idx, w_base + rank_row[c_rank]])
+    offset_all = np.concatenate([np.zeros(n, np.int64), c_end - windows["start_ns"].to_numpy()[rank_row[c_rank]]])
+    held = start > ready + SLACK_NS
+    other = _latest_end_before(rank, start, np.concatenate([rank, c_rank]), end_all, np.concatenate([start, c_end - 1]))
+    found = other >= 0
+    o = np.maximum(other, 0)
+    cross = held & found & (stream_all[o] != stream) & (end_all[o] > ready)
+    infer = cross & launched & (start - end_all[o] <= INFER_WITHIN_NS)
+    lag = np.maximum(_per_rank_quantile(rank[infer], (start - end_all[o])[infer], len(rank_row), 0.5), 0)
+    edges.add(INFERRED, node_all[o[infer]], idx[infer], offset_all[o[infer]] + lag[rank[infer]])
+    counts["inferred"] = int(infer.sum())
+    unexplained = held & launched & ~infer
+    counts["unexplained"] = int(unexplained.sum())
+    hold = np.where(unexplained, start - ready, 0)
+    gap = held & ~launched & (cross | touching)
+    g_node = np.where(cross, node_all[o], n + np.maximum(prev, 0))[gap]
+    g_end = np.where(cross, end_all[o], end[np.maximum(prev, 0)])[gap]
+    edges.add(GAP, g_node, idx[gap], start[gap] - g_end + np.where(cross, offset_all[o], 0)[gap])
+    counts["gap"] = int(gap.sum())
+    anchored = ~launched & ~cross & ~touching & (held | ~(has_prev | follows))
+    edges.add(ANCHOR, w_base + rank_row[rank[anchored]], idx[anchored], start[anchored] - ws[anchored])
+    counts["anchor"] = int(anchored.sum())
+    if n and not launched.any():
+        missing.append("no launch records (CPU-only or Ascend run): stream gaps that no recorded wait explains are "
+                       "replayed as measured fixed delays ('gap' edges), which a what-if cannot shorten")
+    if n and syncs.is_empty():
+        missing.append("no recorded synchronizations (syncs table empty or absent): host waits are not modeled, "
+                       "cross-stream waits are inferred from timing")
+
+    src, dst, weight, kind, event = edges.arrays()
+    last_end = np.full(len(ranks), np.iinfo(np.int64).min)
+    if n:
+        np.maximum.at(last_end, rank_row[rank], end)
+    we = windows["end_ns"].to_numpy()
+    windows = windows.with_columns(tail_ns=pl.Series(np.where(last_end > np.iinfo(np.int64).min, we - last_end, 0)),
+                                   has_events=pl.Series(last_end > np.iinfo(np.int64).min))
+    held_ns = np.zeros(len(ranks), np.int64)
+    if n:
+        np.add.at(held_ns, rank_row[rank], hold)
+    windows = windows.with_columns(held_ns=pl.Series(held_ns))
+    return Graph(run_id, step, events, windows, n_nodes, src, dst, weight, kind, event,
+                 w_base + np.arange(len(ranks)), windows["start_ns"].to_numpy(), counts, missing)
+
+
+def _host_chain(edges: _Edges, counts: dict[str, int], n: int, rank: np.ndarray, t: np.ndarray, node: np.ndarray,
+                host_waits: pl.DataFrame, row_of, end: np.ndarray, r_base: int, w_of_rank: np.ndarray,
+                windows: pl.DataFrame) -> None:
+    """Chain each rank's host points (launches at ``t``; wait returns) in time order with their measured gaps; a
+    wait's return also follows the end of the event it waited for."""
+    waited = row_of(host_waits["rank"], host_waits["waited_event_id"])
+    ok = waited >= 0
+    w_start, w_end = host_waits["start_ns"].to_numpy()[ok], host_waits["end_ns"].to_numpy()[ok]
+    w_rank = host_waits["rank"].to_numpy().astype(np.int64)[ok]
+    w_event = waited[ok]
+    blocked = end[w_event] > w_start
+    r_node = r_base + np.flatnonzero(ok)
+    # a point is reached from the previous one after (its time - previous time); a blocked return after
+    # (call start - previous time) only: the rest of the call was the wait
+    p_rank = np.concatenate([rank, w_rank])
+    p_time = np.concatenate([t, w_end])
+    p_node = np.concatenate([node, r_node])
+    p_own = np.concatenate([t, np.where(blocked, w_start, w_end)])
+    order = np.lexsort((p_time, p_rank))
+    p_rank, p_time, p_node, p_own = p_rank[order], p_time[order], p_node[order], p_own[order]
+    first = np.ones(len(p_rank), bool)
+    first[1:] = p_rank[1:] != p_rank[:-1]
+    chained = np.flatnonzero(~first)
+    edges.add(HOST, p_node[chained - 1], p_node[chained], p_own[chained] - p_time[chained - 1])
+    ws = dict(zip(windows["rank"].to_list(), windows["start_ns"].to_list(), strict=True))
+    heads = np.flatnonzero(first)
+    edges.add(ANCHOR, w_of_rank[p_rank[heads]], p_node[heads],
+              p_time[heads] - np.array([ws[r] for r in p_rank[heads].tolist()], np.int64))
+    edges.add(HOST_WAIT, n + w_event, r_node, np.where(blocked, np.maximum(0, w_end - end[w_event]), 0))
+    counts["host"] = len(chained)
+    counts["host_wait"] = int(ok.sum())
+
+
+def _row_lookup(events: pl.DataFrame):
+    """A function (ranks, event ids) -> row numbers in ``events`` (-1 where absent)."""
+    key = events.select("rank", "event_id").with_row_index("row")
+
+    def rows(ranks: pl.Series, ids: pl.Series) -> np.ndarray:
+        asked = pl.DataFrame({"rank": ranks.cast(pl.Int32), "event_id": ids.cast(pl.Int64)})
+        joined = asked.with_row_index("i").join(key.with_columns(pl.col("rank").cast(pl.Int32)),
+                                                on=["rank", "event_id"], how="left")
+        return joined.sort("i")["row"].fill_null(-1).cast(pl.Int64).to_numpy()
+
+    return rows
+
+
+def _per_rank_quantile(rank: np.ndarray, value: np.ndarray, size: int, q: float) -> np.ndarray:
+    """The ``q`` quantile of ``value`` per rank (-1 where a rank has none)."""
+    out = np.full(size, -1, np.int64)
+    if len(rank):
+        frame = pl.DataFrame({"rank": rank, "v": value}).group_by("rank").agg(pl.col("v").quantile(q, "linear"))
+        out[frame["rank"].to_numpy()] = np.round(frame["v"].to_numpy()).astype(np.int64)
+    return out
+
+
+def _latest_end_before(rank: np.ndarray, start: np.ndarray, end_rank: np.ndarray, end: np.ndarray,
+                       begin: np.ndarray) -> np.ndarray:
+    """For each (rank, start), the row of the candidate (end_rank, end, begun at ``begin``; zero-length ones left
+    out, so an event never finds itself) with the latest end <= start on that rank, or -1."""
+    if not len(rank):
+        return np.zeros(0, np.int64)
+    starts = pl.DataFrame({"i": np.arange(len(rank)), "rank": rank, "t": start})  # noqa: F841 - read by the query
+    ends = pl.DataFrame({"j": np.arange(len(end)), "rank": end_rank, "t": end}).filter(  # noqa: F841
+        pl.Series(end) > pl.Series(begin))
+    with duckdb.connect() as con:
+        found = con.sql("SELECT s.i, e.j FROM starts s ASOF LEFT JOIN ends e ON s.rank = e.rank AND s.t >= e.t "
+                        "ORDER BY s.i").pl()
+    return found["j"].fill_null(-1).cast(pl.Int64).to_numpy()

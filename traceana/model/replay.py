@@ -1,0 +1,139 @@
+"""Replay a step from its dependency graph (graph.py): every node at the earliest time its edges allow, from each
+rank's window start, with the measured lengths (DESIGN §8). The simulated timeline is then measured exactly as a
+measured one: its device events and windows go into an in-memory store with this version's views, so the replayed
+breakdown is the §4 breakdown of the simulated timeline, not a second definition of it.
+
+The schedule is a longest-path pass over the graph in topological order (Kahn's algorithm): the one loop that runs
+per node and edge, over plain lists (about 1 µs per edge), since each node's time depends on its predecessors'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from traceana.analyses.breakdown import PARTS
+from traceana.errors import TraceanaError
+from traceana.model.graph import Graph
+from traceana.store import schema
+
+NEVER = -(2 ** 62)
+
+
+def longest_path(graph: Graph, weight: np.ndarray | None = None, keep: np.ndarray | None = None) -> np.ndarray:
+    """Each node's earliest time: roots at their measured times, every other node the max over its incoming edges
+    of (predecessor's time + weight). ``weight`` and ``keep`` (a mask of edges) are a what-if's edits."""
+    src, dst = graph.src, graph.dst
+    w = graph.weight if weight is None else weight
+    if keep is not None:
+        src, dst, w = src[keep], dst[keep], w[keep]
+    order = np.argsort(src, kind="stable")
+    ptr = np.searchsorted(src[order], np.arange(graph.n_nodes + 1)).tolist()
+    targets, weights = dst[order].tolist(), w[order].tolist()
+    waiting = np.bincount(dst, minlength=graph.n_nodes).tolist()
+    t = [NEVER] * graph.n_nodes
+    for node, at in zip(graph.roots.tolist(), graph.root_ns.tolist(), strict=True):
+        t[node] = at
+    ready = [v for v in range(graph.n_nodes) if waiting[v] == 0]
+    while ready:
+        u = ready.pop()
+        tu = t[u]
+        for k in range(ptr[u], ptr[u + 1]):
+            v = targets[k]
+            if tu + weights[k] > t[v]:
+                t[v] = tu + weights[k]
+            waiting[v] -= 1
+            if waiting[v] == 0:
+                ready.append(v)
+    stuck = sum(1 for left in waiting if left)
+    if stuck:
+        raise TraceanaError(f"run {graph.run_id!r} step {graph.step}: {stuck} nodes of its dependency graph wait on "
+                            "each other (collective instances matched across ranks in an order the ranks did not "
+                            "run them?); the step cannot be replayed")
+    return np.asarray(t, np.int64)
+
+
+def timeline(graph: Graph, times: np.ndarray) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(events, windows) of the simulated step: the events with their replayed start_ns / end_ns, and each rank's
+    window from its start to its last replayed end plus the measured tail."""
+    n = graph.n
+    start, end = times[:n], np.maximum(times[n:2 * n], times[:n])
+    events = graph.events.with_columns(start_ns=pl.Series(start), end_ns=pl.Series(end))
+    last = events.group_by("rank").agg(pl.col("end_ns").max().alias("last_ns"))
+    windows = (graph.windows.join(last, on="rank", how="left")
+               .with_columns(pl.when(pl.col("has_events")).then(pl.col("last_ns") + pl.col("tail_ns"))
+                             .otherwise(pl.col("end_ns")).alias("end_ns"))
+               .select("rank", "start_ns", "end_ns"))
+    return events, windows
+
+
+@contextmanager
+def simulated_store(run_id: str, events: pl.DataFrame, windows: pl.DataFrame,
+                    ranks: pl.DataFrame) -> Iterator[duckdb.DuckDBPyConnection]:
+    """An in-memory store holding one simulated step: its device events, collectives, windows (as the steps table)
+    and the run's ranks, with the views of queries/*.sql over them."""
+    con = duckdb.connect()
+    try:
+        con.execute(schema.schema_sql())
+        run = pl.lit(run_id)
+        device = events.select(run.alias("run_id"), "rank", "event_id", "stream", "start_ns", "end_ns", "name",  # noqa: F841
+                               "category", pl.lit(None, pl.Int64).alias("launch_ns"))
+        comm = events.filter(pl.col("op").is_not_null()).select(  # noqa: F841
+            run.alias("run_id"), "rank", "event_id", "op", pl.lit(None, pl.String).alias("kernel_op"),
+            pl.lit(None, pl.Int64).alias("bytes"), pl.lit(None, pl.String).alias("dtype"),
+            pl.lit(None, pl.String).alias("pg"), "dim", pl.lit(None, pl.Int64).alias("seq"), "instance",
+            pl.lit(None, pl.Int32).alias("peer"), pl.lit("replay").alias("evidence"))
+        cut = windows.select(run.alias("run_id"), "rank", pl.lit(0).alias("step"), "start_ns", "end_ns")  # noqa: F841
+        known = ranks  # noqa: F841
+        con.execute("INSERT INTO device_events SELECT * FROM device")
+        con.execute("INSERT INTO collectives SELECT * FROM comm")
+        con.execute("INSERT INTO steps SELECT * FROM cut")  # frames are named apart from the tables
+        con.execute("INSERT INTO ranks BY NAME SELECT * FROM known")
+        for view in schema.view_sql():
+            con.execute(view)
+        yield con
+    finally:
+        con.close()
+
+
+def breakdown_of(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """The simulated step's rank_step_breakdown: rank, pp, then the parts in ns."""
+    return con.sql(f"SELECT rank, pp, TOTAL_ns, {', '.join(p + '_ns' for p in PARTS)}, OVERLAPPED_ns "
+                   "FROM rank_step_breakdown ORDER BY rank").pl()
+
+
+def measured_breakdown(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> pl.DataFrame:
+    """The store's own breakdown of the step, in the columns of :func:`breakdown_of`."""
+    return con.sql(f"SELECT rank, pp, TOTAL_ns, {', '.join(p + '_ns' for p in PARTS)}, OVERLAPPED_ns "
+                   "FROM rank_step_breakdown WHERE run_id = $run AND step = $step ORDER BY rank",
+                   params={"run": run_id, "step": step}).pl()
+
+
+def ranks_of(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
+    return con.sql("SELECT * FROM ranks WHERE run_id = $run", params={"run": run_id}).pl()
+
+
+def side_by_side(measured: pl.DataFrame, replayed: pl.DataFrame, step: int) -> pl.DataFrame:
+    """Per rank: the measured and replayed parts in ms, and the TOTAL's error in % of the measured TOTAL."""
+    cols = ["TOTAL", *PARTS]
+    both = measured.join(replayed, on="rank", how="left", suffix="_r")
+    return both.select(
+        pl.lit(step).alias("step"), "rank", pl.col("pp").alias("stage"),
+        *[(pl.col(f"{c}_ns") / 1e6).alias(f"{c}_ms") for c in cols],
+        *[(pl.col(f"{c}_ns_r") / 1e6).alias(f"replayed_{c}_ms") for c in cols],
+        (100 * (pl.col("TOTAL_ns_r") - pl.col("TOTAL_ns")) / pl.col("TOTAL_ns")).alias("error_pct"))
+
+
+def replay_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> tuple[Graph, pl.DataFrame]:
+    """(graph, per-rank measured vs replayed breakdown) of one step, nothing changed."""
+    from traceana.model import graph as dependency
+
+    g = dependency.build(con, run_id, step)
+    events, windows = timeline(g, longest_path(g))
+    with simulated_store(run_id, events, windows, ranks_of(con, run_id)) as sim:
+        replayed = breakdown_of(sim)
+    return g, side_by_side(measured_breakdown(con, run_id, step), replayed, step)
