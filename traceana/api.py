@@ -106,6 +106,37 @@ class Traces:
             raise TraceanaError(f"by={by!r}: choose {', '.join(map(repr, keys))}")
         return self.read(run, lambda con, rid: cp.report(cp.of_step(con, rid, step)[2])[keys[by]])
 
+    def replay(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
+        """Each rank-step replayed from the run's dependency graph (every step, or ``step``), as `traceana replay
+        --json`: measured and replayed TOTAL and parts in ms, error_pct, unexplained_hold_ms."""
+        from traceana.analyses.breakdown import check_step, steps
+        from traceana.model import replay
+
+        def read(con: duckdb.DuckDBPyConnection, rid: str) -> pl.DataFrame:
+            if step is not None:
+                check_step(con, rid, step)
+            return pl.concat([replay.replay_step(con, rid, s)[1] for s in ([step] if step is not None
+                                                                             else steps(con, rid))])
+
+        return self.read(run, read)
+
+    def whatif(self, *changes: str, step: int | None = None, run: str | None = None) -> pl.DataFrame:
+        """One step predicted after ``changes`` (specs as `traceana whatif --change`, e.g. "dim=TP:0.5"): per rank
+        the measured and predicted TOTAL and parts in ms, gain_ms and error_bar_ms."""
+        from traceana.analyses.critical_path import default_step
+        from traceana.model import whatif
+
+        parsed = [whatif.parse(c) for c in changes]
+        return self.read(run, lambda con, rid: whatif.whatif_step(
+            con, rid, default_step(con, rid) if step is None else step, parsed)[1])
+
+    def advise(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
+        """Findings ranked by predicted gain, as `traceana advise --json`: finding, evidence, change,
+        measured_step_ms, predicted_step_ms, gain_ms, error_bar_ms, graph."""
+        from traceana.model import advise
+
+        return self.read(run, lambda con, rid: advise.findings(con, rid, step)[1])
+
     def comm(self, run: str | None = None) -> pl.DataFrame:
         """Communication per op, dim and link (intra- / inter-node): instances, bytes, time (ms), algbw and busbw
         (GB/s, as nccl-tests defines them), as `traceana comm --json` gives ``by_op``."""

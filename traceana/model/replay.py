@@ -57,15 +57,17 @@ def longest_path(graph: Graph, weight: np.ndarray | None = None, keep: np.ndarra
     return np.asarray(t, np.int64)
 
 
-def timeline(graph: Graph, times: np.ndarray) -> tuple[pl.DataFrame, pl.DataFrame]:
+def timeline(graph: Graph, times: np.ndarray, ends_window: np.ndarray | None = None
+             ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(events, windows) of the simulated step: the events with their replayed start_ns / end_ns, and each rank's
-    window from its start to its last replayed end plus the measured tail."""
+    window from its start to its last replayed end (of the events in ``ends_window``) plus the measured tail."""
     n = graph.n
     start, end = times[:n], np.maximum(times[n:2 * n], times[:n])
     events = graph.events.with_columns(start_ns=pl.Series(start), end_ns=pl.Series(end))
-    last = events.group_by("rank").agg(pl.col("end_ns").max().alias("last_ns"))
+    last = (events.filter(pl.Series(np.ones(n, bool) if ends_window is None else ends_window))
+            .group_by("rank").agg(pl.col("end_ns").max().alias("last_ns")))
     windows = (graph.windows.join(last, on="rank", how="left")
-               .with_columns(pl.when(pl.col("has_events")).then(pl.col("last_ns") + pl.col("tail_ns"))
+               .with_columns(pl.when(pl.col("last_ns").is_not_null()).then(pl.col("last_ns") + pl.col("tail_ns"))
                              .otherwise(pl.col("end_ns")).alias("end_ns"))
                .select("rank", "start_ns", "end_ns"))
     return events, windows
@@ -128,12 +130,31 @@ def side_by_side(measured: pl.DataFrame, replayed: pl.DataFrame, step: int) -> p
         (100 * (pl.col("TOTAL_ns_r") - pl.col("TOTAL_ns")) / pl.col("TOTAL_ns")).alias("error_pct"))
 
 
+def simulate(con: duckdb.DuckDBPyConnection, graph: Graph, weight: np.ndarray | None = None,
+             keep: np.ndarray | None = None, ends_window: np.ndarray | None = None,
+             path: bool = False) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    """(breakdown, critical path segments when ``path``) of the graph replayed with ``weight`` / ``keep``."""
+    from traceana.analyses import critical_path
+
+    events, windows = timeline(graph, longest_path(graph, weight, keep), ends_window)
+    with simulated_store(graph.run_id, events, windows, ranks_of(con, graph.run_id)) as sim:
+        segments = critical_path.walk(*critical_path.load_step(sim, graph.run_id, 0)) if path else None
+        return breakdown_of(sim), segments
+
+
 def replay_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> tuple[Graph, pl.DataFrame]:
     """(graph, per-rank measured vs replayed breakdown) of one step, nothing changed."""
     from traceana.model import graph as dependency
 
     g = dependency.build(con, run_id, step)
-    events, windows = timeline(g, longest_path(g))
-    with simulated_store(run_id, events, windows, ranks_of(con, run_id)) as sim:
-        replayed = breakdown_of(sim)
-    return g, side_by_side(measured_breakdown(con, run_id, step), replayed, step)
+    replayed, _ = simulate(con, g)
+    frame = side_by_side(measured_breakdown(con, run_id, step), replayed, step)
+    held = g.windows.select("rank", (pl.col("held_ns") / 1e6).alias("unexplained_hold_ms"))
+    return g, frame.join(held, on="rank", how="left")
+
+
+def summary(frames: list[pl.DataFrame]) -> dict[str, float]:
+    """The replay error over rank-steps: median and worst |error| in %, and their count."""
+    errors = pl.concat(frames)["error_pct"].abs() if frames else pl.Series([], dtype=pl.Float64)
+    return {"rank_steps": len(errors), "median_abs_error_pct": float(errors.median() or 0),
+            "worst_abs_error_pct": float(errors.max() or 0)}

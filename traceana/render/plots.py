@@ -208,3 +208,37 @@ def memory_timeline(samples: pl.DataFrame, windows: pl.DataFrame, path: Path, ti
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     save_figure(fig, path, dpi=130)
+
+
+def whatif_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
+    """Per rank, the measured step's stacked parts (left bar) beside the predicted ones (right bar, hatched), with
+    the prediction's error bar; ranks grouped by stage."""
+    frame = frame.sort(pl.col("stage").fill_null(-1), "rank")
+    xs, stage_labels = _stage_positions(frame["stage"].to_list())
+    fig, ax = plt.subplots(figsize=(max(9.0, min(0.5 * len(xs) + 5, 40.0)), 5))
+    for offset, prefix, hatch in ((-0.2, "", None), (0.2, "predicted_", "//")):
+        bottom = [0.0] * len(xs)
+        for part, color in PART_COLORS.items():
+            values = [max(v, 0.0) for v in frame[f"{prefix}{part}_ms"].to_list()]
+            if part not in ("COMP", "IDLE") and not any(frame[f"{part}_ms"].to_list() + values):
+                continue
+            ax.bar([x + offset for x in xs], values, bottom=bottom, width=0.38, color=color, edgecolor="0.3",
+                   linewidth=0.3, hatch=hatch, label=f"{label(part)} ms" if prefix == "" else None)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.errorbar([x + 0.2 for x in xs], frame["predicted_TOTAL_ms"].to_list(), yerr=frame["error_bar_ms"].to_list(),
+                fmt="none", ecolor="black", capsize=3, label="prediction's error bar (replay residual)")
+    ranks = frame["rank"].to_list()
+    ticks = xs if len(xs) <= 64 else xs[:: len(xs) // 32]
+    ax.set_xticks(ticks, [str(ranks[xs.index(t)]) for t in ticks], fontsize=7)
+    for x, text in stage_labels:
+        ax.annotate(text, (x, 0), xycoords=("data", "axes fraction"), xytext=(0, -28), textcoords="offset points",
+                    ha="center", fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    handles.append(Patch(facecolor="white", edgecolor="0.3", hatch="//"))
+    labels.append("predicted (right bar of each rank)")
+    ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_xlabel("rank (grouped by pipeline stage): measured | predicted", labelpad=18)
+    ax.set_ylabel("time per step (ms)")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=130)

@@ -1,0 +1,130 @@
+"""The trace-anchored prediction commands (DESIGN §8): replay, whatif, advise. Thin: open the store, call
+traceana/model/replay.py, whatif.py or advise.py, print or plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from traceana import store
+from traceana.cli.options import DbOption, JsonOption, RunArgument
+from traceana.render.console import emit, emit_json, progress
+
+StepOption = Annotated[int | None, typer.Option("--step", help="One step (default: every step for replay; the "
+                                                "second, the first carries warm-up, for whatif and advise).")]
+
+
+def replay(
+    run: RunArgument = None,
+    step: StepOption = None,
+    json: JsonOption = False,
+    db: DbOption = Path(store.DEFAULT_DB),
+) -> None:
+    """Replay steps from the run's own dependency graph: per rank-step the replayed TOTAL and breakdown against the
+    measured ones, the error, and the graph's edges by kind (what was recorded, inferred, or missing)."""
+    import polars as pl
+
+    from traceana.analyses.breakdown import check_step, steps
+    from traceana.model import replay as model
+
+    with store.connect(db, read_only=True) as con:
+        rid = store.resolve_run(con, run)
+        if step is not None:
+            check_step(con, rid, step)
+        chosen = [step] if step is not None else steps(con, rid)
+        frames, counts, missing = [], {}, []
+        with progress(len(chosen), "replaying") as advance:
+            for s in chosen:
+                g, frame = model.replay_step(con, rid, s)
+                frames.append(frame)
+                for kind, count in g.counts.items():
+                    counts[kind] = counts.get(kind, 0) + count
+                missing += [m for m in g.missing if m not in missing]
+                advance(f"step {s}")
+    table = pl.concat(frames)
+    summary = model.summary(frames)
+    if json:
+        emit_json({"run_id": rid, **summary, "edges": counts, "missing": missing, "rank_steps": table.to_dicts()})
+        return
+    emit(table.select("step", "rank", "stage", "TOTAL_ms", "replayed_TOTAL_ms", "error_pct", "COMP_ms",
+                      "replayed_COMP_ms", "IDLE_ms", "replayed_IDLE_ms", "unexplained_hold_ms"),
+         title=f"{rid}: replay per rank-step (ms)")
+    typer.echo(f"replay error over {summary['rank_steps']} rank-steps: median {summary['median_abs_error_pct']:.2f}%,"
+               f" worst {summary['worst_abs_error_pct']:.2f}%")
+    typer.echo("edges: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+    for line in missing:
+        typer.echo(f"note: {line}")
+
+
+def whatif(
+    run: RunArgument = None,
+    change: Annotated[list[str], typer.Option("--change", help="KEY=TARGET[:FACTOR]: dim=TP:0.5, op=AllToAll:0.7, "
+                                              "kernel=*flash*:0.8, host=0, rank=5:median, rank=*:median, "
+                                              "stage=0:median, overlap=DP. Repeat to compose.")] = ...,
+    step: StepOption = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write measured vs predicted per stage to this PNG.")]
+    = None,
+    json: JsonOption = False,
+    db: DbOption = Path(store.DEFAULT_DB),
+) -> None:
+    """Predict a step after changes to its dependency graph: per rank the measured and predicted TOTAL and
+    breakdown with the error bar (the plain replay's residual), and the critical path after the change."""
+    from traceana.analyses.critical_path import default_step, report
+    from traceana.model import whatif as model
+
+    changes = [model.parse(spec) for spec in change]
+    with store.connect(db, read_only=True) as con:
+        rid = store.resolve_run(con, run)
+        step = default_step(con, rid) if step is None else step
+        g, frame, segments = model.whatif_step(con, rid, step, changes)
+    path = report(segments)["by_kind"] if segments is not None and segments.height else None
+    measured, predicted = float(frame["TOTAL_ms"].max()), float(frame["predicted_TOTAL_ms"].max())
+    if plot is not None:
+        from traceana.render.plots import whatif_bars
+
+        whatif_bars(frame, plot, f"{rid}: step {step}, {' '.join(map(str, changes))}")
+    if json:
+        emit_json({"run_id": rid, "step": step, "changes": [str(c) for c in changes], "measured_step_ms": measured,
+                   "predicted_step_ms": predicted, "error_bar_ms": float(frame["error_bar_ms"].max()),
+                   "edges": g.counts, "missing": g.missing, "ranks": frame.to_dicts(),
+                   "critical_path_by_kind": path.to_dicts() if path is not None else []})
+    else:
+        emit(frame.select("rank", "stage", "TOTAL_ms", "predicted_TOTAL_ms", "gain_ms", "error_bar_ms", "COMP_ms",
+                          "predicted_COMP_ms", "IDLE_ms", "predicted_IDLE_ms"),
+             title=f"{rid}: step {step} after {' '.join(map(str, changes))} (ms)")
+        if path is not None:
+            emit(path, title="critical path after the change, by kind")
+        typer.echo(f"step (slowest rank): measured {measured:,.3f} ms, predicted {predicted:,.3f} ms "
+                   f"± {float(frame['error_bar_ms'].max()):,.3f} ms")
+        for line in g.missing:
+            typer.echo(f"note: {line}")
+    if plot is not None:
+        typer.echo(f"wrote {plot}", err=True)
+
+
+def advise(
+    run: RunArgument = None,
+    step: StepOption = None,
+    json: JsonOption = False,
+    db: DbOption = Path(store.DEFAULT_DB),
+) -> None:
+    """Ranked findings: what was measured (view and numbers), a concrete change, and the gain whatif predicts for
+    it with its error bar."""
+    from traceana.model import advise as model
+
+    with store.connect(db, read_only=True) as con:
+        rid = store.resolve_run(con, run)
+        step, frame = model.findings(con, rid, step)
+    if json:
+        emit_json({"run_id": rid, "step": step, "findings": frame.to_dicts()})
+        return
+    if frame.is_empty():
+        typer.echo(f"{rid}: step {step}: no finding above the thresholds (idle > 20%, a dim's wait > 5%, COMP > 5% "
+                   "above the group's median)")
+        return
+    emit(frame.select("finding", "change", "predicted_step_ms", "gain_ms", "error_bar_ms"),
+         title=f"{rid}: step {step} ({float(frame['measured_step_ms'][0]):,.3f} ms), findings by predicted gain")
+    for row in frame.iter_rows(named=True):
+        typer.echo(f"- {row['finding']}: {row['evidence']} ({row['graph']})")
