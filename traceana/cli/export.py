@@ -1,6 +1,7 @@
-"""`traceana export` and `import-parquet`: a measured run, or the whole store, in a format other tools open, and a
-Parquet dataset back into a store. Each format is an option and its own module (--perfetto:
-traceana/render/perfetto.py; --parquet: traceana/store/dataset.py, which `import-parquet` reads back)."""
+"""`traceana export`, `import-parquet` and `report`: a measured run, or the whole store, in a format other tools
+open, a Parquet dataset back into a store, and one HTML file about a run to share. Each format is its own module
+(--perfetto: traceana/render/perfetto.py; --parquet: traceana/store/dataset.py, which `import-parquet` reads back;
+report --html: traceana/render/html_report.py)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,20 @@ def import_parquet(
     with store.connect(db) as con, progress(None, "importing") as advance:
         counts = dataset.import_dataset(con, source, advance)
     typer.echo(f"{source} -> {db}: " + ", ".join(f"{t} {n:,}" for t, n in counts.items()))
+
+
+def report(
+    html: Annotated[Path, typer.Option("--html", help="HTML file to write (self-contained: plots inline).")],
+    run: RunArgument = None,
+    estimate: Annotated[Path | None, typer.Option("--estimate", help="Job YAML: add estimate vs measured.")] = None,
+    db: DbOption = Path(store.DEFAULT_DB),
+) -> None:
+    """Write a run's summary, stage and rank breakdowns with plots, stragglers, communication and, with
+    --estimate, estimate vs measured into one HTML file to share."""
+    from traceana.api import Traces
+    from traceana.render.html_report import write
+
+    traces = Traces(db, run)
+    rid = traces.read(None, lambda _con, rid: rid)
+    write(Traces(db, rid), rid, html, estimate)
+    typer.echo(f"wrote {html} ({rid}; {html.stat().st_size / 1e6:.1f} MB)")

@@ -9,7 +9,7 @@ import traceback
 
 import typer
 
-from traceana.cli import analyses, breakdown, calibrate, compare, estimate, export, ingest, replay, report, runs, synth
+from traceana.cli import analyses, breakdown, calibrate, compare, estimate, export, ingest, replay, runs, synth
 from traceana.errors import TraceanaError
 
 app = typer.Typer(help="Trace-driven analyzer for distributed LLM training.", no_args_is_help=True,
@@ -18,7 +18,7 @@ app = typer.Typer(help="Trace-driven analyzer for distributed LLM training.", no
 # The commands, in the order `traceana --help` lists them.
 for command in (ingest.ingest, runs.runs, runs.info, runs.sql, breakdown.breakdown, breakdown.timeline,
                 breakdown.stragglers, estimate.estimate, estimate.search, compare.compare, export.export,
-                report.report, calibrate.calibrate, synth.synth, export.import_parquet):
+                export.report, calibrate.calibrate, synth.synth, export.import_parquet):
     app.command()(command)
 app.command("critical-path")(analyses.critical_path)
 for command in (analyses.comm, analyses.kernels, analyses.idle, analyses.memory, analyses.diff, replay.replay,

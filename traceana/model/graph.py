@@ -19,6 +19,9 @@ start W (the only measured time a replay keeps). An edge ``u -> v`` of weight ``
 - ``gap``: an event with no launch record that starts after a gap nothing recorded explains (CPU-only and Ascend
   runs): from the event that ended last before it on the rank, the measured gap, a fixed delay. A replay reproduces
   these by construction; a what-if cannot shorten them. Their count is reported.
+- ``external``: a launched event that sat more than a millisecond past everything the trace shows, the device idle
+  with the work queued (a wait on something outside the trace: another process, an untraced event): like ``gap``, a
+  fixed delay, counted and reported as ``external_hold_ms`` beside the replay.
 - ``anchor``: W -> a rank's first host point or first event, its measured offset from the window start.
 
 Everything is vectorized (DuckDB ASOF joins, NumPy); the graph of one step at 1,024 ranks builds in seconds.
@@ -32,10 +35,12 @@ import duckdb
 import numpy as np
 import polars as pl
 
-KINDS = ("run", "transfer", "stream", "launch", "host", "host_wait", "stream_wait", "inferred", "gap", "anchor")
-RUN, TRANSFER, STREAM, LAUNCH, HOST, HOST_WAIT, STREAM_WAIT, INFERRED, GAP, ANCHOR = range(len(KINDS))
+KINDS = ("run", "transfer", "stream", "launch", "host", "host_wait", "stream_wait", "inferred", "gap", "external",
+         "anchor")
+RUN, TRANSFER, STREAM, LAUNCH, HOST, HOST_WAIT, STREAM_WAIT, INFERRED, GAP, EXTERNAL, ANCHOR = range(len(KINDS))
 SLACK_NS = 1_000            # a start later than every recorded constraint by more than this was held by something
 INFER_WITHIN_NS = 20_000    # ... and an other-stream end at most this long before it is taken as what held it
+EXTERNAL_NS = 1_000_000     # a launched event held this long past everything the trace shows waited on the outside
 
 EVENTS_SQL = """
 SELECT e.rank, e.event_id, e.stream, e.start_ns, e.end_ns, e.name, e.category, e.launch_ns,
@@ -62,8 +67,8 @@ GROUP BY ALL
 class Graph:
     """One step's graph. ``events`` row i is nodes S = i and E = n + i; ``windows`` has one row per rank (rank,
     start_ns, end_ns; tail_ns: the measured time from the rank's last event end to its window's end; has_events;
-    held_ns: how long launched events sat past every recorded and inferred constraint, what the graph cannot
-    explain and a replay therefore leaves out)."""
+    held_ns: how long launched events sat past every recorded and inferred constraint by less than EXTERNAL_NS, what
+    the graph cannot explain and a replay therefore leaves out; external_ns: the longer holds, kept as fixed delays)."""
 
     run_id: str
     step: int
@@ -241,8 +246,16 @@ def from_frames(run_id: str, step: int, events: pl.DataFrame, windows: pl.DataFr
     edges.add(INFERRED, node_all[o[infer]], idx[infer], offset_all[o[infer]] + lag[rank[infer]])
     counts["inferred"] = int(infer.sum())
     unexplained = held & launched & ~infer
+    external = unexplained & (start - ready > EXTERNAL_NS)
+    unexplained &= ~external
     counts["unexplained"] = int(unexplained.sum())
     hold = np.where(unexplained, start - ready, 0)
+    e_from = external & found
+    edges.add(EXTERNAL, node_all[o[e_from]], idx[e_from], start[e_from] - end_all[o[e_from]] + offset_all[o[e_from]])
+    e_root = external & ~found
+    edges.add(EXTERNAL, w_base + rank_row[rank[e_root]], idx[e_root], start[e_root] - ws[e_root])
+    counts["external"] = int(external.sum())
+    outside = np.where(external, start - ready, 0)
     gap = held & ~launched & (cross | touching)
     g_node = np.where(cross, node_all[o], n + np.maximum(prev, 0))[gap]
     g_end = np.where(cross, end_all[o], end[np.maximum(prev, 0)])[gap]
@@ -265,10 +278,15 @@ def from_frames(run_id: str, step: int, events: pl.DataFrame, windows: pl.DataFr
     we = windows["end_ns"].to_numpy()
     windows = windows.with_columns(tail_ns=pl.Series(np.where(last_end > np.iinfo(np.int64).min, we - last_end, 0)),
                                    has_events=pl.Series(last_end > np.iinfo(np.int64).min))
-    held_ns = np.zeros(len(ranks), np.int64)
+    held_ns, external_ns = np.zeros(len(ranks), np.int64), np.zeros(len(ranks), np.int64)
     if n:
         np.add.at(held_ns, rank_row[rank], hold)
-    windows = windows.with_columns(held_ns=pl.Series(held_ns))
+        np.add.at(external_ns, rank_row[rank], outside)
+    if external.any():
+        missing.append(f"{int(external.sum())} launched events sat more than {EXTERNAL_NS / 1e6:g} ms past everything "
+                       "the trace shows (device idle with the work queued: a wait on something outside the trace); "
+                       "replayed as measured fixed delays ('external' edges, external_hold_ms)")
+    windows = windows.with_columns(held_ns=pl.Series(held_ns), external_ns=pl.Series(external_ns))
     return Graph(run_id, step, events, windows, n_nodes, src, dst, weight, kind, event,
                  w_base + np.arange(len(ranks)), windows["start_ns"].to_numpy(), counts, missing)
 

@@ -149,7 +149,8 @@ def replay_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> tuple
     g = dependency.build(con, run_id, step)
     replayed, _ = simulate(con, g)
     frame = side_by_side(measured_breakdown(con, run_id, step), replayed, step)
-    held = g.windows.select("rank", (pl.col("held_ns") / 1e6).alias("unexplained_hold_ms"))
+    held = g.windows.select("rank", (pl.col("held_ns") / 1e6).alias("unexplained_hold_ms"),
+                            (pl.col("external_ns") / 1e6).alias("external_hold_ms"))
     return g, frame.join(held, on="rank", how="left")
 
 
