@@ -48,9 +48,9 @@ def replay(
     if json:
         emit_json({"run_id": rid, **summary, "edges": counts, "missing": missing, "rank_steps": table.to_dicts()})
         return
-    emit(table.select("step", "rank", "stage", "TOTAL_ms", "replayed_TOTAL_ms", "error_pct", "COMP_ms",
-                      "replayed_COMP_ms", "IDLE_ms", "replayed_IDLE_ms", "unexplained_hold_ms"),
-         title=f"{rid}: replay per rank-step (ms)")
+    emit(table.select("step", "rank", "stage", "TOTAL_ms", "replayed_TOTAL_ms", "error_pct", "IDLE_ms",
+                      "replayed_IDLE_ms", "external_hold_ms"),
+         title=f"{rid}: replay per rank-step (ms; --json has every part)")
     typer.echo(f"replay error over {summary['rank_steps']} rank-steps: median {summary['median_abs_error_pct']:.2f}%,"
                f" worst {summary['worst_abs_error_pct']:.2f}%")
     typer.echo("edges: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
@@ -92,8 +92,8 @@ def whatif(
                    "critical_path_by_kind": path.to_dicts() if path is not None else []})
     else:
         emit(frame.select("rank", "stage", "TOTAL_ms", "predicted_TOTAL_ms", "gain_ms", "error_bar_ms", "COMP_ms",
-                          "predicted_COMP_ms", "IDLE_ms", "predicted_IDLE_ms"),
-             title=f"{rid}: step {step} after {' '.join(map(str, changes))} (ms)")
+                          "predicted_COMP_ms"),
+             title=f"{rid}: step {step} after {' '.join(map(str, changes))} (ms; --json has every part)")
         if path is not None:
             emit(path, title="critical path after the change, by kind")
         typer.echo(f"step (slowest rank): measured {measured:,.3f} ms, predicted {predicted:,.3f} ms "

@@ -4,7 +4,7 @@
 Findings looked for, on one step (the second, or the only one):
 - host-bound idle: IDLE is a large share of the step and the device waited on launches -> ``host=0`` (CUDA graphs);
 - exposed communication per dim: a dim's WAIT share -> that dim's transfers 2x faster; for DP (gradients, which
-  nothing in the step consumes at once) also fully overlapped;
+  nothing in the step consumes at once), where some of it already runs beside compute, also fully overlapped;
 - straggler ranks: stragglers view, COMP above the group's median -> each such rank (and all of them) to the median;
 - straggler stage: the stage with the largest mean COMP -> ``stage=P:median`` (what rebalancing its layers buys).
 The step's length is its slowest rank's TOTAL; a gain is measured minus predicted step, in ms.
@@ -22,6 +22,7 @@ from traceana.model.graph import Graph
 IDLE_SHARE = 0.2      # IDLE above this share of the step is worth a finding
 WAIT_SHARE = 0.05     # a dim's exposed wait above this share
 STRAGGLER_PCT = 5.0   # COMP this far above the group's median
+OVERLAPPABLE = 0.05   # the share of DP communication that already runs beside compute, for an overlap what-if
 
 
 def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None) -> tuple[int, pl.DataFrame]:
@@ -54,8 +55,13 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
             evidence = (f"rank_step_breakdown: {part} {mean[f'{part}_ns'] / 1e6:.2f} ms ({100 * share:.0f}% of the "
                         "step) exposed per rank")
             propose(f"exposed {dim} communication", evidence, [f"dim={dim}:0.5"])
-            if dim == "DP":  # only gradient sync can run beside other work; TP, CP, EP, PP outputs are consumed next
-                propose("exposed DP communication, overlapped with the next work", evidence, ["overlap=DP"])
+            overlapped = _dp_overlapped(con, run_id, step) if dim == "DP" else 0.0
+            if overlapped > OVERLAPPABLE:
+                # only gradient sync can run beside other work (TP, CP, EP, PP outputs are consumed next), and only
+                # where the job already runs it beside compute (buckets on their own stream); a job that syncs
+                # gradients in one blocking call needs a code change the graph cannot predict
+                propose("exposed DP communication, overlapped with compute", f"{evidence}; "
+                        f"{100 * overlapped:.0f}% of it already runs beside compute (step_segments)", ["overlap=DP"])
     stragglers = con.sql("SELECT rank, pp, COMP_excess_pct FROM stragglers WHERE run_id = ? AND COMP_excess_pct > ? "
                          "ORDER BY COMP_excess_pct DESC", params=[run_id, STRAGGLER_PCT]).pl()
     for rank, excess in zip(stragglers["rank"], stragglers["COMP_excess_pct"], strict=True):
@@ -78,6 +84,14 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
                                        "measured_step_ms": pl.Float64, "predicted_step_ms": pl.Float64,
                                        "gain_ms": pl.Float64, "error_bar_ms": pl.Float64, "graph": pl.String})
     return step, frame.sort("gain_ms", descending=True)
+
+
+def _dp_overlapped(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> float:
+    """The share of the step's DP communication time that already ran beside compute (step_segments)."""
+    share = con.execute("SELECT sum(end_ns - start_ns) FILTER (WHERE busy) / nullif(sum(end_ns - start_ns), 0) "
+                        "FROM step_segments WHERE run_id = $run AND step = $step AND dp",
+                        {"run": run_id, "step": step}).fetchall()[0][0]
+    return float(share or 0.0)
 
 
 def _graph_note(g: Graph) -> str:
