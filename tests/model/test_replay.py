@@ -143,3 +143,24 @@ def test_commands_print_json(db: Path) -> None:
     assert {"kind", "duration_ms"} <= set(predicted["critical_path_by_kind"][0])
     found = json.loads(run_cli("advise", "moe_skewed", "--db", db, "--json").stdout)
     assert found["findings"] and all(f["evidence"] for f in found["findings"])
+
+
+def test_advise_with_a_config_adds_what_only_the_estimator_predicts(db: Path) -> None:
+    """toy8 (pp=2, 1F1B) with its estimator config: schedule and layout candidates come predicted as the measured
+    step times the estimator's ratio, with the estimator's own miss on this run as their error bar, and rank below
+    the what-if findings whose error bars are the replay's."""
+    from tests.conftest import ROOT
+    from traceana.estimator import config, estimate
+
+    cfg = ROOT / "sample_traces" / "configs" / "toy8_tp2pp2dp2_1f1b.yaml"
+    with store.connect(db, read_only=True) as con:
+        _, found = advise.findings(con, "toy8_tp2pp2dp2_1f1b", config_path=str(cfg))
+    now = estimate.estimate(config.load(cfg)).step_s * 1e3
+    by_estimator = found.filter(pl.col("graph").str.starts_with("estimator"))
+    assert by_estimator.height >= 2
+    for row in by_estimator.iter_rows(named=True):
+        miss = abs(now - row["measured_step_ms"]) / row["measured_step_ms"]
+        assert row["error_bar_ms"] == pytest.approx(miss * row["predicted_step_ms"])
+        assert 0 < row["gain_ms"] < row["measured_step_ms"]
+    lower = (found["gain_ms"] - found["error_bar_ms"]).to_list()
+    assert lower == sorted(lower, reverse=True)

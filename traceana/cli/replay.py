@@ -107,16 +107,19 @@ def whatif(
 def advise(
     run: RunArgument = None,
     step: StepOption = None,
+    config: Annotated[Path | None, typer.Option("--config", help="The job's estimator YAML: add the changes only "
+                                                "the estimator predicts (rebalanced layers, micro-batches, schedule, "
+                                                "layout).")] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
-    """Ranked findings: what was measured (view and numbers), a concrete change, and the gain whatif predicts for
-    it with its error bar."""
+    """Ranked findings: what was measured (view and numbers), a concrete change, and the gain whatif (or, with
+    --config, the estimator) predicts for it with its error bar."""
     from traceana.model import advise as model
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
-        step, frame = model.findings(con, rid, step)
+        step, frame = model.findings(con, rid, step, str(config) if config else None)
     if json:
         emit_json({"run_id": rid, "step": step, "findings": frame.to_dicts()})
         return
@@ -125,6 +128,7 @@ def advise(
                    "above the group's median)")
         return
     emit(frame.select("finding", "change", "predicted_step_ms", "gain_ms", "error_bar_ms"),
-         title=f"{rid}: step {step} ({float(frame['measured_step_ms'][0]):,.3f} ms), findings by predicted gain")
+         title=f"{rid}: step {step} ({float(frame['measured_step_ms'][0]):,.3f} ms), findings by predicted gain "
+               "less its error bar")
     for row in frame.iter_rows(named=True):
         typer.echo(f"- {row['finding']}: {row['evidence']} ({row['graph']})")

@@ -7,12 +7,14 @@ Findings looked for, on one step (the second, or the only one):
   nothing in the step consumes at once), where some of it already runs beside compute, also fully overlapped;
 - straggler ranks: stragglers view, COMP above the group's median -> each such rank (and all of them) to the median;
 - straggler stage: the stage with the largest mean COMP -> ``stage=P:median`` (what rebalancing its layers buys).
-The step's length is its slowest rank's TOTAL; a gain is measured minus predicted step, in ms.
+With the job's estimator config, also what only the estimator can predict (:func:`estimator_findings`). The step's
+length is its slowest rank's TOTAL; a gain is measured minus predicted step, in ms.
 """
 
 from __future__ import annotations
 
 import duckdb
+import numpy as np
 import polars as pl
 
 from traceana.analyses import critical_path
@@ -25,9 +27,10 @@ STRAGGLER_PCT = 5.0   # COMP this far above the group's median
 OVERLAPPABLE = 0.05   # the share of DP communication that already runs beside compute, for an overlap what-if
 
 
-def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None) -> tuple[int, pl.DataFrame]:
-    """(step, findings sorted by predicted gain): finding, evidence, change, predicted step and gain in ms, the
-    error bar in ms."""
+def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None,
+             config_path: str | None = None) -> tuple[int, pl.DataFrame]:
+    """(step, findings by predicted gain less its error bar): finding, evidence, change, predicted step and gain in
+    ms, the error bar in ms; with ``config_path`` (the job's estimator YAML) also :func:`estimator_findings`."""
     step = critical_path.default_step(con, run_id) if step is None else step
     measured = con.sql("SELECT * FROM rank_step_breakdown WHERE run_id = $run AND step = $step",
                        params={"run": run_id, "step": step}).pl()
@@ -80,10 +83,15 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
             propose(f"straggler stage {slow}", f"stage_breakdown: stage {slow} mean COMP {comp / 1e6:.2f} ms, "
                     f"{100 * (comp / median - 1):.0f}% above the stages' median {median / 1e6:.2f} ms: rebalance its "
                     "layers", [f"stage={slow}:median"])
+    if config_path is not None:
+        stage_comp = {int(k): v / 1e6 for k, v in zip(stages["pp"], stages["COMP_ns"], strict=True)}
+        rows += estimator_findings(config_path, total / 1e6, stage_comp,
+                                   mean["PP_WAIT_ns"] / mean["TOTAL_ns"] if mean["TOTAL_ns"] else 0)
     frame = pl.DataFrame(rows, schema={"finding": pl.String, "evidence": pl.String, "change": pl.String,
                                        "measured_step_ms": pl.Float64, "predicted_step_ms": pl.Float64,
                                        "gain_ms": pl.Float64, "error_bar_ms": pl.Float64, "graph": pl.String})
-    return step, frame.sort("gain_ms", descending=True)
+    # ranked by what is surely gained: the gain less its error bar
+    return step, frame.sort(pl.col("gain_ms") - pl.col("error_bar_ms"), descending=True)
 
 
 def _dp_overlapped(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> float:
@@ -98,3 +106,60 @@ def _graph_note(g: Graph) -> str:
     """What the prediction rests on: the graph's edges that are fixed or inferred."""
     return (f"{g.counts.get('gap', 0)} fixed gaps, {g.counts.get('inferred', 0)} inferred waits, "
             f"{g.counts.get('unexplained', 0)} unexplained holds")
+
+
+def estimator_findings(config_path: str, measured_step_ms: float, stage_comp_ms: dict[int, float],
+                       pp_wait_share: float) -> list[dict]:
+    """What the graph cannot predict, from the estimator: each candidate that changes the graph itself (layers
+    rebalanced between stages with seed 003's PPB, more and smaller micro-batches, another schedule, the fastest
+    layout `search` finds that fits), predicted as the measured step times the estimator's ratio new / now. The
+    error bar is the estimator's own miss on this run (|estimate - measured| / measured), scaled to the prediction."""
+    from dataclasses import replace
+
+    from traceana.errors import TraceanaError
+    from traceana.estimator import config, estimate, search
+
+    cfg = config.load(config_path)
+    now = estimate.estimate(cfg)
+    miss = abs(now.step_s * 1e3 - measured_step_ms) / measured_step_ms
+    rows: list[dict] = []
+
+    def consider(finding: str, evidence: str, change: str, candidate: config.Config) -> None:
+        try:
+            config.validate(candidate)
+            new = estimate.estimate(candidate)
+        except TraceanaError:
+            return
+        if not new.fits or new.step_s >= now.step_s:
+            return
+        step_ms = measured_step_ms * new.step_s / now.step_s
+        rows.append({"finding": finding, "evidence": f"{evidence}; estimator {now.step_s * 1e3:.2f} -> "
+                     f"{new.step_s * 1e3:.2f} ms", "change": change, "measured_step_ms": measured_step_ms,
+                     "predicted_step_ms": step_ms, "gain_ms": measured_step_ms - step_ms,
+                     "error_bar_ms": miss * step_ms, "graph": f"estimator ratio (its miss on this run: "
+                     f"{100 * miss:.0f}%)"})
+
+    p, s = cfg.parallel, cfg.schedule
+    if p.pp > 1 and len(stage_comp_ms) > 1 and s.stage_layers != "ppb":
+        slow = max(stage_comp_ms, key=stage_comp_ms.__getitem__)
+        consider("layers unbalanced between stages", f"stage_breakdown: stage {slow} COMP {stage_comp_ms[slow]:.2f} "
+                 f"ms, stages' median {float(np.median(list(stage_comp_ms.values()))):.2f} ms",
+                 "schedule.stage_layers: ppb", replace(cfg, schedule=replace(s, stage_layers="ppb", layer_offset=None)))
+    if p.pp > 1 and p.micro_batch > 1 and pp_wait_share > WAIT_SHARE:
+        consider("pipeline bubble", f"rank_step_breakdown: PP_WAIT {100 * pp_wait_share:.0f}% of the step",
+                 f"parallel.micro_batch: {p.micro_batch // 2} ({2 * p.micro_batches} micro-batches)",
+                 replace(cfg, parallel=replace(p, micro_batch=p.micro_batch // 2)))
+    if p.pp > 1 and pp_wait_share > WAIT_SHARE:
+        for kind, vpp in (("interleaved", 2), ("zb-h1", 1)):
+            if kind != s.kind:
+                consider(f"pipeline bubble: schedule {kind}", f"rank_step_breakdown: PP_WAIT {100 * pp_wait_share:.0f}%"
+                         " of the step", f"schedule.kind: {kind}" + (f", parallel.vpp: {vpp}" if vpp > 1 else ""),
+                         replace(cfg, schedule=replace(s, kind=kind), parallel=replace(p, vpp=vpp)))
+    best = search.search(cfg, top=1).best
+    if best:
+        q = best[0].config.parallel
+        schedule = best[0].config.schedule
+        consider("a faster layout", f"measured step {measured_step_ms:.2f} ms", f"tp{q.tp} cp{q.cp} pp{q.pp} dp{q.dp} "
+                 f"ep{q.ep} vpp{q.vpp} mb{q.micro_batch} {schedule.kind} recompute:{schedule.recompute.kind}",
+                 best[0].config)
+    return rows
