@@ -4,6 +4,7 @@ purpose, so a check that cannot fail would be noticed."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -70,7 +71,7 @@ def test_self_contained_with_the_numbers_of_the_cli(report: tuple[Path, Path]) -
     assert "http:" not in text and "https:" not in text and "<script" not in text
     assert len(re.findall(r"<img ", text)) == 4  # rank bars, timeline, critical path, estimate vs measured
     headings = re.findall(r"<h2>([^<]*)</h2>", text)
-    assert headings == ["Run summary", "Breakdown per pipeline stage", "Breakdown per rank",
+    assert headings == ["Run summary", "What to change (advise)", "Breakdown per pipeline stage", "Breakdown per rank",
                         "Timeline of the first analysed step", "Stragglers", "Critical path", "Communication",
                         "Top kernels", "Why the device was idle", "Memory", "Estimate vs measured"]
     # the critical path's totals and the communication per op are the commands' numbers
@@ -88,6 +89,11 @@ def test_self_contained_with_the_numbers_of_the_cli(report: tuple[Path, Path]) -
         row = f'<td class="n">{stage["pp"]}</td><td class="n">4</td>' + "".join(f'<td class="n">{c}</td>'
                                                                                  for c in cells)
         assert row in text
+    # the findings `traceana advise --config` ranks, first to last
+    advised = json.loads(run_cli("advise", TOY, "--config", CONFIG, "--json", "--db", db).stdout)["findings"]
+    at = [text.index(f'<td class="s">{html.escape(f["change"])}</td><td class="n">{f["predicted_step_ms"]:,.3f}</td>')
+          for f in advised]
+    assert advised and at == sorted(at)
     # and the estimate the compare command prints
     compare = json.loads(run_cli("compare", "--estimate", CONFIG, TOY, "--json", "--db", db).stdout)
     comp = next(r for r in compare["by_dimension"] if r["dim"] == "COMP")

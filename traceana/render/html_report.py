@@ -21,6 +21,7 @@ import polars as pl
 from traceana.analyses import breakdown as bd
 from traceana.api import Traces
 from traceana.errors import TraceanaError
+from traceana.model.advise import findings as advise_findings
 
 
 @dataclass
@@ -90,6 +91,18 @@ def summary(ctx: Context) -> str:
     return (_table(facts) + _table(means, f"where a rank's step went, {which} (OVERLAPPED: communication hidden "
                                           "under compute, not part of TOTAL)")
             + _table(steps, "steps") + "".join(f"<p class=note>note: {html.escape(n)}</p>" for n in notes))
+
+
+def advise(ctx: Context) -> str | None:
+    """The findings `traceana advise` ranks (with the job config, the estimator's too), each with its evidence."""
+    found = ctx.traces.advise(run=ctx.run) if ctx.estimate is None else ctx.traces.read(
+        ctx.run, lambda con, rid: advise_findings(con, rid, None, str(ctx.estimate))[1])
+    if found.is_empty():
+        return None
+    return _table(found.select("finding", "change", "predicted_step_ms", "gain_ms", "error_bar_ms", "evidence"),
+                  f"measured step {found['measured_step_ms'][0]:.3f} ms; each change's predicted step, by gain less "
+                  "its error bar (what-if replays of the run's own dependency graph; estimator ratios where the "
+                  "graph itself would change)")
 
 
 def stages(ctx: Context) -> str | None:
@@ -221,6 +234,7 @@ def estimate(ctx: Context) -> str | None:
 # The report, in order: (heading, section). A section returns None when it has nothing to say about this run.
 SECTIONS: list[tuple[str, Callable[[Context], str | None]]] = [
     ("Run summary", summary),
+    ("What to change (advise)", advise),
     ("Breakdown per pipeline stage", stages),
     ("Breakdown per rank", ranks),
     ("Timeline of the first analysed step", timeline),
