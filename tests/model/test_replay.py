@@ -164,3 +164,10 @@ def test_advise_with_a_config_adds_what_only_the_estimator_predicts(db: Path) ->
         assert 0 < row["gain_ms"] < row["measured_step_ms"]
     lower = (found["gain_ms"] - found["error_bar_ms"]).to_list()
     assert lower == sorted(lower, reverse=True)
+
+
+@pytest.mark.parametrize("command", [["replay"], ["whatif", "--change", "host=0"], ["advise"]])
+def test_a_step_the_run_lacks_is_a_one_line_error(db: Path, command: list[str]) -> None:
+    result = run_cli(*command, "moe_skewed", "--step", "99", "--db", db, check=False)
+    assert result.returncode == 2 and result.stderr == "error: --step 99: run 'moe_skewed' has no such step " \
+                                                      "(steps: 2, 3)\n"

@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 
 from traceana.analyses import critical_path
+from traceana.analyses.breakdown import check_step
 from traceana.model import whatif
 from traceana.model.graph import Graph
 
@@ -32,6 +33,7 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
     """(step, findings by predicted gain less its error bar): finding, evidence, change, predicted step and gain in
     ms, the error bar in ms; with ``config_path`` (the job's estimator YAML) also :func:`estimator_findings`."""
     step = critical_path.default_step(con, run_id) if step is None else step
+    check_step(con, run_id, step)
     measured = con.sql("SELECT * FROM rank_step_breakdown WHERE run_id = $run AND step = $step",
                        params={"run": run_id, "step": step}).pl()
     total = float(measured["TOTAL_ns"].max())

@@ -167,8 +167,10 @@ def whatif_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int, changes:
                 ) -> tuple[Graph, pl.DataFrame, pl.DataFrame]:
     """(graph, per rank: measured, replayed and predicted TOTAL and parts in ms with the error bar, critical path
     segments of the changed step) for ``changes`` applied to ``step``."""
+    from traceana.analyses.breakdown import check_step
     from traceana.model import replay
 
+    check_step(con, run_id, step)
     g = dependency.build(con, run_id, step)
     measured = replay.measured_breakdown(con, run_id, step)
     comp = dict(zip(measured["rank"].to_list(), measured["COMP_ns"].to_list(), strict=True))
