@@ -21,6 +21,12 @@ its neighbours, activations flowing down the pipeline and gradients up, as in a 
 everyone with the last rank's work (the optimizer's sync); the next starts ``step_gap_us`` later, its planned times
 counted from there. The coupling plays all stages together, one step at a time, keeping only step starts and
 transfer times; each stage is then replayed on its own with the same draws (memory: one stage's ops at a time).
+
+The host runs ahead of the device and blocks only at the step's end (:func:`host_launches`, :func:`device_syncs`):
+from the step's planned start its main thread launches at a fixed pace (``HOST_PACE_NS``), each launch at least
+``LAUNCH_LEAD_NS`` before its kernel, then calls ``cudaDeviceSynchronize``, which returns ``SYNC_RETURN_NS`` after
+the rank's last device work; the next step's first launch follows the step gap. The device timeline does not depend
+on the host: it is the same with any host rule that keeps launches ahead of their kernels.
 """
 
 from __future__ import annotations
@@ -113,6 +119,10 @@ GROUP_DESC = {"TP": "TENSOR_MODEL_PARALLEL_GROUP", "CP": "CONTEXT_PARALLEL_GROUP
               "DP": "DATA_PARALLEL_GROUP", "PP": "PIPELINE_MODEL_PARALLEL_GROUP"}
 HCCL_GROUP = {"TP": "tp", "CP": "cp", "EP": "exp", "DP": "dp", "PP": "pp"}
 COMPUTE_STREAM, COMM_STREAM, P2P_STREAM = 7, 20, 24
+# The host (ns): the main thread issues one launch per HOST_PACE_NS, never later than LAUNCH_LEAD_NS before its
+# kernel; a cudaLaunchKernel call takes LAUNCH_CALL_NS; cudaDeviceSynchronize returns SYNC_RETURN_NS after the
+# device's last work; a ProfilerStep / NVTX step range opens STEP_OPEN_NS before the step's first launch.
+HOST_PACE_NS, LAUNCH_LEAD_NS, LAUNCH_CALL_NS, SYNC_RETURN_NS, STEP_OPEN_NS = 10_000, 5_000, 2_000, 2_000, 10_000
 
 
 def stream_of(code: pl.Expr, dim: pl.Expr) -> pl.Expr:
@@ -146,6 +156,11 @@ class Options:
             raise TraceanaError("--kernel-us must be > 0, --jitter in [0, 0.5), --slowdown >= 1")
         if self.pg_metadata not in ("full", "args", "none"):
             raise TraceanaError(f"--pg-metadata {self.pg_metadata!r}: choose full, args or none")
+        # the last rank's sync returns, the next step's range opens and its first launch leads its kernel, in the gap
+        least_gap = SYNC_RETURN_NS + STEP_OPEN_NS + LAUNCH_LEAD_NS
+        if self.step_gap_us * 1e3 < least_gap:
+            raise TraceanaError(f"step_gap_us {self.step_gap_us:g}: must be at least {least_gap / 1e3:g} µs (the "
+                                "device sync's return, the next ProfilerStep's opening and its first launch)")
 
 
 @dataclass
@@ -177,6 +192,7 @@ class RankTrace:
     device: int
     clock_offset_ns: int      # true -> this rank's clock: host offset + device offset
     ops: pl.DataFrame
+    step_starts_ns: np.ndarray  # each step's planned start, true time (the same on every rank)
 
 
 @dataclass
@@ -611,17 +627,57 @@ def _replay(plan: Plan, stage: _Stage, step_starts: np.ndarray, transfers: np.nd
         })[np.lexsort((op, end[i].ravel(), start[i].ravel()))]  # by start, end, op: 4x Polars' multi-key sort
         host = plan.host_of(int(rank))
         yield RankTrace(int(rank), stage.index, f"node{host:04d}", host, int(rank) % options.ranks_per_host,
-                        plan.host_offsets_ns[host] + plan.device_offsets_ns[rank], ops)
+                        plan.host_offsets_ns[host] + plan.device_offsets_ns[rank], ops, step_starts)
 
 
-def launch_times(ops: pl.DataFrame) -> pl.Series:
-    """Host launch times: the main thread runs ahead of its stream, at least 5 µs before each kernel and 10 µs
-    after its previous launch (a reverse running minimum); pipeline transfers launch 5 µs before they start, from
-    their own thread. True time, in the order of ``ops``."""
-    ops = ops.with_row_index("_i")
-    main = ops.filter(pl.col("code") <= COLLECTIVE).sort("start_ns", "op")
-    j = pl.int_range(pl.len(), dtype=pl.Int64)
-    launch = main.select("_i", ((pl.col("start_ns") - 10_000 * j).reverse().cum_min().reverse() + 10_000 * j - 5_000)
-                         .alias("launch_ns"))
-    side = ops.filter(pl.col("code") > COLLECTIVE).select("_i", (pl.col("start_ns") - 5_000).alias("launch_ns"))
-    return pl.concat([launch, side]).sort("_i")["launch_ns"]
+def launch_times(trace: RankTrace) -> pl.Series:
+    """Host launch times, true time, in the order of ``trace.ops`` (see :func:`host_launches`)."""
+    return host_launches(trace)["launch_ns"]
+
+
+def host_launches(trace: RankTrace) -> pl.DataFrame:
+    """Each op's host launch, true time, in the order of ``trace.ops``: ``launch_ns`` and ``late`` (the cap below
+    bound). The main thread runs ahead of the device at a fixed pace: a step's first launch is ``LAUNCH_LEAD_NS``
+    before the step's planned start (the same instant on every rank, after the last rank's sync), each next one
+    ``HOST_PACE_NS`` after the previous, but never later than ``LAUNCH_LEAD_NS`` before its own kernel:
+    ``launch_j = min(launch_{j-1} + pace, start_j - lead)``, a running minimum per step. Where that cap binds, the
+    host at its pace would have been late for the kernel, and the device timeline as planned assumes it launched
+    faster there; at the default options it never binds (:func:`late_launches` counts). Pipeline transfers launch
+    ``LAUNCH_LEAD_NS`` before they start, from their own thread; a Recv posted before the rank's first kernel of the
+    step (stages after the first wait for their first activation) belongs to the step before, as the truth's windows
+    say (:mod:`traceana.synth.truth`), so there the step's first launch waits until ``STEP_OPEN_NS`` after it (its
+    ProfilerStep opens after that Recv's launch) and its kernel waits on the device for the Recv."""
+    main_op = pl.col("code") <= COLLECTIVE
+    ops = trace.ops.select("step", "op", "code", "start_ns").with_row_index("_i").with_columns(
+        pl.col("start_ns").filter(main_op).min().over("step").alias("_head"))
+    pre_posted = (~main_op) & (pl.col("start_ns") < pl.col("_head"))
+    first = ops.group_by("step").agg(pl.col("start_ns").filter(pre_posted).max().alias("_posted")).select(
+        "step", (pl.max_horizontal(pl.lit(pl.Series(trace.step_starts_ns)).gather(pl.col("step")),
+                                   pl.col("_posted") + STEP_OPEN_NS + 1) - LAUNCH_LEAD_NS).alias("_first"))
+    main = ops.filter(main_op).sort("step", "start_ns", "op").join(first, on="step", maintain_order="left")
+    k = pl.int_range(pl.len(), dtype=pl.Int64).over("step")  # the step's k-th launch: k paces after its first
+    ahead = pl.min_horizontal(pl.col("start_ns") - LAUNCH_LEAD_NS - HOST_PACE_NS * k, pl.col("_first"))
+    launch = main.with_columns((ahead.cum_min().over("step") + HOST_PACE_NS * k).alias("launch_ns")).select(
+        "_i", "launch_ns", (pl.col("launch_ns") < (pl.col("launch_ns").shift(1).over("step") + HOST_PACE_NS)
+                            .fill_null(pl.col("_first"))).alias("late"))
+    side = ops.filter(~main_op).select("_i", (pl.col("start_ns") - LAUNCH_LEAD_NS).alias("launch_ns"),
+                                       pl.lit(False).alias("late"))
+    return pl.concat([launch, side]).sort("_i").drop("_i")
+
+
+def late_launches(trace: RankTrace) -> int:
+    """How many main-thread launches the cap of :func:`host_launches` moved earlier than the host's pace."""
+    return int(host_launches(trace)["late"].sum())
+
+
+def device_syncs(ops: pl.DataFrame, launch: pl.Series) -> pl.DataFrame:
+    """Each step's ``cudaDeviceSynchronize`` on the main thread, true time: step, ``start_ns`` (when its last launch
+    call returns), ``device_end_ns`` (when the rank's last device work of the step, transfers included, ends) and
+    ``end_ns`` (when the call returns, ``SYNC_RETURN_NS`` later). The next step's first launch comes after it: the
+    planned start of the next step is at least ``step_gap_us`` after the last rank's work ends (Options checks that
+    the gap holds the return, the launch lead and the ProfilerStep opening before the launch)."""
+    main = pl.col("code") <= COLLECTIVE
+    return ops.with_columns(launch.alias("_l")).group_by("step").agg(
+        (pl.col("_l").filter(main).max() + LAUNCH_CALL_NS).alias("start_ns"),
+        pl.col("end_ns").max().alias("device_end_ns"),
+    ).sort("step").with_columns((pl.col("device_end_ns") + SYNC_RETURN_NS).alias("end_ns"))
