@@ -9,6 +9,8 @@ differ is drawn from a seeded RNG:
 - jitter: each compute kernel's length is scaled by ``1 + jitter * N(0, 1)`` (clipped to [0.5, 2]); a collective's
   transfer time by one draw per group instance, the same on all members;
 - a straggler rank or stage runs its compute ``slowdown`` times longer;
+- ``comm_scale`` makes one dim's transfers (collectives, or PP's sends and receives) take a factor longer, as a
+  link of that bandwidth over the factor would: it scales the planned lengths, so the draws stay the same;
 - a collective starts on each member when that member reaches it and ends on all of them at the last arrival plus
   the transfer time (the wait the stragglers view reads);
 - an op that follows a gap in the template (a bubble or host-bound wait) starts at its planned time or when the
@@ -148,6 +150,7 @@ class Options:
     slowdown: float = 1.3             # a straggler's compute-time factor
     step_gap_us: float = 300.0        # host time between steps that no kernel covers
     pg_metadata: str = "full"         # full: pg_config and PG args; args: PG args only; none: neither
+    comm_scale: tuple[tuple[str, float], ...] = ()  # (dim, factor): that dim's transfers take factor x as long
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.rounds < 1 or self.ranks_per_host < 1:
@@ -161,6 +164,21 @@ class Options:
         if self.step_gap_us * 1e3 < least_gap:
             raise TraceanaError(f"step_gap_us {self.step_gap_us:g}: must be at least {least_gap / 1e3:g} µs (the "
                                 "device sync's return, the next ProfilerStep's opening and its first launch)")
+        for dim, factor in self.comm_scale:
+            if dim not in DIMS or not factor > 0:
+                raise TraceanaError(f"--comm-scale {dim}={factor:g}: a dim of {', '.join(DIMS)} and a factor > 0")
+
+
+def comm_scale(specs: list[str]) -> tuple[tuple[str, float], ...]:
+    """``["TP=2", "dp=1.5,pp=3"]`` -> ``(("TP", 2.0), ("DP", 1.5), ("PP", 3.0))``: --comm-scale's values."""
+    out = []
+    for spec in (s for text in specs for s in text.split(",") if s.strip()):
+        dim, _, factor = spec.partition("=")
+        try:
+            out.append((dim.strip().upper(), float(factor)))
+        except ValueError:
+            raise TraceanaError(f"--comm-scale {spec!r}: write DIM=FACTOR, e.g. TP=2") from None
+    return tuple(out)
 
 
 @dataclass
@@ -292,6 +310,10 @@ def build(cfg: Config, options: Options) -> Plan:
     step_ns = round(est.step_s * 1e9)
     names: dict[str, int] = {}
     templates = _templates(frame, cfg, options, names)
+    for dim, factor in options.comm_scale:  # planned lengths only: the draws, so the compute jitter, stay the same
+        for tpl in templates:
+            scaled = (tpl.code != COMPUTE) & (tpl.dim == DIMS.index(dim))
+            tpl.dur[scaled] = np.rint(tpl.dur[scaled] * factor).astype(np.int64)
     plan = Plan(cfg, options, layout, templates, step_ns, est.time_frame, list(names),
                 {d: layout.groups[d] for d in DIMS})
     world = layout.world_size
