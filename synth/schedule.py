@@ -669,22 +669,28 @@ def host_launches(trace: RankTrace) -> pl.DataFrame:
     step (stages after the first wait for their first activation) belongs to the step before, as the truth's windows
     say (:mod:`traceana.synth.truth`), so there the step's first launch waits until ``STEP_OPEN_NS`` after it (its
     ProfilerStep opens after that Recv's launch) and its kernel waits on the device for the Recv."""
-    main_op = pl.col("code") <= COLLECTIVE
-    ops = trace.ops.select("step", "op", "code", "start_ns").with_row_index("_i").with_columns(
-        pl.col("start_ns").filter(main_op).min().over("step").alias("_head"))
-    pre_posted = (~main_op) & (pl.col("start_ns") < pl.col("_head"))
-    first = ops.group_by("step").agg(pl.col("start_ns").filter(pre_posted).max().alias("_posted")).select(
-        "step", (pl.max_horizontal(pl.lit(pl.Series(trace.step_starts_ns)).gather(pl.col("step")),
-                                   pl.col("_posted") + STEP_OPEN_NS + 1) - LAUNCH_LEAD_NS).alias("_first"))
-    main = ops.filter(main_op).sort("step", "start_ns", "op").join(first, on="step", maintain_order="left")
-    k = pl.int_range(pl.len(), dtype=pl.Int64).over("step")  # the step's k-th launch: k paces after its first
-    ahead = pl.min_horizontal(pl.col("start_ns") - LAUNCH_LEAD_NS - HOST_PACE_NS * k, pl.col("_first"))
-    launch = main.with_columns((ahead.cum_min().over("step") + HOST_PACE_NS * k).alias("launch_ns")).select(
-        "_i", "launch_ns", (pl.col("launch_ns") < (pl.col("launch_ns").shift(1).over("step") + HOST_PACE_NS)
-                            .fill_null(pl.col("_first"))).alias("late"))
-    side = ops.filter(~main_op).select("_i", (pl.col("start_ns") - LAUNCH_LEAD_NS).alias("launch_ns"),
-                                       pl.lit(False).alias("late"))
-    return pl.concat([launch, side]).sort("_i").drop("_i")
+    ops = trace.ops
+    code, step, start, op = (ops[c].to_numpy() for c in ("code", "step", "start_ns", "op"))
+    side = np.flatnonzero(code > COLLECTIVE)
+    main = np.flatnonzero(code <= COLLECTIVE)
+    main = main[np.lexsort((op[main], start[main], step[main]))]  # issue order: by step, then start
+    m_start, m_step = start[main], step[main]
+    head = np.searchsorted(m_step, m_step)  # each main op's step's first main op (its index in main)
+    k = np.arange(len(main)) - head         # the step's k-th launch
+    first_start = np.full(len(trace.step_starts_ns), np.iinfo(np.int64).max)
+    first_start[m_step[head]] = m_start[head]
+    pre = side[start[side] < first_start[step[side]]]  # Recvs posted before the step's first kernel
+    posted = np.full(len(first_start), np.iinfo(np.int64).min // 2)
+    np.maximum.at(posted, step[pre], start[pre])
+    first = np.maximum(trace.step_starts_ns, posted + STEP_OPEN_NS + 1) - LAUNCH_LEAD_NS
+    ahead = np.minimum(m_start - LAUNCH_LEAD_NS - HOST_PACE_NS * k, first[m_step])
+    span = int(ahead.max() - ahead.min()) + 1 if len(ahead) else 1  # one running minimum per step, in one pass:
+    paced = np.minimum.accumulate(ahead - m_step * span) + m_step * span + HOST_PACE_NS * k  # later steps lower
+    launch = np.empty(len(code), dtype=np.int64)
+    launch[main], launch[side] = paced, start[side] - LAUNCH_LEAD_NS
+    late = np.zeros(len(code), dtype=bool)
+    late[main] = paced < np.where(k > 0, np.roll(paced, 1) + HOST_PACE_NS, first[m_step])
+    return pl.DataFrame({"launch_ns": launch, "late": late})
 
 
 def late_launches(trace: RankTrace) -> int:
