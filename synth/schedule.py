@@ -701,9 +701,12 @@ def late_launches(trace: RankTrace) -> int:
 def device_syncs(ops: pl.DataFrame, launch: pl.Series) -> pl.DataFrame:
     """Each step's ``cudaDeviceSynchronize`` on the main thread, true time: step, ``start_ns`` (when its last launch
     call returns), ``device_end_ns`` (when the rank's last device work of the step, transfers included, ends) and
-    ``end_ns`` (when the call returns, ``SYNC_RETURN_NS`` later). The next step's first launch comes after it: the
-    planned start of the next step is at least ``step_gap_us`` after the last rank's work ends (Options checks that
-    the gap holds the return, the launch lead and the ProfilerStep opening before the launch)."""
+    ``end_ns`` (when the call returns, ``SYNC_RETURN_NS`` later). A step ends for everyone with the last rank's
+    work, so the host's next step starts on every rank ``step_gap_us - SYNC_RETURN_NS - LAUNCH_LEAD_NS`` after the
+    *last* rank's sync returns (a barrier, 293 µs at the default gap): the main thread's first launch there, or, on a
+    rank that posts a Recv before its first kernel, that Recv's launch and the main thread's ``STEP_OPEN_NS`` (+1 ns)
+    later. A rank that finished early waits for the others in that host gap. Options checks that the gap holds the
+    return, the launch lead and the ProfilerStep's opening."""
     main = pl.col("code") <= COLLECTIVE
     return ops.with_columns(launch.alias("_l")).group_by("step").agg(
         (pl.col("_l").filter(main).max() + LAUNCH_CALL_NS).alias("start_ns"),
