@@ -20,7 +20,7 @@ CONFIG = Path(__file__).resolve().parents[1] / "examples" / "synth_gpt_tp2pp2.ya
 
 def stdlib_kernels(trace: schedule.RankTrace, names: list[str], path: Path) -> None:
     """Kernels and runtime launches only, as dicts through json.dumps."""
-    launch = schedule.launch_times(trace.ops).to_list()
+    launch = schedule.launch_times(trace).to_list()
     with path.open("w") as handle:
         handle.write('{"traceEvents":[\n')
         for i, (start, end, name) in enumerate(trace.ops.select("start_ns", "end_ns", "name").iter_rows()):

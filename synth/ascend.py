@@ -22,11 +22,12 @@ from traceana.synth.schedule import (
     DIMS,
     HCCL_GROUP,
     KERNELS,
+    LAUNCH_LEAD_NS,
     RECV,
     SEND,
+    STEP_OPEN_NS,
     Plan,
     RankTrace,
-    launch_times,
 )
 
 EPOCH_NS = 1_767_225_600_000_000_000
@@ -69,8 +70,7 @@ def write_rank(plan: Plan, trace: RankTrace, out: Path) -> Path:
     strings = ["KERNEL_AICORE", "MESH-RING", *dict.fromkeys(operator.values()), *comm_names.values(),
                *{c.hccl for c in COLLECTIVES.values()}]
     offset = EPOCH_NS + trace.clock_offset_ns
-    ops = trace.ops.with_columns(launch_times(trace.ops).alias("launch")).with_row_index("task")
-    ops = ops.with_columns(pl.col("start_ns") + offset, pl.col("end_ns") + offset, pl.col("launch") + offset)
+    ops = trace.ops.with_row_index("task").with_columns(pl.col("start_ns") + offset, pl.col("end_ns") + offset)
     compute = ops.filter(pl.col("code") == COMPUTE).with_columns(
         pl.col("name").replace_strict(operator, return_dtype=pl.String).alias("operator"))
     stem = (pl.when(pl.col("code") == SEND).then(pl.lit(COLLECTIVES["SEND"].hccl))
@@ -107,8 +107,11 @@ def write_rank(plan: Plan, trace: RankTrace, out: Path) -> Path:
             pl.int_range(1, pl.len() + 1).alias("opId"), pl.lit(0).alias("relay"), pl.lit(0).alias("retry"),
             dtype.alias("dataType"), pl.lit(string_id["MESH-RING"]).alias("algType"), pl.col("nelems").alias("count"),
             pl.col("stem").replace_strict(string_id, return_dtype=pl.Int64).alias("opType"), pl.lit(0).alias("waitNs")))
+        # no host side is written (the store keeps none for Ascend): each step opens 15 µs before its first
+        # main-chain task, where the truth's window starts, as a host launching just in time would open it
         steps = ops.filter(pl.col("code") <= COLLECTIVE).group_by("step").agg(
-            (pl.col("launch").min() - 10_000).alias("startNs"), pl.col("end_ns").max().alias("last")).sort("step")
+            (pl.col("start_ns").min() - STEP_OPEN_NS - LAUNCH_LEAD_NS).alias("startNs"),
+            pl.col("end_ns").max().alias("last")).sort("step")
         sqlite.insert(con, "STEP_TIME", steps.select(
             pl.col("step").alias("id"), "startNs",
             pl.col("startNs").shift(-1).fill_null(pl.col("last") + 10_000).alias("endNs")))

@@ -3,7 +3,9 @@
 which clock it used), distributedInfo with or without pg_config, ProfilerStep#N user annotations on the main thread,
 each kernel launched by a cudaLaunchKernel with its correlation id under an ``aten::`` CPU op, each NCCL kernel under
 ``record_param_comms`` and an ``nccl:*`` annotation, with the collective's args on the kernel (NCCL 2.19+ names:
-all-to-all and pipeline send / recv run as ``ncclDevKernel_SendRecv``) and a gpu_user_annotation over it.
+all-to-all and pipeline send / recv run as ``ncclDevKernel_SendRecv``) and a gpu_user_annotation over it; each step
+ends in a cudaDeviceSynchronize (cbid 165, a correlation id of its own) on the main thread
+(:func:`traceana.synth.schedule.device_syncs`).
 
 Every line is built by Polars string expressions and written by its CSV writer (one column, no quoting), so no
 Python object is made per event.
@@ -24,8 +26,10 @@ from traceana.synth.schedule import (
     DIMS,
     RECV,
     SEND,
+    STEP_OPEN_NS,
     Plan,
     RankTrace,
+    device_syncs,
     launch_times,
     stream_of,
 )
@@ -70,7 +74,10 @@ def write_rank(plan: Plan, trace: RankTrace, out: Path, compress: bool = False) 
         pl.col("name").map_batches(lambda s: names.gather(s), return_dtype=pl.String).alias("kname"),
         pl.col("cpu_op").map_batches(lambda s: names.gather(s), return_dtype=pl.String).alias("cname"),
     )
-    ops = ops.with_columns(launch_times(trace.ops).alias("launch") + offset)
+    launch = launch_times(trace)
+    syncs = device_syncs(trace.ops, launch).with_columns(pl.col("start_ns", "end_ns") + offset,
+                                                          (pl.col("step") + 1 + ops.height).alias("corr"))
+    ops = ops.with_columns(launch.alias("launch") + offset)
     ops = ops.with_columns(
         pl.when(pl.col("code") > COLLECTIVE).then(rank_pid + 1).otherwise(rank_pid).alias("tid"),
         stream_of(pl.col("code"), pl.col("dim")).alias("stream"),
@@ -114,7 +121,11 @@ def write_rank(plan: Plan, trace: RankTrace, out: Path, compress: bool = False) 
         comm.select(_line(',{"ph":"X","cat":"gpu_user_annotation","name":', pl.col("cname"), ',"pid":0,"tid":',
                           pl.col("stream"), ',"ts":', _us(pl.col("ts")), ',"dur":', _us(pl.col("dur")),
                           ',"args":{"External id":', pl.col("ext"), "}}")),
-        _steps(ops, rank_pid),
+        syncs.select(_line(',{"ph":"X","cat":"cuda_runtime","name":"cudaDeviceSynchronize","pid":', pl.lit(rank_pid),
+                           ',"tid":', pl.lit(rank_pid), ',"ts":', _us(pl.col("start_ns")), ',"dur":',
+                           _us(pl.col("end_ns") - pl.col("start_ns")), ',"args":{"cbid":165,"correlation":',
+                           pl.col("corr"), "}}")),
+        _steps(ops, syncs, rank_pid),
     ]
     header = {
         "schemaVersion": 1,
@@ -137,11 +148,12 @@ def write_rank(plan: Plan, trace: RankTrace, out: Path, compress: bool = False) 
     return path
 
 
-def _steps(ops: pl.DataFrame, rank_pid: int) -> pl.DataFrame:
-    """ProfilerStep#N on the main thread: from 10 µs before the step's first launch to the next step's start."""
+def _steps(ops: pl.DataFrame, syncs: pl.DataFrame, rank_pid: int) -> pl.DataFrame:
+    """ProfilerStep#N on the main thread: from 10 µs before the step's first launch to the next step's start (the
+    last to 10 µs after its device sync returns)."""
     first = ops.filter(pl.col("code") <= COLLECTIVE).group_by("step").agg(
-        (pl.col("launch").min() - 10_000).alias("start"), pl.col("launch").max().alias("last")).sort("step")
-    first = first.with_columns(pl.col("start").shift(-1).fill_null(pl.col("last") + 20_000).alias("end"))
+        (pl.col("launch").min() - STEP_OPEN_NS).alias("start")).sort("step")
+    first = first.with_columns(pl.col("start").shift(-1).fill_null(syncs["end_ns"].last() + 10_000).alias("end"))
     return first.select(_line(',{"ph":"X","cat":"user_annotation","name":"ProfilerStep#', pl.col("step"),
                               '","pid":', pl.lit(rank_pid), ',"tid":', pl.lit(rank_pid), ',"ts":',
                               _us(pl.col("start")), ',"dur":', _us(pl.col("end") - pl.col("start")),

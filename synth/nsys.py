@@ -1,6 +1,8 @@
 """Nsight Systems SQLite exports, one report per rank (``nsys profile`` around each torchrun worker), with the
 schema of a real 2026.2 export (nsys_schema.sql): kernels in CUPTI_ACTIVITY_KIND_KERNEL with names through StringIds
-and a correlationId tying each to its cudaLaunchKernel in CUPTI_ACTIVITY_KIND_RUNTIME; NVTX ranges on the launching
+and a correlationId tying each to its cudaLaunchKernel in CUPTI_ACTIVITY_KIND_RUNTIME; each step's
+cudaDeviceSynchronize_v3020 on the main thread in CUPTI_ACTIVITY_KIND_RUNTIME, with its context-synchronize record in
+CUPTI_ACTIVITY_KIND_SYNCHRONIZATION (:func:`traceana.synth.schedule.device_syncs`); NVTX ranges on the launching
 threads: ProfilerStep#N, PyTorch's ``nccl:*`` titles (as under ``emit_nvtx``) and NCCL's own API ranges in its
 "NCCL" domain; the host name in TARGET_INFO_SYSTEM_ENV, the session start in TARGET_INFO_SESSION_START_TIME and the
 worker's RANK in META_DATA_CAPTURE.
@@ -26,8 +28,10 @@ from traceana.synth.schedule import (
     DIMS,
     RECV,
     SEND,
+    STEP_OPEN_NS,
     Plan,
     RankTrace,
+    device_syncs,
     launch_times,
     stream_of,
 )
@@ -39,7 +43,11 @@ NVTX_PUSH_POP, NVTX_DOMAIN_CREATE = 59, 75
 NCCL_API = {"AllReduce": ("ncclAllReduce",), "AllGather": ("ncclAllGather",), "ReduceScatter": ("ncclReduceScatter",),
             "AllToAll": ("ncclGroupStart", "ncclSend", "ncclRecv", "ncclGroupEnd"), "Send": ("ncclSend",),
             "Recv": ("ncclRecv",)}
-LAUNCH = "cudaLaunchKernel_v7000"
+LAUNCH, SYNC = "cudaLaunchKernel_v7000", "cudaDeviceSynchronize_v3020"
+# cudaDeviceSynchronize's record: CUpti_ActivitySynchronizationType CONTEXT_SYNCHRONIZE (cupti_activity.h), no
+# stream and no event (CUPTI's invalid id), as in the 1,312 rows of
+# ../shared/traces/nsys/pipit_cloverleaf_4gpu_nsys2024.5.sqlite (which say syncType 1, EVENT_SYNCHRONIZE, there)
+CONTEXT_SYNCHRONIZE, CUPTI_INVALID = 4, 4294967295
 
 
 def short_name(name: str) -> str:
@@ -64,9 +72,12 @@ def write_rank(plan: Plan, trace: RankTrace, out: Path) -> Path:
     session = -int(np.random.default_rng([plan.options.seed, 3, trace.rank]).integers(1_000_000, 30_000_000))
     shift = -session  # raw = true - session start (the host offset cancels: both are read on its clock)
     api_of = {COLLECTIVES[d].op: NCCL_API[COLLECTIVES[d].op] for d in COLLECTIVES}
-    strings = [*plan.names, *{short_name(n) for n in plan.names}, LAUNCH, "python3", "pt_p2p"]
+    strings = [*plan.names, *{short_name(n) for n in plan.names}, LAUNCH, SYNC, "python3", "pt_p2p"]
     string_id = {s: i for i, s in enumerate(dict.fromkeys(strings))}
-    ops = trace.ops.with_columns(launch_times(trace.ops).alias("launch"), pl.int_range(1, pl.len() + 1).alias("corr"))
+    launch = launch_times(trace)
+    syncs = device_syncs(trace.ops, launch).with_columns(pl.col("start_ns", "device_end_ns", "end_ns") + shift,
+                                                          (pl.col("step") + 1 + trace.ops.height).alias("corr"))
+    ops = trace.ops.with_columns(launch.alias("launch"), pl.int_range(1, pl.len() + 1).alias("corr"))
     names = pl.Series(plan.names)
     ops = ops.with_columns(
         pl.col("name").map_batches(lambda s: names.gather(s), return_dtype=pl.String).alias("kname"),
@@ -96,7 +107,17 @@ def write_rank(plan: Plan, trace: RankTrace, out: Path) -> Path:
             (pl.col("launch") + shift).alias("start"), (pl.col("launch") + 2_000 + shift).alias("end"),
             pl.lit(0).alias("eventClass"), pl.col("gtid").alias("globalTid"), pl.col("corr").alias("correlationId"),
             pl.lit(string_id[LAUNCH]).alias("nameId"), pl.lit(0).alias("returnValue")))
-        sqlite.insert(con, "NVTX_EVENTS", _nvtx(ops, api_of, gpid + pid, shift))
+        sqlite.insert(con, "CUPTI_ACTIVITY_KIND_RUNTIME", syncs.select(
+            pl.col("start_ns").alias("start"), pl.col("end_ns").alias("end"), pl.lit(0).alias("eventClass"),
+            pl.lit(gpid + pid).alias("globalTid"), pl.col("corr").alias("correlationId"),
+            pl.lit(string_id[SYNC]).alias("nameId"), pl.lit(0).alias("returnValue")))
+        sqlite.insert(con, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", syncs.select(  # inside the call, to the device's end
+            (pl.col("start_ns") + 1_000).alias("start"), pl.col("device_end_ns").alias("end"),
+            pl.lit(trace.device).alias("deviceId"), pl.lit(1).alias("contextId"),
+            pl.lit(CUPTI_INVALID).alias("streamId"), pl.col("corr").alias("correlationId"),
+            pl.lit(gpid).alias("globalPid"), pl.lit(CONTEXT_SYNCHRONIZE).alias("syncType"),
+            pl.lit(CUPTI_INVALID).alias("eventId"), pl.lit(0).alias("eventSyncId")))
+        sqlite.insert(con, "NVTX_EVENTS", _nvtx(ops, syncs, api_of, gpid + pid, shift))
         threads = {"nameId": [string_id["python3"], string_id["pt_p2p"]], "priority": [20, 20],
                    "globalTid": [gpid + pid, gpid + pid + 1]}
         sqlite.insert(con, "ThreadNames", pl.DataFrame(threads))
@@ -107,14 +128,16 @@ def write_rank(plan: Plan, trace: RankTrace, out: Path) -> Path:
     return out / file_name(trace)
 
 
-def _nvtx(ops: pl.DataFrame, api_of: dict[str, tuple[str, ...]], main_tid: int, shift: int) -> pl.DataFrame:
-    """ProfilerStep#N on the main thread; per communication launch, PyTorch's nccl:* range around it and NCCL's
-    API call(s) just before it (domain 1, created as "NCCL")."""
+def _nvtx(ops: pl.DataFrame, syncs: pl.DataFrame, api_of: dict[str, tuple[str, ...]], main_tid: int,
+          shift: int) -> pl.DataFrame:
+    """ProfilerStep#N on the main thread, from 10 µs before the step's first launch to the next one's start (the
+    last to 10 µs after the device's last work, past its sync's return); per communication launch, PyTorch's nccl:*
+    range around it and NCCL's API call(s) just before it (domain 1, created as "NCCL")."""
     columns = ["start", "end", "eventType", "text", "globalTid", "domainId"]
     steps = ops.filter(pl.col("code") <= COLLECTIVE).group_by("step").agg(
-        (pl.col("launch").min() - 10_000).alias("start"), pl.col("end_ns").max().alias("last")).sort("step")
-    steps = steps.select((pl.col("start") + shift).alias("start"),  # the last ends at a final synchronize
-                         (pl.col("start").shift(-1).fill_null(pl.col("last") + 10_000) + shift).alias("end"),
+        (pl.col("launch").min() - STEP_OPEN_NS + shift).alias("start")).sort("step")
+    steps = steps.select("start", pl.col("start").shift(-1).fill_null(syncs["device_end_ns"].last() + 10_000)
+                         .alias("end"),
                          pl.lit(NVTX_PUSH_POP).alias("eventType"), pl.format("ProfilerStep#{}", "step").alias("text"),
                          pl.lit(main_tid).alias("globalTid"), pl.lit(0).alias("domainId"))
     comm = ops.filter(pl.col("code") != COMPUTE)

@@ -59,6 +59,20 @@ CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (
     returnValue                 INTEGER   NOT NULL,                    -- Return value of the function call.
     callchainId                 INTEGER                                -- REFERENCES CUDA_CALLCHAINS(id)
 );
+CREATE TABLE CUPTI_ACTIVITY_KIND_SYNCHRONIZATION (
+    start                       INTEGER   NOT NULL,                    -- Event start timestamp (ns).
+    end                         INTEGER   NOT NULL,                    -- Event end timestamp (ns).
+    deviceId                    INTEGER   NOT NULL,                    -- Device ID.
+    contextId                   INTEGER   NOT NULL,                    -- Context ID.
+    greenContextId              INTEGER,                               -- Green context ID.
+    streamId                    INTEGER   NOT NULL,                    -- Stream ID.
+    correlationId               INTEGER,                               -- Correlation ID of the synchronization API to which this result is associated.
+    globalPid                   INTEGER,                               -- Serialized GlobalId.
+    deprecatedSyncType          INTEGER,                               -- Deprecated, use syncType instead. For older report, REFERENCES ENUM_CUPTI_SYNC_TYPE(id)
+    syncType                    INTEGER   NOT NULL,                    -- REFERENCES ENUM_CUPTI_SYNC_TYPE(id)
+    eventId                     INTEGER   NOT NULL,                    -- Event ID for which the synchronization API is called.
+    eventSyncId                 INTEGER                                -- CUDA Event Sync ID to link the synchronization API to associated event record API.
+);
 CREATE TABLE NVTX_EVENTS (
     start                       INTEGER   NOT NULL,                    -- Event start timestamp (ns).
     end                         INTEGER,                               -- Event end timestamp (ns).

@@ -9,6 +9,8 @@ differ is drawn from a seeded RNG:
 - jitter: each compute kernel's length is scaled by ``1 + jitter * N(0, 1)`` (clipped to [0.5, 2]); a collective's
   transfer time by one draw per group instance, the same on all members;
 - a straggler rank or stage runs its compute ``slowdown`` times longer;
+- ``comm_scale`` makes one dim's transfers (collectives, or PP's sends and receives) take a factor longer, as a
+  link of that bandwidth over the factor would: it scales the planned lengths, so the draws stay the same;
 - a collective starts on each member when that member reaches it and ends on all of them at the last arrival plus
   the transfer time (the wait the stragglers view reads);
 - an op that follows a gap in the template (a bubble or host-bound wait) starts at its planned time or when the
@@ -21,6 +23,12 @@ its neighbours, activations flowing down the pipeline and gradients up, as in a 
 everyone with the last rank's work (the optimizer's sync); the next starts ``step_gap_us`` later, its planned times
 counted from there. The coupling plays all stages together, one step at a time, keeping only step starts and
 transfer times; each stage is then replayed on its own with the same draws (memory: one stage's ops at a time).
+
+The host runs ahead of the device and blocks only at the step's end (:func:`host_launches`, :func:`device_syncs`):
+from the step's planned start its main thread launches at a fixed pace (``HOST_PACE_NS``), each launch at least
+``LAUNCH_LEAD_NS`` before its kernel, then calls ``cudaDeviceSynchronize``, which returns ``SYNC_RETURN_NS`` after
+the rank's last device work; the next step's first launch follows the step gap. The device timeline does not depend
+on the host: it is the same with any host rule that keeps launches ahead of their kernels.
 """
 
 from __future__ import annotations
@@ -113,6 +121,10 @@ GROUP_DESC = {"TP": "TENSOR_MODEL_PARALLEL_GROUP", "CP": "CONTEXT_PARALLEL_GROUP
               "DP": "DATA_PARALLEL_GROUP", "PP": "PIPELINE_MODEL_PARALLEL_GROUP"}
 HCCL_GROUP = {"TP": "tp", "CP": "cp", "EP": "exp", "DP": "dp", "PP": "pp"}
 COMPUTE_STREAM, COMM_STREAM, P2P_STREAM = 7, 20, 24
+# The host (ns): the main thread issues one launch per HOST_PACE_NS, never later than LAUNCH_LEAD_NS before its
+# kernel; a cudaLaunchKernel call takes LAUNCH_CALL_NS; cudaDeviceSynchronize returns SYNC_RETURN_NS after the
+# device's last work; a ProfilerStep / NVTX step range opens STEP_OPEN_NS before the step's first launch.
+HOST_PACE_NS, LAUNCH_LEAD_NS, LAUNCH_CALL_NS, SYNC_RETURN_NS, STEP_OPEN_NS = 10_000, 5_000, 2_000, 2_000, 10_000
 
 
 def stream_of(code: pl.Expr, dim: pl.Expr) -> pl.Expr:
@@ -138,6 +150,7 @@ class Options:
     slowdown: float = 1.3             # a straggler's compute-time factor
     step_gap_us: float = 300.0        # host time between steps that no kernel covers
     pg_metadata: str = "full"         # full: pg_config and PG args; args: PG args only; none: neither
+    comm_scale: tuple[tuple[str, float], ...] = ()  # (dim, factor): that dim's transfers take factor x as long
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.rounds < 1 or self.ranks_per_host < 1:
@@ -146,6 +159,26 @@ class Options:
             raise TraceanaError("--kernel-us must be > 0, --jitter in [0, 0.5), --slowdown >= 1")
         if self.pg_metadata not in ("full", "args", "none"):
             raise TraceanaError(f"--pg-metadata {self.pg_metadata!r}: choose full, args or none")
+        # the last rank's sync returns, the next step's range opens and its first launch leads its kernel, in the gap
+        least_gap = SYNC_RETURN_NS + STEP_OPEN_NS + LAUNCH_LEAD_NS
+        if self.step_gap_us * 1e3 < least_gap:
+            raise TraceanaError(f"step_gap_us {self.step_gap_us:g}: must be at least {least_gap / 1e3:g} µs (the "
+                                "device sync's return, the next ProfilerStep's opening and its first launch)")
+        for dim, factor in self.comm_scale:
+            if dim not in DIMS or not factor > 0:
+                raise TraceanaError(f"--comm-scale {dim}={factor:g}: a dim of {', '.join(DIMS)} and a factor > 0")
+
+
+def comm_scale(specs: list[str]) -> tuple[tuple[str, float], ...]:
+    """``["TP=2", "dp=1.5,pp=3"]`` -> ``(("TP", 2.0), ("DP", 1.5), ("PP", 3.0))``: --comm-scale's values."""
+    out = []
+    for spec in (s for text in specs for s in text.split(",") if s.strip()):
+        dim, _, factor = spec.partition("=")
+        try:
+            out.append((dim.strip().upper(), float(factor)))
+        except ValueError:
+            raise TraceanaError(f"--comm-scale {spec!r}: write DIM=FACTOR, e.g. TP=2") from None
+    return tuple(out)
 
 
 @dataclass
@@ -177,6 +210,7 @@ class RankTrace:
     device: int
     clock_offset_ns: int      # true -> this rank's clock: host offset + device offset
     ops: pl.DataFrame
+    step_starts_ns: np.ndarray  # each step's planned start, true time (the same on every rank)
 
 
 @dataclass
@@ -276,6 +310,10 @@ def build(cfg: Config, options: Options) -> Plan:
     step_ns = round(est.step_s * 1e9)
     names: dict[str, int] = {}
     templates = _templates(frame, cfg, options, names)
+    for dim, factor in options.comm_scale:  # planned lengths only: the draws, so the compute jitter, stay the same
+        for tpl in templates:
+            scaled = (tpl.code != COMPUTE) & (tpl.dim == DIMS.index(dim))
+            tpl.dur[scaled] = np.rint(tpl.dur[scaled] * factor).astype(np.int64)
     plan = Plan(cfg, options, layout, templates, step_ns, est.time_frame, list(names),
                 {d: layout.groups[d] for d in DIMS})
     world = layout.world_size
@@ -611,17 +649,66 @@ def _replay(plan: Plan, stage: _Stage, step_starts: np.ndarray, transfers: np.nd
         })[np.lexsort((op, end[i].ravel(), start[i].ravel()))]  # by start, end, op: 4x Polars' multi-key sort
         host = plan.host_of(int(rank))
         yield RankTrace(int(rank), stage.index, f"node{host:04d}", host, int(rank) % options.ranks_per_host,
-                        plan.host_offsets_ns[host] + plan.device_offsets_ns[rank], ops)
+                        plan.host_offsets_ns[host] + plan.device_offsets_ns[rank], ops, step_starts)
 
 
-def launch_times(ops: pl.DataFrame) -> pl.Series:
-    """Host launch times: the main thread runs ahead of its stream, at least 5 µs before each kernel and 10 µs
-    after its previous launch (a reverse running minimum); pipeline transfers launch 5 µs before they start, from
-    their own thread. True time, in the order of ``ops``."""
-    ops = ops.with_row_index("_i")
-    main = ops.filter(pl.col("code") <= COLLECTIVE).sort("start_ns", "op")
-    j = pl.int_range(pl.len(), dtype=pl.Int64)
-    launch = main.select("_i", ((pl.col("start_ns") - 10_000 * j).reverse().cum_min().reverse() + 10_000 * j - 5_000)
-                         .alias("launch_ns"))
-    side = ops.filter(pl.col("code") > COLLECTIVE).select("_i", (pl.col("start_ns") - 5_000).alias("launch_ns"))
-    return pl.concat([launch, side]).sort("_i")["launch_ns"]
+def launch_times(trace: RankTrace) -> pl.Series:
+    """Host launch times, true time, in the order of ``trace.ops`` (see :func:`host_launches`)."""
+    return host_launches(trace)["launch_ns"]
+
+
+def host_launches(trace: RankTrace) -> pl.DataFrame:
+    """Each op's host launch, true time, in the order of ``trace.ops``: ``launch_ns`` and ``late`` (the cap below
+    bound). The main thread runs ahead of the device at a fixed pace: a step's first launch is ``LAUNCH_LEAD_NS``
+    before the step's planned start (the same instant on every rank, after the last rank's sync), each next one
+    ``HOST_PACE_NS`` after the previous, but never later than ``LAUNCH_LEAD_NS`` before its own kernel:
+    ``launch_j = min(launch_{j-1} + pace, start_j - lead)``, a running minimum per step. Where that cap binds, the
+    host at its pace would have been late for the kernel, and the device timeline as planned assumes it launched
+    faster there; at the default options it never binds (:func:`late_launches` counts). Pipeline transfers launch
+    ``LAUNCH_LEAD_NS`` before they start, from their own thread; a Recv posted before the rank's first kernel of the
+    step (stages after the first wait for their first activation) belongs to the step before, as the truth's windows
+    say (:mod:`traceana.synth.truth`), so there the step's first launch waits until ``STEP_OPEN_NS`` after it (its
+    ProfilerStep opens after that Recv's launch) and its kernel waits on the device for the Recv."""
+    ops = trace.ops
+    code, step, start, op = (ops[c].to_numpy() for c in ("code", "step", "start_ns", "op"))
+    side = np.flatnonzero(code > COLLECTIVE)
+    main = np.flatnonzero(code <= COLLECTIVE)
+    main = main[np.lexsort((op[main], start[main], step[main]))]  # issue order: by step, then start
+    m_start, m_step = start[main], step[main]
+    head = np.searchsorted(m_step, m_step)  # each main op's step's first main op (its index in main)
+    k = np.arange(len(main)) - head         # the step's k-th launch
+    first_start = np.full(len(trace.step_starts_ns), np.iinfo(np.int64).max)
+    first_start[m_step[head]] = m_start[head]
+    pre = side[start[side] < first_start[step[side]]]  # Recvs posted before the step's first kernel
+    posted = np.full(len(first_start), np.iinfo(np.int64).min // 2)
+    np.maximum.at(posted, step[pre], start[pre])
+    first = np.maximum(trace.step_starts_ns, posted + STEP_OPEN_NS + 1) - LAUNCH_LEAD_NS
+    ahead = np.minimum(m_start - LAUNCH_LEAD_NS - HOST_PACE_NS * k, first[m_step])
+    span = int(ahead.max() - ahead.min()) + 1 if len(ahead) else 1  # one running minimum per step, in one pass:
+    paced = np.minimum.accumulate(ahead - m_step * span) + m_step * span + HOST_PACE_NS * k  # later steps lower
+    launch = np.empty(len(code), dtype=np.int64)
+    launch[main], launch[side] = paced, start[side] - LAUNCH_LEAD_NS
+    late = np.zeros(len(code), dtype=bool)
+    late[main] = paced < np.where(k > 0, np.roll(paced, 1) + HOST_PACE_NS, first[m_step])
+    return pl.DataFrame({"launch_ns": launch, "late": late})
+
+
+def late_launches(trace: RankTrace) -> int:
+    """How many main-thread launches the cap of :func:`host_launches` moved earlier than the host's pace."""
+    return int(host_launches(trace)["late"].sum())
+
+
+def device_syncs(ops: pl.DataFrame, launch: pl.Series) -> pl.DataFrame:
+    """Each step's ``cudaDeviceSynchronize`` on the main thread, true time: step, ``start_ns`` (when its last launch
+    call returns), ``device_end_ns`` (when the rank's last device work of the step, transfers included, ends) and
+    ``end_ns`` (when the call returns, ``SYNC_RETURN_NS`` later). A step ends for everyone with the last rank's
+    work, so the host's next step starts on every rank ``step_gap_us - SYNC_RETURN_NS - LAUNCH_LEAD_NS`` after the
+    *last* rank's sync returns (a barrier, 293 µs at the default gap): the main thread's first launch there, or, on a
+    rank that posts a Recv before its first kernel, that Recv's launch and the main thread's ``STEP_OPEN_NS`` (+1 ns)
+    later. A rank that finished early waits for the others in that host gap. Options checks that the gap holds the
+    return, the launch lead and the ProfilerStep's opening."""
+    main = pl.col("code") <= COLLECTIVE
+    return ops.with_columns(launch.alias("_l")).group_by("step").agg(
+        (pl.col("_l").filter(main).max() + LAUNCH_CALL_NS).alias("start_ns"),
+        pl.col("end_ns").max().alias("device_end_ns"),
+    ).sort("step").with_columns((pl.col("device_end_ns") + SYNC_RETURN_NS).alias("end_ns"))

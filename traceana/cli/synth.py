@@ -39,6 +39,9 @@ def synth(
     slowdown: Annotated[float, typer.Option(help="The straggler's compute-time factor.")] = 1.3,
     pg_metadata: Annotated[str, typer.Option(help="full (pg_config + PG args), args (PG args only) or none.")] = "full",
     compress: Annotated[bool, typer.Option("--gzip", help="Kineto: write .json.gz (slower).")] = False,
+    comm_scale: Annotated[list[str] | None, typer.Option(
+        help="DIM=FACTOR: that dim's transfers take FACTOR x as long (TP=2: half the TP bandwidth); repeat or "
+             "comma-separate for several dims. The same seed draws the same compute jitter.")] = None,
 ) -> None:
     """Synthesize per-rank traces of the estimator's simulated schedule, with the ground truth beside them."""
     from traceana.synth import schedule, truth
@@ -50,7 +53,8 @@ def synth(
     options = schedule.Options(
         ranks=ranks, steps=steps, seed=seed, jitter=jitter, kernel_us=kernel_us, rounds=rounds,
         ranks_per_host=ranks_per_host, host_skew_us=host_skew_us, device_skew_us=device_skew_us,
-        straggler_rank=straggler_rank, straggler_stage=straggler_stage, slowdown=slowdown, pg_metadata=pg_metadata)
+        straggler_rank=straggler_rank, straggler_stage=straggler_stage, slowdown=slowdown, pg_metadata=pg_metadata,
+        comm_scale=schedule.comm_scale(comm_scale or []))
     plan = schedule.load(str(config), options)
     writer = _writer(fmt)
     traces = out / "traces"
