@@ -665,10 +665,11 @@ def host_launches(trace: RankTrace) -> pl.DataFrame:
     ``launch_j = min(launch_{j-1} + pace, start_j - lead)``, a running minimum per step. Where that cap binds, the
     host at its pace would have been late for the kernel, and the device timeline as planned assumes it launched
     faster there; at the default options it never binds (:func:`late_launches` counts). Pipeline transfers launch
-    ``LAUNCH_LEAD_NS`` before they start, from their own thread; a Recv posted before the rank's first kernel of the
-    step (stages after the first wait for their first activation) belongs to the step before, as the truth's windows
-    say (:mod:`traceana.synth.truth`), so there the step's first launch waits until ``STEP_OPEN_NS`` after it (its
-    ProfilerStep opens after that Recv's launch) and its kernel waits on the device for the Recv."""
+    from their own thread, which runs ahead the same way (:func:`_side_launches`); a Recv posted before the rank's
+    first kernel of the step (stages after the first wait for their first activation) belongs to the step before, as
+    the truth's windows say (:mod:`traceana.synth.truth`), so there the step's first launch waits until
+    ``STEP_OPEN_NS`` after it (its ProfilerStep opens after that Recv's launch) and its kernel waits on the device
+    for the Recv."""
     ops = trace.ops
     code, step, start, op = (ops[c].to_numpy() for c in ("code", "step", "start_ns", "op"))
     side = np.flatnonzero(code > COLLECTIVE)
@@ -687,10 +688,29 @@ def host_launches(trace: RankTrace) -> pl.DataFrame:
     span = int(ahead.max() - ahead.min()) + 1 if len(ahead) else 1  # one running minimum per step, in one pass:
     paced = np.minimum.accumulate(ahead - m_step * span) + m_step * span + HOST_PACE_NS * k  # later steps lower
     launch = np.empty(len(code), dtype=np.int64)
-    launch[main], launch[side] = paced, start[side] - LAUNCH_LEAD_NS
+    launch[main], launch[side] = paced, _side_launches(start[side], step[side], op[side], first + 1,
+                                                        start[side] < first_start[step[side]])
     late = np.zeros(len(code), dtype=bool)
     late[main] = paced < np.where(k > 0, np.roll(paced, 1) + HOST_PACE_NS, first[m_step])
     return pl.DataFrame({"launch_ns": launch, "late": late})
+
+
+def _side_launches(start: np.ndarray, step: np.ndarray, op: np.ndarray, opens: np.ndarray,
+                   pre: np.ndarray) -> np.ndarray:
+    """The pipeline thread's launches, in the order given: it runs ahead as the main thread does, from ``opens`` (per
+    step: just after the main thread's first launch) at the host's pace and never later than the lead before its
+    transfer; a Recv posted before the step's first kernel (``pre``) launches the lead before it starts, in the step
+    before."""
+    order = np.lexsort((op, start, step))
+    s_start, s_step = start[order], step[order]
+    head = np.searchsorted(s_step, s_step)
+    k = np.arange(len(order)) - head
+    ahead = np.minimum(s_start - LAUNCH_LEAD_NS - HOST_PACE_NS * k, opens[s_step] if len(order) else 0)
+    span = int(ahead.max() - ahead.min()) + 1 if len(ahead) else 1
+    paced = np.minimum.accumulate(ahead - s_step * span) + s_step * span + HOST_PACE_NS * k
+    launch = np.empty(len(order), dtype=np.int64)
+    launch[order] = paced
+    return np.where(pre, start - LAUNCH_LEAD_NS, launch)
 
 
 def late_launches(trace: RankTrace) -> int:

@@ -22,7 +22,9 @@ start W (the only measured time a replay keeps). An edge ``u -> v`` of weight ``
 - ``external``: a launched event that sat more than a millisecond past everything the trace shows, the device idle
   with the work queued (a wait on something outside the trace: another process, an untraced event): like ``gap``, a
   fixed delay, counted and reported as ``external_hold_ms`` beside the replay.
-- ``anchor``: W -> a rank's first host point or first event, its measured offset from the window start.
+- ``anchor``: W -> a rank's first host point or first event, or an event the step before started that runs into
+  this window (its end is this step's: a Recv posted early ends with this step's Send), at its measured offset from
+  the window start.
 
 Everything is vectorized (DuckDB ASOF joins, NumPy); the graph of one step at 1,024 ranks builds in seconds.
 """
@@ -46,7 +48,8 @@ EVENTS_SQL = """
 SELECT e.rank, e.event_id, e.stream, e.start_ns, e.end_ns, e.name, e.category, e.launch_ns,
        c.op, c.dim, c.instance
 FROM device_events e
-JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns >= w.start_ns AND e.start_ns < w.end_ns
+JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns < w.end_ns
+                    AND (e.start_ns >= w.start_ns OR e.end_ns >= w.start_ns)
 LEFT JOIN collectives c ON c.run_id = e.run_id AND c.rank = e.rank AND c.event_id = e.event_id
 WHERE e.run_id = $run AND w.step = $step
 ORDER BY e.rank, e.stream, e.start_ns, e.end_ns, e.event_id
@@ -57,7 +60,7 @@ ORDER BY e.rank, e.stream, e.start_ns, e.end_ns, e.event_id
 CARRIED_SQL = """
 SELECT e.rank, e.stream, max(e.end_ns) AS busy_until_ns
 FROM device_events e
-JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns < w.start_ns
+JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.end_ns < w.start_ns
 WHERE e.run_id = $run AND w.step = $step
 GROUP BY ALL
 """
@@ -82,6 +85,7 @@ class Graph:
     event: np.ndarray          # the event whose length an edge carries (run, transfer), else -1
     roots: np.ndarray          # W nodes
     root_ns: np.ndarray        # their measured times
+    straddles: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # started in the step before
     counts: dict[str, int] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
 
@@ -140,7 +144,10 @@ def from_frames(run_id: str, step: int, events: pl.DataFrame, windows: pl.DataFr
     start = events["start_ns"].to_numpy()
     end = events["end_ns"].to_numpy()
     launch = events["launch_ns"].to_numpy()
-    launched = ~events["launch_ns"].is_null().to_numpy()
+    ws_of = dict(zip(windows["rank"].to_list(), windows["start_ns"].to_list(), strict=True))
+    straddles = start < events["rank"].replace_strict(ws_of, return_dtype=pl.Int64).to_numpy() if n else \
+        np.zeros(0, bool)
+    launched = ~events["launch_ns"].is_null().to_numpy() & ~straddles  # the step before launched a straddler
     instance = events["instance"].to_numpy()
     member = ~events["instance"].is_null().to_numpy()
     ranks = windows["rank"].to_numpy().astype(np.int64)
@@ -185,15 +192,27 @@ def from_frames(run_id: str, step: int, events: pl.DataFrame, windows: pl.DataFr
     edges.add(STREAM, prev[overlap], idx[overlap], 0)  # overlapping events on one stream keep their start order
     counts["overlapping on a stream"] = int(overlap.sum())
 
+    # the event that ended last before each start, in the step or (carried over) on a stream of the step before,
+    # whose end then comes from the rank's root: what held a start that nothing recorded explains
+    c_rank = carried["rank"].to_numpy().astype(np.int64)
+    c_end = carried["busy_until_ns"].to_numpy()
+    end_all = np.concatenate([end, c_end])
+    stream_all = np.concatenate([stream, carried["stream"].fill_null(-1).to_numpy()])
+    node_all = np.concatenate([n + idx, w_base + rank_row[c_rank]])
+    offset_all = np.concatenate([np.zeros(n, np.int64), c_end - windows["start_ns"].to_numpy()[rank_row[c_rank]]])
+    other = _latest_end_before(rank, start, np.concatenate([rank, c_rank]), end_all, np.concatenate([start, c_end - 1]))
+    found = other >= 0
+    o = np.maximum(other, 0)
+
     # per rank: the launch latency, the median start - launch of kernels launched after their stream ran dry (where
     # none was, the least start - launch: a bound no start undercuts); and the device's own gap between a kernel
-    # and the next one already queued behind it on its stream
+    # and the next one already queued behind it on its stream, where nothing else ended in between
     dry = launched & has_prev & (launch > end[np.maximum(prev, 0)])
     lat = _per_rank_quantile(rank[dry], (start - launch)[dry], len(rank_row), 0.5)
     least = _per_rank_quantile(rank[launched], (start - launch)[launched], len(rank_row), 0.0)
     lat = np.maximum(np.where(lat >= 0, lat, least), 0)
     edges.add(LAUNCH, h_of[launched], idx[launched], lat[rank[launched]])
-    queued = touching & launched & (launch < end[np.maximum(prev, 0)])
+    queued = touching & launched & (launch < end[np.maximum(prev, 0)]) & (end_all[o] <= end[np.maximum(prev, 0)])
     spacing = np.maximum(_per_rank_quantile(rank[queued], (start - end[prev])[queued], len(rank_row), 0.25), 0)
     counts["launch"] = int(launched.sum())
 
@@ -228,18 +247,7 @@ def from_frames(run_id: str, step: int, events: pl.DataFrame, windows: pl.DataFr
     _host_chain(edges, counts, n, rank[launched], launch[launched], h_of[launched], host_waits, row_of, end,
                 r_base, w_base + rank_row, windows)
 
-    # what nothing recorded explains: the event that ended last before a held start, in the step or (carried over)
-    # on a stream of the step before, whose end then comes from the rank's root
-    c_rank = carried["rank"].to_numpy().astype(np.int64)
-    c_end = carried["busy_until_ns"].to_numpy()
-    end_all = np.concatenate([end, c_end])
-    stream_all = np.concatenate([stream, carried["stream"].fill_null(-1).to_numpy()])
-    node_all = np.concatenate([n + idx, w_base + rank_row[c_rank]])
-    offset_all = np.concatenate([np.zeros(n, np.int64), c_end - windows["start_ns"].to_numpy()[rank_row[c_rank]]])
-    held = start > ready + SLACK_NS
-    other = _latest_end_before(rank, start, np.concatenate([rank, c_rank]), end_all, np.concatenate([start, c_end - 1]))
-    found = other >= 0
-    o = np.maximum(other, 0)
+    held = (start > ready + SLACK_NS) & ~straddles
     cross = held & found & (stream_all[o] != stream) & (end_all[o] > ready)
     infer = cross & launched & (start - end_all[o] <= INFER_WITHIN_NS)
     lag = np.maximum(_per_rank_quantile(rank[infer], (start - end_all[o])[infer], len(rank_row), 0.5), 0)
@@ -261,7 +269,7 @@ def from_frames(run_id: str, step: int, events: pl.DataFrame, windows: pl.DataFr
     g_end = np.where(cross, end_all[o], end[np.maximum(prev, 0)])[gap]
     edges.add(GAP, g_node, idx[gap], start[gap] - g_end + np.where(cross, offset_all[o], 0)[gap])
     counts["gap"] = int(gap.sum())
-    anchored = ~launched & ~cross & ~touching & (held | ~(has_prev | follows))
+    anchored = straddles | (~launched & ~cross & ~touching & (held | ~(has_prev | follows)))
     edges.add(ANCHOR, w_base + rank_row[rank[anchored]], idx[anchored], start[anchored] - ws[anchored])
     counts["anchor"] = int(anchored.sum())
     if n and not launched.any():
@@ -288,7 +296,7 @@ def from_frames(run_id: str, step: int, events: pl.DataFrame, windows: pl.DataFr
                        "replayed as measured fixed delays ('external' edges, external_hold_ms)")
     windows = windows.with_columns(held_ns=pl.Series(held_ns), external_ns=pl.Series(external_ns))
     return Graph(run_id, step, events, windows, n_nodes, src, dst, weight, kind, event,
-                 w_base + np.arange(len(ranks)), windows["start_ns"].to_numpy(), counts, missing)
+                 w_base + np.arange(len(ranks)), windows["start_ns"].to_numpy(), straddles, counts, missing)
 
 
 def _host_chain(edges: _Edges, counts: dict[str, int], n: int, rank: np.ndarray, t: np.ndarray, node: np.ndarray,

@@ -60,15 +60,19 @@ def longest_path(graph: Graph, weight: np.ndarray | None = None, keep: np.ndarra
 def timeline(graph: Graph, times: np.ndarray, ends_window: np.ndarray | None = None
              ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(events, windows) of the simulated step: the events with their replayed start_ns / end_ns, and each rank's
-    window from its start to its last replayed end (of the events in ``ends_window``) plus the measured tail."""
+    window from its start (earlier where its own events now start before it: a pipeline fill that got shorter) to
+    its last replayed end (of the events in ``ends_window``) plus the measured tail."""
     n = graph.n
     start, end = times[:n], np.maximum(times[n:2 * n], times[:n])
     events = graph.events.with_columns(start_ns=pl.Series(start), end_ns=pl.Series(end))
     last = (events.filter(pl.Series(np.ones(n, bool) if ends_window is None else ends_window))
             .group_by("rank").agg(pl.col("end_ns").max().alias("last_ns")))
-    windows = (graph.windows.join(last, on="rank", how="left")
+    first = (events.filter(~pl.Series(graph.straddles, dtype=pl.Boolean)).group_by("rank")
+             .agg(pl.col("start_ns").min().alias("first_ns")))
+    windows = (graph.windows.join(last, on="rank", how="left").join(first, on="rank", how="left")
                .with_columns(pl.when(pl.col("last_ns").is_not_null()).then(pl.col("last_ns") + pl.col("tail_ns"))
-                             .otherwise(pl.col("end_ns")).alias("end_ns"))
+                             .otherwise(pl.col("end_ns")).alias("end_ns"),
+                             pl.min_horizontal("start_ns", "first_ns").alias("start_ns"))
                .select("rank", "start_ns", "end_ns"))
     return events, windows
 
