@@ -4,7 +4,8 @@ device events (link.py), resolved by the shared rules of :mod:`traceana.ingest.s
 Two sources. The host's blocking runtime calls (``cuda_runtime`` / ``cuda_driver``: cudaStreamSynchronize,
 cudaDeviceSynchronize, cudaEventSynchronize, blocking cudaMemcpy, their driver and HIP forms), which name no stream:
 the wait covers any stream's work. And Kineto's ``cuda_sync`` events (CUPTI synchronization records, written with
-``enable_cuda_sync_events``): "Stream Sync" / "Event Sync" / "Context Sync" with the ``stream`` waited on (an Event Sync: the recorded
+``enable_cuda_sync_events``): "Stream Sync" / "Event Sync" / "Context Sync" with the ``stream`` waited on (an
+Event Sync: the recorded
 ``wait_on_stream`` and the record call), and
 "Stream Wait Event" (also seen as "Wait on Stream") with the waiting ``stream``, the recorded ``wait_on_stream`` and
 ``wait_on_cuda_event_record_corr_id``, the correlation of the cudaEventRecord call (host times). A runtime call that
@@ -57,13 +58,12 @@ def file_syncs(con: duckdb.DuckDBPyConnection, events: pl.DataFrame) -> tuple[pl
         .agg(pl.col("event_id").min().alias("own_event_id"))
     hosts = hosts.join(copies, on=["rank", "corr"], how="left").with_columns(
         pl.when(pl.col("name").str.contains(_MEMCPY)).then(pl.col("own_event_id")).alias("own_event_id"))
-    rows = [host_waits(hosts.sort("start_ns"), events)]
-    if not waits.is_empty():
-        rows.append(stream_waits(waits.rename({"f": "rank", "wait_stream": "record_stream"}), events,
-                                 device_times=False))
+    waits, counts = stream_waits(waits.rename({"f": "rank", "wait_stream": "record_stream"}), events,
+                                 device_times=False)
+    rows = [host_waits(hosts.sort("start_ns"), events), waits]
     unnamed = con.sql(f"""SELECT name, count(*) FROM ev
         WHERE {_RUNTIME} AND regexp_matches(name, '{_STREAM_WAIT_CALLS}')
         AND (corr IS NULL OR corr NOT IN (SELECT corr FROM ev WHERE cat = 'cuda_sync' AND corr IS NOT NULL))
         GROUP BY name""").fetchall()
     left_out = {f"{{n}} {name} calls left out: the trace names no stream": count for name, count in unnamed}
-    return pl.concat(rows).sort("start_ns", "end_ns", "name"), SyncCounts(left_out)
+    return pl.concat(rows).sort("start_ns", "end_ns", "name"), counts + SyncCounts(left_out)

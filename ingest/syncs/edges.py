@@ -88,9 +88,11 @@ def _asof(waits: pl.DataFrame, events: pl.DataFrame, left: str, right: str, stre
         .sort("_row")["event_id"].cast(_I64)
 
 
-def stream_waits(waits: pl.DataFrame, events: pl.DataFrame, *, device_times: bool) -> pl.DataFrame:
+def stream_waits(waits: pl.DataFrame, events: pl.DataFrame, *, device_times: bool) -> tuple[pl.DataFrame, SyncCounts]:
     """``waits`` (rank, name, start_ns, end_ns, stream: the waiting one, record_stream, record_ns: the record call's
-    start or the record task's start) as stream_wait rows; either stream may be NULL (that edge stays NULL)."""
+    start or the record task's start) as stream_wait rows; either stream may be NULL (that edge stays NULL). A wait
+    with neither edge says nothing a dependency graph can use (the table holds no stream): it is left out, counted
+    by name."""
     events = events.select(pl.col("rank").cast(pl.Int32), pl.col("event_id").cast(_I64), pl.col("stream").cast(_I64),
                            *[pl.col(c).cast(_I64) for c in ("start_ns", "end_ns", "launch_ns")])
     waits = waits.with_columns(pl.col("rank").cast(pl.Int32),
@@ -101,8 +103,13 @@ def stream_waits(waits: pl.DataFrame, events: pl.DataFrame, *, device_times: boo
     else:
         waited = _asof(waits, events, "record_ns", "launch_ns", "record_stream", forward=False, exact=False)
         waiter = _asof(waits, events, "start_ns", "launch_ns", "stream", forward=True, exact=False)
-    return waits.with_columns(pl.lit("stream_wait").alias("kind"), waited.alias("waited_event_id"),
+    rows = waits.with_columns(pl.lit("stream_wait").alias("kind"), waited.alias("waited_event_id"),
                               waiter.alias("waiter_event_id")).select(COLUMNS)
+    edgeless = pl.col("waited_event_id").is_null() & pl.col("waiter_event_id").is_null()
+    lost = rows.filter(edgeless).group_by("name").len().rows()
+    return rows.filter(~edgeless), SyncCounts({f"{{n}} {name} stream waits left out: no device event found on either "
+                                               "stream (the recorded stream unknown, no work on the waiting one after "
+                                               "the wait)": n for name, n in lost})
 
 
 @dataclass
