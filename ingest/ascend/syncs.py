@@ -8,7 +8,8 @@ wait that blocked ends right after that record (on the shared level-1 run, 420-4
 block (its event already recorded) pairs with the latest earlier record on another stream. HCCL's own Notify Wait
 tasks are inside its ops and are not syncs. HCCL ops are device events without a stream (their tasks hold it): for
 the edges an op stands on the stream of its tasks (hccl_task annotations' ``stream``), where the record before a
-compute stream's wait and the wait before the op are (stream 4 on the shared level-1 runs).
+compute stream's wait and the wait before the op are (stream 4 on the shared level-1 runs). Without HCCL tasks
+(profiler level 0) they stand on the rank's one stream that holds event tasks and no other work, if there is one.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ def rank_syncs(events: pl.DataFrame, annotations: pl.DataFrame) -> tuple[pl.Data
         "_wait", "record_stream", "record_ns")
     waits = waits.with_row_index("_wait").join(best, on="_wait", how="left").drop("_wait")
     work = events.filter(pl.col("category") != "sync").join(_op_streams(annotations), on="name", how="left")
-    work = work.with_columns(pl.coalesce("stream", "op_stream").alias("stream"),
-                             pl.lit(None, pl.Int64()).alias("launch_ns"))
+    idle = set(tasks["stream"].drop_nulls().to_list()) - set(work["stream"].drop_nulls().to_list())
+    fallback = pl.lit(next(iter(idle)) if len(idle) == 1 else None, pl.Int64())
+    work = work.with_columns(
+        pl.coalesce("stream", "op_stream", pl.when(pl.col("category") == "comm").then(fallback)).alias("stream"),
+        pl.lit(None, pl.Int64()).alias("launch_ns"))
     rows, counts = stream_waits(waits, work, device_times=True)
     return rows.sort("start_ns", "end_ns"), counts

@@ -4,7 +4,9 @@ rule, never a loop per event. A replay engine rebuilds the run's dependency grap
 - host_wait (the host blocked until device work ended): among the rank's device events launched before the call
   started (before the event record call, for an event synchronize whose record the trace names; on the synchronized
   or recorded stream where the trace says which, else on any), the one with the latest end that is at most the
-  call's end plus ``TOLERANCE_NS``; a blocking memcpy waits for its own copy (``own_event_id``).
+  call's end plus ``TOLERANCE_NS`` (of equal ends, the later launched: the copy a cudaStreamSynchronize follows,
+  not a kernel of another stream that ended at the same microsecond); a blocking memcpy waits for its own copy
+  (``own_event_id``).
 - stream_wait on host times (a wait call issued after an event record call): waited = the last event on the recorded
   stream launched before the record call, waiter = the first event on the waiting stream launched after the wait call.
 - stream_wait on device times (record and wait are device tasks, Ascend): waited = the last event on the recorded
@@ -48,7 +50,7 @@ def _host_waited(calls: pl.DataFrame, events: pl.DataFrame, by: list[str]) -> pl
     # the call, if that event was launched before the call
     within = calls.sort("_limit").join_asof(
         launched.select(*by, pl.col("end_ns").alias("_end"), pl.col("launch_ns").alias("_launch"), "event_id")
-        .sort("_end"), left_on="_limit", right_on="_end", by=by, strategy="backward", check_sortedness=False)
+        .sort("_end", "_launch"), left_on="_limit", right_on="_end", by=by, strategy="backward", check_sortedness=False)
     within = within.select("_row", pl.when(pl.col("_launch") < pl.col("before_ns")).then(pl.col("event_id"))
                            .alias("_within"))
     out = calls.select("_row").join(prefix, on="_row").join(within, on="_row").sort("_row")
