@@ -44,11 +44,16 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     },
     "steps": {"rank": pl.Int32(), "step": pl.Int32(), "start_ns": pl.Int64(), "end_ns": pl.Int64()},
     "memory": {"rank": pl.Int32(), "ts_ns": pl.Int64(), "allocated_bytes": pl.Int64(), "reserved_bytes": pl.Int64()},
+    "syncs": {
+        "rank": pl.Int32(), "kind": pl.String(), "name": pl.String(), "start_ns": pl.Int64(), "end_ns": pl.Int64(),
+        "waited_event_id": pl.Int64(), "waiter_event_id": pl.Int64(),
+    },
 }
 TABLES = tuple(SCHEMAS)
 TIME_COLUMNS = {"device_events": ("start_ns", "end_ns", "launch_ns"), "annotations": ("start_ns", "end_ns"),
-                "steps": ("start_ns", "end_ns"), "memory": ("ts_ns",)}
-SPILLED = ("device_events", "annotations", "memory")  # the tables that grow with events: written per file
+                "steps": ("start_ns", "end_ns"), "memory": ("ts_ns",), "syncs": ("start_ns", "end_ns")}
+# the tables that grow with events: written per file
+SPILLED = ("device_events", "annotations", "memory", "syncs")
 
 
 def conform(table: str, frame: pl.DataFrame | None) -> pl.DataFrame:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
+from traceana.errors import TraceanaError
 from traceana.ingest.run_data import SCHEMAS, SPILLED, TIME_COLUMNS, RunData, conform
 from traceana.ingest.validate import Dropped, check
 
@@ -48,12 +49,19 @@ class Spill:
 
 
 def spill_part(folder: Path, table: str, key: str, frame: pl.DataFrame) -> None:
-    """One file's rows of ``table`` (store columns; ``rank`` comes from the parts) as part ``key`` of a Spill."""
+    """One file's rows of ``table`` (store columns; ``rank`` comes from the parts) as part ``key`` of a Spill. A
+    full disk is the store's one line (the spill is beside it), as when the store's own write fills it."""
     if frame.is_empty():
         return
-    (folder / table).mkdir(parents=True, exist_ok=True)
-    conform(table, frame).drop("rank").write_parquet(folder / table / f"{key}.parquet", compression="lz4",
-                                                     statistics=False)
+    try:
+        (folder / table).mkdir(parents=True, exist_ok=True)
+        conform(table, frame).drop("rank").write_parquet(folder / table / f"{key}.parquet", compression="lz4",
+                                                         statistics=False)
+    except (OSError, pl.exceptions.ComputeError) as exc:
+        if "No space left on device" not in str(exc):
+            raise
+        store = folder.parent / folder.name.split(".ingest-")[0]  # spill_folder's name for it
+        raise TraceanaError(f"{store}: no space left on device; the store is unchanged") from None
 
 
 def spill_folder(near: Path) -> Path:

@@ -105,7 +105,7 @@ class Dropped:
         return out
 
 
-_ROW_TABLES = ("device_events", "annotations", "steps", "memory")
+_ROW_TABLES = ("device_events", "annotations", "steps", "memory", "syncs")
 _KEYS = {"process_groups": ["pg"], "steps": ["rank", "step"]}
 
 
@@ -138,9 +138,25 @@ def check(data: RunData) -> Dropped:
     for table, key in _KEYS.items():
         dropped.repeated[table] = _unique(data, table, key)
     _drop_orphans(data)
+    _unlink_lost_events(data)
     dropped.sizes = _unknown_sizes(data)
     dropped.launches = _unknown_launches(data)
     return dropped
+
+
+def _unlink_lost_events(data: RunData) -> None:
+    """A sync whose waited or waiter device event was left out keeps its row (the wait happened) but loses that
+    edge: an id must point at a stored event of its rank."""
+    syncs, events = data.frames.get("syncs"), data.frames.get("device_events")
+    if syncs is None or syncs.is_empty() or events is None:
+        return
+    syncs = conform("syncs", syncs)
+    for column in ("waited_event_id", "waiter_event_id"):
+        stored = events.select(pl.col("rank").cast(pl.Int32), pl.col("event_id").cast(pl.Int64).alias(column),
+                                pl.lit(True).alias("_stored"))
+        syncs = syncs.join(stored.unique(), on=["rank", column], how="left", maintain_order="left").with_columns(
+            pl.when(pl.col("_stored")).then(pl.col(column)).alias(column)).drop("_stored")
+    data.frames["syncs"] = syncs
 
 
 def _unknown_launches(data: RunData) -> int:

@@ -32,6 +32,7 @@ from traceana.ingest.ascend.groups import (
     metadata_groups,
 )
 from traceana.ingest.ascend.inputs import RankInput, find_inputs, is_ascend
+from traceana.ingest.ascend.syncs import rank_syncs
 from traceana.ingest.ascend.tasks import RankTrace
 from traceana.ingest.ascend.timeline import read_timeline
 from traceana.ingest.dispatch import IngestOptions
@@ -40,6 +41,7 @@ from traceana.ingest.ranks import require_unique_ranks
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import RunData
 from traceana.ingest.spill import Spill, new_spill, spill_file
+from traceana.ingest.syncs.edges import SyncCounts
 from traceana.ingest.validate import Dropped
 from traceana.layout import Layout
 
@@ -77,6 +79,7 @@ class ParsedRank:
     key: str
     trace: RankTrace
     dropped: Dropped
+    sync_counts: SyncCounts  # stream waits left out, syncs whose waited event is unknown
 
 
 def parse_rank(source: RankInput, *, rules: list[Rule], marker: str | None, spill: Path) -> ParsedRank:
@@ -86,8 +89,9 @@ def parse_rank(source: RankInput, *, rules: list[Rule], marker: str | None, spil
     rank = pl.lit(0, dtype=pl.Int32()).alias("rank")  # the rank is decided across folders: the part key stands in
     events = trace.events.sort("start_ns", "end_ns", "name").with_columns(
         rank, pl.int_range(pl.len(), dtype=pl.Int64).alias("event_id"))
+    syncs, sync_counts = rank_syncs(events, trace.annotations)
     frames, key, dropped = spill_file(spill, "ascend", str(source.origin), {
-        "device_events": events,
+        "device_events": events, "syncs": syncs,
         "collectives": events.filter((pl.col("category") == "comm") & pl.col("kernel_op").is_not_null()),
         "annotations": trace.annotations.with_columns(rank),
         "steps": trace.steps.with_columns(rank),  # STEP_TIME or marker
@@ -96,7 +100,7 @@ def parse_rank(source: RankInput, *, rules: list[Rule], marker: str | None, spil
     trace.events = frames["collectives"].drop("rank")
     trace.steps = frames["steps"].drop("rank")
     trace.annotations, trace.memory = trace.annotations.clear(), None
-    return ParsedRank(key, trace, dropped)
+    return ParsedRank(key, trace, dropped, sync_counts.count(frames["syncs"]))
 
 
 def _number_ranks(traces: list[RankTrace]) -> None:
@@ -180,6 +184,7 @@ def _run(inputs: list[RankInput], parsed: list[ParsedRank], spill: Spill, notes:
     require_unique_ranks([t.rank for t in traces], [str(t.source) for t in traces])
     _name_hosts(traces, notes)
     notes.extend(note for t in traces for note in t.notes)
+    notes.extend(sum((p.sync_counts for p in parsed), SyncCounts()).notes())
 
     def with_rank(frame: pl.DataFrame, trace: RankTrace) -> pl.DataFrame:
         return frame.with_columns(rank=pl.lit(trace.rank, dtype=pl.Int32()))

@@ -24,7 +24,8 @@ _EVENT = (
     '"In msg nelems" JSON, "Out msg nelems" JSON, dtype VARCHAR, "Process Group Name" VARCHAR, '
     '"Process Group Ranks" JSON, "Process Group Description" VARCHAR, "Seq" JSON, "Input Dims" JSON, '
     '"Input type" JSON, "Concrete Inputs" JSON, "dst rank" JSON, "src rank" JSON, "Total Allocated" JSON, '
-    '"Total Reserved" JSON, "Device Type" JSON, "Group size" JSON))[]'
+    '"Total Reserved" JSON, "Device Type" JSON, "Group size" JSON, wait_on_stream JSON, '
+    'wait_on_cuda_event_record_corr_id JSON, cuda_sync_kind VARCHAR))[]'
 )
 
 
@@ -34,7 +35,7 @@ EVENT_TABLE = (
     "start_ns BIGINT, end_ns BIGINT, ext_id BIGINT, corr BIGINT, stream BIGINT, coll_name VARCHAR, "
     "in_nelems BIGINT, dtype VARCHAR, pg_name VARCHAR, pg_ranks VARCHAR, pg_desc VARCHAR, seq BIGINT, "
     "input_dims JSON, input_type JSON, concrete JSON, peer INTEGER, mem_allocated BIGINT, mem_reserved BIGINT, "
-    "mem_device_type INTEGER, group_size INTEGER)"
+    "mem_device_type INTEGER, group_size INTEGER, wait_stream BIGINT, record_corr BIGINT, sync_kind VARCHAR)"
 )
 
 
@@ -88,7 +89,10 @@ _INSERT = """INSERT INTO ev SELECT {index} AS f, e.ph, e.cat, e.name, e.pid->>'$
             TRY_CAST(e.args."Total Allocated"->>'$' AS BIGINT) AS mem_allocated,
             TRY_CAST(e.args."Total Reserved"->>'$' AS BIGINT) AS mem_reserved,
             TRY_CAST(e.args."Device Type"->>'$' AS INTEGER) AS mem_device_type,
-            TRY_CAST(e.args."Group size"->>'$' AS INTEGER) AS group_size
+            TRY_CAST(e.args."Group size"->>'$' AS INTEGER) AS group_size,
+            TRY_CAST(e.args.wait_on_stream->>'$' AS BIGINT) AS wait_stream,
+            TRY_CAST(e.args.wait_on_cuda_event_record_corr_id->>'$' AS BIGINT) AS record_corr,
+            e.args.cuda_sync_kind AS sync_kind
         FROM (SELECT unnest(traceEvents) AS e FROM {reader}) WHERE e.ph = 'X' OR e.name = '[memory]'"""
 
 

@@ -29,11 +29,13 @@ from traceana.ingest.dispatch import IngestOptions
 from traceana.ingest.executor import from_ipc, map_files, threads_per_task, to_ipc, worker_count
 from traceana.ingest.kineto.events import EVENT_TABLE, FIRST_INPUT_NELEMS, load, trace_files
 from traceana.ingest.kineto.link import device_frames, device_steps
+from traceana.ingest.kineto.syncs import file_syncs
 from traceana.ingest.ranks import rank_in_file_name, require_unique_ranks
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import SCHEMAS, RunData
 from traceana.ingest.spill import Spill, new_spill, spill_file
 from traceana.ingest.step_windows import StepLinks
+from traceana.ingest.syncs.edges import SyncCounts
 from traceana.ingest.validate import Dropped, rank_list
 
 
@@ -71,6 +73,7 @@ class ParsedFile:
     links: StepLinks
     unnumbered: int  # ProfilerStep ranges whose number does not fit an INTEGER
     dropped: Dropped  # what validation left out of this file's rows
+    sync_counts: SyncCounts  # sync calls left out, syncs whose waited event is unknown
     whole: bytes | None  # a file without device events: all its rows (Arrow IPC), for a CPU-only run
 
 
@@ -88,8 +91,9 @@ def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) 
     devices = con.execute(f"SELECT count(*) FROM ev WHERE {_DEVICE}").fetchall()[0][0]
     events, comm = device_frames(con, rules)
     steps, links, unnumbered = device_steps(con)
+    syncs, sync_counts = file_syncs(con, events)
     frames, key, dropped = spill_file(spill, "kineto", str(file), {
-        "device_events": events.rename({"f": "rank"}), "steps": steps.rename({"f": "rank"}),
+        "device_events": events.rename({"f": "rank"}), "steps": steps.rename({"f": "rank"}), "syncs": syncs,
         "memory": con.sql("SELECT 0 AS rank, start_ns AS ts_ns, mem_allocated AS allocated_bytes, mem_reserved AS "
                           "reserved_bytes FROM ev WHERE name = '[memory]' AND mem_device_type = 1").pl(),
         "annotations": con.sql("SELECT 0 AS rank, start_ns, end_ns, name, 'cpu' AS domain, cat AS kind FROM ev "
@@ -100,6 +104,7 @@ def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) 
         "group_size", "stream", "start_ns", "end_ns")
     return ParsedFile(info, key, span if span[0] is not None else None, seen, con.sql(_SAMPLES_SQL).pl(), comm,
                       frames["steps"].rename({"rank": "f"}), links, unnumbered, dropped,
+                      sync_counts.count(frames["syncs"]),
                       None if devices else to_ipc(con.sql("SELECT * FROM ev").arrow()))
 
 
@@ -236,7 +241,7 @@ def _run(files: list[Path], parsed: list[ParsedFile], spill: Spill, options: Ing
                      for i, p in enumerate(parsed)), StepLinks())
         if unnumbered := sum(p.unnumbered for p in parsed):
             notes.append(f"{unnumbered} ProfilerStep ranges left out: their step number does not fit an INTEGER")
-        notes += links.notes() + marker_note
+        notes += links.notes() + sum((p.sync_counts for p in parsed), SyncCounts()).notes() + marker_note
         spill.parts = pl.DataFrame({"key": [p.key for p in parsed], "rank": ranks, "shift": offsets},
                                    schema=spill.parts.schema)
         data = RunData(

@@ -14,7 +14,7 @@ Kernels, memcpys and memsets become device_events (report.py; kernel names throu
 the demangled name kept); NVTX push/pop and start/end ranges become annotations, with the name
 ``COALESCE(text, StringIds[textId])`` and the domain from the process's domain-create rows. An export with no
 kernel table is ingested with a note (no device activity); one with neither GPU activity nor NVTX ranges is
-refused. CUDA synchronization records are host-side waits, not device work, and are not read.
+refused. CUDA synchronization records are host-side waits, not device work: they become syncs (syncs.py).
 
 Each report is read on its own (:func:`parse_report`, in a worker with --jobs): its units' events are numbered,
 step-windowed and validated there, and their device events and NVTX ranges spilled as Parquet (spill.Spill);
@@ -36,11 +36,13 @@ from traceana.ingest.clocks import require_overlapping_clocks
 from traceana.ingest.executor import map_files, worker_count
 from traceana.ingest.nsys.export import Export, is_sqlite
 from traceana.ingest.nsys.report import read_report
+from traceana.ingest.nsys.syncs import resolve
 from traceana.ingest.ranks import rank_in_file_name, require_unique_ranks
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import RunData
 from traceana.ingest.spill import Spill, new_spill, spill_file
 from traceana.ingest.step_windows import StepLinks, marker_steps, step_windows_of
+from traceana.ingest.syncs.edges import SyncCounts
 from traceana.ingest.validate import Dropped
 
 if TYPE_CHECKING:
@@ -145,6 +147,7 @@ class ParsedReport:
     span: tuple[int, int] | None  # first and last ns of its events and ranges: reports of one run overlap
     unowned: int               # NVTX ranges of processes without GPU activity, left out
     dropped: Dropped
+    sync_counts: SyncCounts    # sync rows left out, syncs whose waited event is unknown
     host: str | None
     session_start: int | None
     version: str | None
@@ -167,16 +170,17 @@ def parse_report(source: Path, *, cache_dir: Path, rules: list[Rule], marker: st
     span = pl.concat([f.select("start_ns", "end_ns") for f in (device, annotations)]).select(
         pl.col("start_ns").min(), pl.col("end_ns").max()).row(0)
     steps, links = step_windows_of(device, marker_steps(annotations, marker))
+    syncs, sync_counts = resolve(report.syncs, device, keys)
     frames, key, dropped = spill_file(spill, "nsys", str(source), {
-        "device_events": device, "annotations": annotations, "steps": steps}, per_rank=True)
+        "device_events": device, "annotations": annotations, "steps": steps, "syncs": syncs}, per_rank=True)
     device = frames["device_events"]
     return ParsedReport(
         source, key, units, device.filter(pl.col("op").is_not_null()).select(
             pl.col("rank").alias("unit"), "event_id", "op", "kernel_op", "dtype", "evidence", "stream", "start_ns",
             "end_ns"),
         frames["steps"].rename({"rank": "unit"}), links, not device.is_empty(),
-        span if span[0] is not None else None, unowned, dropped, report.host, report.session_start, report.version,
-        report.notes)
+        span if span[0] is not None else None, unowned, dropped, sync_counts.count(frames["syncs"]),
+        report.host, report.session_start, report.version, report.notes)
 
 
 def read(paths: list[Path], options: IngestOptions) -> RunData:
@@ -208,6 +212,7 @@ def _run(paths: list[Path], reports: list[ParsedReport], spill: Spill, options: 
     if any(offsets):
         notes.append("clock offsets from session start (utcEpochNs): "
                      + ", ".join(f"{r.source.name} +{o} ns" for r, o in zip(reports, offsets, strict=True)))
+    notes += sum((r.sync_counts for r in reports), SyncCounts()).notes()
     if unowned := sum(r.unowned for r in reports):
         notes.append(f"{unowned} NVTX ranges of processes without GPU activity were left out")
     require_overlapping_clocks([(str(r.source), r.span[0] + o, r.span[1] + o)

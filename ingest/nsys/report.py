@@ -13,6 +13,7 @@ import polars as pl
 from traceana.errors import TraceanaError
 from traceana.ingest.nsys.comm import collective_ops
 from traceana.ingest.nsys.export import Export, export_report
+from traceana.ingest.nsys.syncs import RAW_SCHEMA, read_syncs
 from traceana.ingest.rules import Rule, with_classes
 from traceana.ingest.validate import checked_rank
 
@@ -38,6 +39,7 @@ class Report:
     units: pl.DataFrame          # pid, device, stated_rank, stated_source: the ranks this report holds
     device: pl.DataFrame         # pid, device, stream, start_ns, end_ns, name, category, op, kernel_op, ...
     ranges: pl.DataFrame         # pid, start_ns, end_ns, name, domain, args
+    syncs: pl.DataFrame          # sync records and blocking copies, unresolved (syncs.RAW_SCHEMA)
     host: str | None
     session_start: int | None
     version: str | None
@@ -188,6 +190,8 @@ def read_report(source: Path, cache_dir: Path, rules: list[Rule]) -> Report:
         else:
             units = device.select("pid", "device").unique()
             device = _with_collectives(device, export, ranges, rules)
+        syncs, odd = read_syncs(export, strings) if device is not None else (pl.DataFrame(schema=RAW_SCHEMA), None)
+        export.notes += [odd] if odd else []
         stated = _stated_ranks(export, strings, units["pid"].unique().to_list())
         units = units.with_columns(
             pl.col("pid").replace_strict({p: r for p, (r, _) in stated.items()}, default=None, return_dtype=_I64)
@@ -200,7 +204,7 @@ def read_report(source: Path, cache_dir: Path, rules: list[Rule]) -> Report:
         if path != source:
             export.notes.append(f"{source.name}: exported with nsys to {path}")
         return Report(source, units, device if device is not None else _no_device(),
-                      ranges if ranges is not None else pl.DataFrame(schema=_RANGE_SCHEMA),
+                      ranges if ranges is not None else pl.DataFrame(schema=_RANGE_SCHEMA), syncs,
                       str(host) if host is not None else None, int(start) if start is not None else None,
                       export.version, export.notes)
     finally:
@@ -211,7 +215,7 @@ _RANGE_SCHEMA = {"pid": _I64, "tid": _I64, "start_ns": _I64, "end_ns": _I64, "na
                  "args": _STR}
 _DEVICE_SCHEMA = {"pid": _I64, "device": _I64, "stream": _I64, "start_ns": _I64, "end_ns": _I64, "name": _STR,
                   "category": _STR, "op": _STR, "kernel_op": _STR, "dtype": _STR, "evidence": _STR,
-                  "launch_ns": _I64}
+                  "launch_ns": _I64, "correlationId": _I64}
 
 
 def _no_device() -> pl.DataFrame:

@@ -25,7 +25,7 @@ from traceana.ingest.run_data import RunData
 
 DIGESTS = ROOT / "tests" / "data" / "ingest_digests.json"
 CACHE = Path(tempfile.gettempdir()) / "traceana-test-cache"  # where .nsys-rep exports go (named in the notes)
-TABLES = ("ranks", "process_groups", "device_events", "collectives", "steps", "memory", "annotations")
+TABLES = ("ranks", "process_groups", "device_events", "collectives", "steps", "memory", "annotations", "syncs")
 
 _KINETO = TRACES / "kineto"
 # name -> the paths of one run (relative to the shared traces or the samples)

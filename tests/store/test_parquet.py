@@ -59,7 +59,7 @@ def test_every_table_round_trips(source_db: Path, tmp_path: Path) -> None:
     diff = differences(source_db, copy)
     assert {n for n, (count, _, _) in diff.items() if count} >= {"runs", "ranks", "device_events", "collectives",
                                                                  "process_groups", "steps", "annotations", "memory",
-                                                                 "estimate_runs", "estimate_stages"}
+                                                                 "syncs", "estimate_runs", "estimate_stages"}
     assert all(only_a == only_b == 0 for _, only_a, only_b in diff.values()), diff
     # partitioned by run and rank, readable without traceana (the run id is URL-encoded in the path)
     assert (dataset / "device_events" / "run_id=kineto%20pg%20args" / "rank=0").is_dir()

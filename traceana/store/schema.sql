@@ -86,3 +86,15 @@ CREATE TABLE IF NOT EXISTS memory (
     allocated_bytes BIGINT,
     reserved_bytes  BIGINT
 );
+CREATE TABLE IF NOT EXISTS syncs (
+    run_id   VARCHAR NOT NULL,
+    rank     INTEGER NOT NULL,
+    kind     VARCHAR NOT NULL,  -- host_wait: the host blocked until device work ended (stream / event / device
+                                --   synchronize, a blocking memcpy); stream_wait: a stream waited on the device for
+                                --   work recorded on another stream (event record + stream wait)
+    name     VARCHAR NOT NULL,  -- as the trace names it: cudaStreamSynchronize, Wait on Stream, STREAM_WAIT_EVENT, EVENT_WAIT ...
+    start_ns BIGINT NOT NULL,   -- host_wait: the blocking call's start (host); stream_wait: when the wait was issued or ran
+    end_ns   BIGINT NOT NULL,   -- host_wait: when the call returned; stream_wait: the wait's end (= start when instantaneous)
+    waited_event_id BIGINT,     -- -> device_events.event_id (same run, rank): the last device event the wait covers; NULL when unresolved
+    waiter_event_id BIGINT      -- -> device_events.event_id: stream_wait only, the first event on the waiting stream after the wait
+);

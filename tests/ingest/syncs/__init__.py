@@ -1,0 +1,1 @@
+"""The syncs table per format on the shared traces (mirrors ingest/syncs/)."""
