@@ -14,7 +14,6 @@ import pytest
 from tests.conftest import SAMPLES, TRACES, run_cli
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
-from traceana.analyses.breakdown import steps
 from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.layout import Layout
 from traceana.model import advise, replay, whatif
@@ -50,7 +49,14 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _replayed(db: Path, run: str) -> pl.DataFrame:
     with store.connect(db, read_only=True) as con:
-        return pl.concat([replay.replay_step(con, run, s)[1] for s in steps(con, run)])
+        return replay.replay_run(con, run)[1]
+
+
+def _whatif(db: Path, run: str, step: int | None, *changes: str) -> pl.DataFrame:
+    """Per rank (and step, of ``step`` or all): the measured and predicted breakdown after ``changes``."""
+    with store.connect(db, read_only=True) as con:
+        frame = whatif.whatif_run(con, run, [whatif.parse(c) for c in changes])[1]
+    return frame if step is None else frame.filter(pl.col("step") == step)
 
 
 @pytest.mark.parametrize("run", [*SHARED_RUNS, *SAMPLE_RUNS])
@@ -73,15 +79,13 @@ def test_an_outside_wait_is_kept_and_reported(db: Path) -> None:
 
 
 def test_whatif_without_a_change_predicts_the_measured_step(db: Path) -> None:
-    with store.connect(db, read_only=True) as con:
-        _, frame, _ = whatif.whatif_step(con, "moe_skewed", 3, [whatif.parse("dim=EP:1"), whatif.parse("host=1")])
+    frame = _whatif(db, "moe_skewed", 3, "dim=EP:1", "host=1")
     assert np.allclose(frame["predicted_TOTAL_ms"], frame["TOTAL_ms"], atol=1e-6)
     assert (frame["gain_ms"].abs() < 1e-6).all()
 
 
 def test_rank_to_median_gives_every_rank_the_median_compute(db: Path) -> None:
-    with store.connect(db, read_only=True) as con:
-        _, frame, _ = whatif.whatif_step(con, "moe_skewed", 3, [whatif.parse("rank=*:median")])
+    frame = _whatif(db, "moe_skewed", 3, "rank=*:median")
     median = float(np.median(frame["COMP_ms"].to_numpy()))  # all four ranks are one group (no pipeline stages)
     assert np.allclose(frame["predicted_COMP_ms"], median, rtol=2e-3)
     # the hot ranks 0 and 2 (112 tokens per expert) get faster, the cold ones slower
@@ -92,8 +96,8 @@ def test_rank_to_median_gives_every_rank_the_median_compute(db: Path) -> None:
 def test_host_zero_leaves_the_device_work_of_a_host_bound_step(db: Path) -> None:
     """h200_hostbound: with the host's time removed the step is its kernels back to back. Bounds by hand: at least
     the measured COMP, at most COMP plus 2 µs per kernel and the measured tail after the last kernel."""
+    frame = _whatif(db, "h200_hostbound", 2, "host=0")
     with store.connect(db, read_only=True) as con:
-        _, frame, _ = whatif.whatif_step(con, "h200_hostbound", 2, [whatif.parse("host=0")])
         kernels, tail_ms = con.execute(
             "SELECT count(*), (max(w.end_ns) - max(e.end_ns)) / 1e6 FROM device_events e JOIN step_windows w "
             "USING (run_id, rank) WHERE run_id = 'h200_hostbound' AND w.step = 2 AND e.start_ns >= w.start_ns "
@@ -171,3 +175,51 @@ def test_a_step_the_run_lacks_is_a_one_line_error(db: Path, command: list[str]) 
     result = run_cli(*command, "moe_skewed", "--step", "99", "--db", db, check=False)
     assert result.returncode == 2 and result.stderr == "error: --step 99: run 'moe_skewed' has no such step " \
                                                       "(steps: 2, 3)\n"
+
+
+SYNTH_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "synth_gpt_tp2pp2.yaml"
+SYNTH_RUNS = {"base": [], "slow_rank": ["--straggler-rank", "5", "--slowdown", "2"],
+              "slow_stage": ["--straggler-stage", "0", "--slowdown", "1.5"], "tp_halved": ["--comm-scale", "TP=2"]}
+
+
+@pytest.fixture(scope="module")
+def synthesized(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """16-rank GPT runs (tp2 dp4 pp2, 1F1B) synthesized with the same seed: as planned, with rank 5's compute twice as
+    long, with stage 0's 1.5x as long, and with TP transfers twice as long (half the TP bandwidth)."""
+    root = tmp_path_factory.mktemp("synth")
+    db = root / "synth.duckdb"
+    for run, options in SYNTH_RUNS.items():
+        run_cli("synth", SYNTH_CONFIG, root / run, "--ranks", 16, "--steps", 3, "--seed", 1, *options)
+        run_cli("ingest", root / run / "traces", "--db", db, "--run-id", run, "--layout", "tp=2,dp=4,pp=2")
+    return db
+
+
+def _step_ms(frame: pl.DataFrame, column: str) -> dict[int, float]:
+    """The step's time per step: the median rank's TOTAL (the hosts start every step together)."""
+    return dict(frame.group_by("step").agg(pl.col(column).median()).sort("step").iter_rows())
+
+
+@pytest.mark.parametrize(("run", "change", "truth"), [
+    ("slow_rank", "rank=5:median", "base"), ("slow_stage", "stage=0:median", "base"),
+    ("base", "dim=TP:2", "tp_halved"), ("tp_halved", "dim=TP:0.5", "base"),
+])
+def test_whatif_predicts_the_run_synthesized_without_the_change(synthesized: Path, run: str, change: str,
+                                                                truth: str) -> None:
+    """The truth is the run synthesized with the same seed and the change made in the plan; both are read from
+    their traces, so this checks the graph end to end (launches running ahead, the step-end sync and barrier,
+    transfers posted a step early)."""
+    predicted = _step_ms(_whatif(synthesized, run, None, change), "predicted_TOTAL_ms")
+    true = _step_ms(_replayed(synthesized, truth), "TOTAL_ms")
+    measured = _step_ms(_replayed(synthesized, run), "TOTAL_ms")
+    for step, ms in true.items():
+        assert abs(measured[step] - ms) > 0.08 * ms  # the change matters ...
+        assert abs(predicted[step] - ms) <= 0.03 * ms, (step, measured[step], predicted[step], ms)  # ... and is seen
+
+
+def test_synthesized_runs_replay_and_the_barrier_is_found(synthesized: Path) -> None:
+    for run in SYNTH_RUNS:
+        frame = _replayed(synthesized, run)
+        assert frame["error_pct"].abs().max() <= 1.0
+    with store.connect(synthesized, read_only=True) as con:
+        g = replay.replay_run(con, "slow_rank")[0]
+    assert g.counts["barrier"] == 2 and g.counts["host_wait"] == 48  # 3 steps: 2 boundaries; a sync per rank-step

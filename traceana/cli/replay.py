@@ -26,25 +26,20 @@ def replay(
     measured ones, the error, and the graph's edges by kind (what was recorded, inferred, or missing)."""
     import polars as pl
 
-    from traceana.analyses.breakdown import check_step, steps
+    from traceana.analyses.breakdown import check_step
     from traceana.model import replay as model
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         if step is not None:
             check_step(con, rid, step)
-        chosen = [step] if step is not None else steps(con, rid)
-        frames, counts, missing = [], {}, []
-        with progress(len(chosen), "replaying") as advance:
-            for s in chosen:
-                g, frame = model.replay_step(con, rid, s)
-                frames.append(frame)
-                for kind, count in g.counts.items():
-                    counts[kind] = counts.get(kind, 0) + count
-                missing += [m for m in g.missing if m not in missing]
-                advance(f"step {s}")
-    table = pl.concat(frames)
-    summary = model.summary(frames)
+        with progress(None, "replaying") as advance:
+            g, table = model.replay_run(con, rid)
+            advance("done")
+    if step is not None:
+        table = table.filter(pl.col("step") == step)
+    counts, missing = g.counts, g.missing
+    summary = model.summary(table)
     if json:
         emit_json({"run_id": rid, **summary, "edges": counts, "missing": missing, "rank_steps": table.to_dicts()})
         return
@@ -78,9 +73,10 @@ def whatif(
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         step = default_step(con, rid) if step is None else step
-        g, frame, segments = model.whatif_step(con, rid, step, changes)
+        g, frame, segments = model.whatif_run(con, rid, changes, step)
+    frame = frame.filter(frame["step"] == step)
     path = report(segments)["by_kind"] if segments is not None and segments.height else None
-    measured, predicted = float(frame["TOTAL_ms"].max()), float(frame["predicted_TOTAL_ms"].max())
+    measured, predicted = float(frame["TOTAL_ms"].median()), float(frame["predicted_TOTAL_ms"].median())
     if plot is not None:
         from traceana.render.plots import whatif_bars
 
@@ -96,7 +92,7 @@ def whatif(
              title=f"{rid}: step {step} after {' '.join(map(str, changes))} (ms; --json has every part)")
         if path is not None:
             emit(path, title="critical path after the change, by kind")
-        typer.echo(f"step (slowest rank): measured {measured:,.3f} ms, predicted {predicted:,.3f} ms "
+        typer.echo(f"step (the median rank's TOTAL): measured {measured:,.3f} ms, predicted {predicted:,.3f} ms "
                    f"± {float(frame['error_bar_ms'].max()):,.3f} ms")
         for line in g.missing:
             typer.echo(f"note: {line}")

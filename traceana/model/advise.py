@@ -8,7 +8,8 @@ Findings looked for, on one step (the second, or the only one):
 - straggler ranks: stragglers view, COMP above the group's median -> each such rank (and all of them) to the median;
 - straggler stage: the stage with the largest mean COMP -> ``stage=P:median`` (what rebalancing its layers buys).
 With the job's estimator config, also what only the estimator can predict (:func:`estimator_findings`). The step's
-length is its slowest rank's TOTAL; a gain is measured minus predicted step, in ms.
+length is the median rank's TOTAL (the ranks of one job start their steps together, so their TOTALs agree up to
+where each rank's window is cut); a gain is measured minus predicted step, in ms.
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
     check_step(con, run_id, step)
     measured = con.sql("SELECT * FROM rank_step_breakdown WHERE run_id = $run AND step = $step",
                        params={"run": run_id, "step": step}).pl()
-    total = float(measured["TOTAL_ns"].max())
+    total = float(measured["TOTAL_ns"].median())
     rows: list[dict] = []
 
     def propose(finding: str, evidence: str, changes: list[str]) -> None:
-        g, frame, _ = whatif.whatif_step(con, run_id, step, [whatif.parse(c) for c in changes])
-        step_ms = float(frame["predicted_TOTAL_ms"].max())
+        g, frame, _ = whatif.whatif_run(con, run_id, [whatif.parse(c) for c in changes])
+        frame = frame.filter(pl.col("step") == step)
+        step_ms = float(frame["predicted_TOTAL_ms"].median())
         rows.append({"finding": finding, "evidence": evidence, "change": " ".join(changes),
                      "measured_step_ms": total / 1e6, "predicted_step_ms": step_ms,
                      "gain_ms": total / 1e6 - step_ms, "error_bar_ms": float(frame["error_bar_ms"].max()),

@@ -1,9 +1,12 @@
-"""The dependency graph of one step of a measured run (DESIGN §8): what each device event waited for.
+"""The dependency graph of a measured run (DESIGN §8): what each device event waited for, over all its steps.
 
 Nodes are each device event's start S and end E, each launched event's host launch point H, each collective
-instance's arrival A (its last member's start), each host wait's return R, and one root per rank, its step window's
-start W (the only measured time a replay keeps). An edge ``u -> v`` of weight ``w`` says ``t(v) >= t(u) + w``;
-:mod:`traceana.model.replay` gives every node the earliest time its edges allow. Edge kinds (``KINDS``):
+instance's arrival A (its last member's start), each host wait's return R, one barrier B per step boundary where
+the ranks' hosts left a barrier together, and one root per rank, its first step window's start W (the only
+measured time a replay keeps). One graph spans the run, so a change in one step moves the steps after it, and a
+transfer posted in one step (a Recv posted early) ends with its partner in the next. An edge ``u -> v`` of weight
+``w`` says ``t(v) >= t(u) + w``; :mod:`traceana.model.replay` gives every node the earliest time its edges allow.
+Edge kinds (``KINDS``):
 
 - ``run``: S -> E, the event's measured length; a collective's member instead runs S -> A and A -> E, the
   transfer's measured length ``end - latest start`` (a member alone in the trace keeps its whole length).
@@ -22,9 +25,11 @@ start W (the only measured time a replay keeps). An edge ``u -> v`` of weight ``
 - ``external``: a launched event that sat more than a millisecond past everything the trace shows, the device idle
   with the work queued (a wait on something outside the trace: another process, an untraced event): like ``gap``, a
   fixed delay, counted and reported as ``external_hold_ms`` beside the replay.
-- ``anchor``: W -> a rank's first host point or first event, or an event the step before started that runs into
-  this window (its end is this step's: a Recv posted early ends with this step's Send), at its measured offset from
-  the window start.
+- ``barrier``: the first launches of a step on every rank within ``BARRIER_NS`` of each other although the ranks
+  got there (their previous host points) far apart: the hosts waited for each other (a barrier, a host-side
+  collective); the step starts on every rank after the last one arrives, plus the host time of that last one.
+- ``anchor``: W -> a rank's first host point or first event, or an event begun before the first window that runs
+  into it, at its measured offset from the window start.
 
 Everything is vectorized (DuckDB ASOF joins, NumPy); the graph of one step at 1,024 ranks builds in seconds.
 """
@@ -38,43 +43,50 @@ import numpy as np
 import polars as pl
 
 KINDS = ("run", "transfer", "stream", "launch", "host", "host_wait", "stream_wait", "inferred", "gap", "external",
-         "anchor")
-RUN, TRANSFER, STREAM, LAUNCH, HOST, HOST_WAIT, STREAM_WAIT, INFERRED, GAP, EXTERNAL, ANCHOR = range(len(KINDS))
+         "barrier", "anchor")
+(RUN, TRANSFER, STREAM, LAUNCH, HOST, HOST_WAIT, STREAM_WAIT, INFERRED, GAP, EXTERNAL, BARRIER,
+ ANCHOR) = range(len(KINDS))
 SLACK_NS = 1_000            # a start later than every recorded constraint by more than this was held by something
 INFER_WITHIN_NS = 20_000    # ... and an other-stream end at most this long before it is taken as what held it
 EXTERNAL_NS = 1_000_000     # a launched event held this long past everything the trace shows waited on the outside
+BARRIER_NS = 20_000         # ranks whose hosts start a step this close together, after arriving farther apart, met
 
+# every device event in a step window (its step: the window it starts in), and those begun before a rank's first
+# window that run into it (given the first step)
 EVENTS_SQL = """
+WITH first AS (SELECT rank, min(start_ns) AS first_ns, arg_min(step, start_ns) AS first_step
+               FROM step_windows WHERE run_id = $run GROUP BY rank)
 SELECT e.rank, e.event_id, e.stream, e.start_ns, e.end_ns, e.name, e.category, e.launch_ns,
-       c.op, c.dim, c.instance
+       c.op, c.dim, c.instance, coalesce(w.step, f.first_step) AS step
 FROM device_events e
-JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns < w.end_ns
-                    AND (e.start_ns >= w.start_ns OR e.end_ns >= w.start_ns)
+JOIN first f ON f.rank = e.rank
+LEFT JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns >= w.start_ns
+                         AND e.start_ns < w.end_ns
 LEFT JOIN collectives c ON c.run_id = e.run_id AND c.rank = e.rank AND c.event_id = e.event_id
-WHERE e.run_id = $run AND w.step = $step
+WHERE e.run_id = $run AND (w.step IS NOT NULL OR (e.start_ns < f.first_ns AND e.end_ns >= f.first_ns))
 ORDER BY e.rank, e.stream, e.start_ns, e.end_ns, e.event_id
 """
 
-
-# each stream's last end before the step's window: the step before holds the stream until then
+# each stream's last end before a rank's first window: what held the stream until then
 CARRIED_SQL = """
 SELECT e.rank, e.stream, max(e.end_ns) AS busy_until_ns
 FROM device_events e
-JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.end_ns < w.start_ns
-WHERE e.run_id = $run AND w.step = $step
+JOIN (SELECT rank, min(start_ns) AS first_ns FROM step_windows WHERE run_id = $run GROUP BY rank) f
+  ON f.rank = e.rank AND e.end_ns < f.first_ns
+WHERE e.run_id = $run
 GROUP BY ALL
 """
 
 
 @dataclass
 class Graph:
-    """One step's graph. ``events`` row i is nodes S = i and E = n + i; ``windows`` has one row per rank (rank,
-    start_ns, end_ns; tail_ns: the measured time from the rank's last event end to its window's end; has_events;
+    """A run's graph. ``events`` row i (with its step) is nodes S = i and E = n + i; ``windows`` has one row per rank
+    and step (rank, step, start_ns, end_ns; tail_ns: the measured time from the last end of the step's events on the
+    rank to its window's end; lead_ns: from the window's start to its first event's, NULL without one; has_events;
     held_ns: how long launched events sat past every recorded and inferred constraint by less than EXTERNAL_NS, what
     the graph cannot explain and a replay therefore leaves out; external_ns: the longer holds, kept as fixed delays)."""
 
     run_id: str
-    step: int
     events: pl.DataFrame
     windows: pl.DataFrame
     n_nodes: int
@@ -111,21 +123,20 @@ class _Edges:
         return tuple(np.concatenate([p[k] for p in self.parts]) for k in range(5))
 
 
-def build(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> Graph:
-    """The graph of ``step`` of ``run_id`` from the store (see the module doc)."""
-    events = con.sql(EVENTS_SQL, params={"run": run_id, "step": step}).pl()
-    windows = con.sql("SELECT rank, start_ns, end_ns FROM step_windows WHERE run_id = $run AND step = $step "
-                      "ORDER BY rank", params={"run": run_id, "step": step}).pl()
-    syncs = _syncs(con, run_id, events)
-    carried = con.sql(CARRIED_SQL, params={"run": run_id, "step": step}).pl()
-    return from_frames(run_id, step, events, windows, syncs, carried)
+def build(con: duckdb.DuckDBPyConnection, run_id: str) -> Graph:
+    """The graph of ``run_id`` from the store (see the module doc)."""
+    params = {"run": run_id}
+    events = con.sql(EVENTS_SQL, params=params).pl()
+    windows = con.sql("SELECT rank, step, start_ns, end_ns FROM step_windows WHERE run_id = $run "
+                      "ORDER BY rank, start_ns", params=params).pl()
+    return from_frames(run_id, events, windows, _syncs(con, run_id, events), con.sql(CARRIED_SQL, params=params).pl())
 
 
 def _syncs(con: duckdb.DuckDBPyConnection, run_id: str, events: pl.DataFrame) -> pl.DataFrame:
     """The run's recorded synchronizations among this step's events (none on a store without the syncs table)."""
     empty = pl.DataFrame(schema={"rank": pl.Int32, "kind": pl.String, "start_ns": pl.Int64, "end_ns": pl.Int64,
                                  "waited_event_id": pl.Int64, "waiter_event_id": pl.Int64})
-    has = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'syncs'").fetchall()[0][0]
+    has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'syncs'").fetchall()[0][0]
     if not has or events.is_empty():
         return empty
     keys = events.select("rank", "event_id")  # noqa: F841 - read by the query below
@@ -134,26 +145,29 @@ def _syncs(con: duckdb.DuckDBPyConnection, run_id: str, events: pl.DataFrame) ->
                    "WHERE s.run_id = $run", params={"run": run_id}).pl().cast(empty.schema)
 
 
-def from_frames(run_id: str, step: int, events: pl.DataFrame, windows: pl.DataFrame, syncs: pl.DataFrame,
+def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs: pl.DataFrame,
                 carried: pl.DataFrame) -> Graph:
-    """The graph from one step's events (sorted by rank, stream, start), windows, syncs and the times the step before
-    held each stream until (rank, stream, busy_until_ns)."""
+    """The graph from a run's events (sorted by rank, stream, start; with their step), step windows, syncs and the
+    times each stream was held until before the rank's first window (rank, stream, busy_until_ns)."""
     n = events.height
     rank = events["rank"].to_numpy().astype(np.int64)
     stream = events["stream"].fill_null(-1).to_numpy()
     start = events["start_ns"].to_numpy()
     end = events["end_ns"].to_numpy()
     launch = events["launch_ns"].to_numpy()
-    ws_of = dict(zip(windows["rank"].to_list(), windows["start_ns"].to_list(), strict=True))
-    straddles = start < events["rank"].replace_strict(ws_of, return_dtype=pl.Int64).to_numpy() if n else \
-        np.zeros(0, bool)
-    launched = ~events["launch_ns"].is_null().to_numpy() & ~straddles  # the step before launched a straddler
-    instance = events["instance"].to_numpy()
-    member = ~events["instance"].is_null().to_numpy()
-    ranks = windows["rank"].to_numpy().astype(np.int64)
+    firsts = windows.group_by("rank").agg(pl.col("start_ns").min()).sort("rank")
+    ranks = firsts["rank"].to_numpy().astype(np.int64)
     rank_row = np.full(int(max(ranks.max(initial=0), rank.max(initial=0))) + 1, -1, np.int64)
     rank_row[ranks] = np.arange(len(ranks))
-    ws = windows["start_ns"].to_numpy()[rank_row[rank]] if n else np.zeros(0, np.int64)
+    first_ns = firsts["start_ns"].to_numpy()
+    ws = first_ns[rank_row[rank]] if n else np.zeros(0, np.int64)  # each event's rank's root
+    straddles = start < ws
+    launched = ~events["launch_ns"].is_null().to_numpy() & ~straddles  # launched before the trace's steps
+    instance = events["instance"].to_numpy()
+    member = ~events["instance"].is_null().to_numpy()
+    window_of = (events.select("rank", "step").with_row_index("i")
+                 .join(windows.select("rank", "step").with_row_index("w"), on=["rank", "step"], how="left")
+                 .sort("i")["w"].to_numpy().astype(np.int64))
     idx = np.arange(n, dtype=np.int64)
     edges, counts, missing = _Edges(), {}, []
 
@@ -165,7 +179,8 @@ def from_frames(run_id: str, step: int, events: pl.DataFrame, windows: pl.DataFr
     a_base = 2 * n + int(launched.sum())
     r_base = a_base + len(inst_values)
     w_base = r_base + syncs.height
-    n_nodes = w_base + len(ranks)
+    b_base = w_base + len(ranks)
+    n_nodes = b_base + windows["step"].n_unique()
 
     # run and transfer
     solo = ~member
@@ -199,15 +214,16 @@ def from_frames(run_id: str, step: int, events: pl.DataFrame, windows: pl.DataFr
     end_all = np.concatenate([end, c_end])
     stream_all = np.concatenate([stream, carried["stream"].fill_null(-1).to_numpy()])
     node_all = np.concatenate([n + idx, w_base + rank_row[c_rank]])
-    offset_all = np.concatenate([np.zeros(n, np.int64), c_end - windows["start_ns"].to_numpy()[rank_row[c_rank]]])
+    offset_all = np.concatenate([np.zeros(n, np.int64), c_end - first_ns[rank_row[c_rank]]])
     other = _latest_end_before(rank, start, np.concatenate([rank, c_rank]), end_all, np.concatenate([start, c_end - 1]))
     found = other >= 0
     o = np.maximum(other, 0)
 
-    # per rank: the launch latency, the median start - launch of kernels launched after their stream ran dry (where
-    # none was, the least start - launch: a bound no start undercuts); and the device's own gap between a kernel
+    # per rank: the launch latency, the median start - launch of kernels launched after their stream ran dry, with
+    # nothing else on the rank ending between launch and start (where none was, the least start - launch: a bound
+    # no start undercuts); and the device's own gap between a kernel
     # and the next one already queued behind it on its stream, where nothing else ended in between
-    dry = launched & has_prev & (launch > end[np.maximum(prev, 0)])
+    dry = launched & has_prev & (launch > end[np.maximum(prev, 0)]) & (~found | (end_all[o] <= launch))
     lat = _per_rank_quantile(rank[dry], (start - launch)[dry], len(rank_row), 0.5)
     least = _per_rank_quantile(rank[launched], (start - launch)[launched], len(rank_row), 0.0)
     lat = np.maximum(np.where(lat >= 0, lat, least), 0)
@@ -244,8 +260,9 @@ def from_frames(run_id: str, step: int, events: pl.DataFrame, windows: pl.DataFr
 
     # host chains: launches and wait returns of each rank in time order
     host_waits = syncs.filter(pl.col("kind") == "host_wait")
-    _host_chain(edges, counts, n, rank[launched], launch[launched], h_of[launched], host_waits, row_of, end,
-                r_base, w_base + rank_row, windows)
+    step = events["step"].to_numpy()
+    _host_chain(edges, counts, n, (rank[launched], launch[launched], h_of[launched], step[launched]), step,
+                host_waits, row_of, end, r_base, w_base + rank_row, first_ns[rank_row], b_base)
 
     held = (start > ready + SLACK_NS) & ~straddles
     cross = held & found & (stream_all[o] != stream) & (end_all[o] > ready)
@@ -280,30 +297,37 @@ def from_frames(run_id: str, step: int, events: pl.DataFrame, windows: pl.DataFr
                        "cross-stream waits are inferred from timing")
 
     src, dst, weight, kind, event = edges.arrays()
-    last_end = np.full(len(ranks), np.iinfo(np.int64).min)
+    rows = windows.height
+    last_end = np.full(rows, np.iinfo(np.int64).min)
+    first_start = np.full(rows, np.iinfo(np.int64).max)
+    held_ns, external_ns = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
     if n:
-        np.maximum.at(last_end, rank_row[rank], end)
-    we = windows["end_ns"].to_numpy()
-    windows = windows.with_columns(tail_ns=pl.Series(np.where(last_end > np.iinfo(np.int64).min, we - last_end, 0)),
-                                   has_events=pl.Series(last_end > np.iinfo(np.int64).min))
-    held_ns, external_ns = np.zeros(len(ranks), np.int64), np.zeros(len(ranks), np.int64)
-    if n:
-        np.add.at(held_ns, rank_row[rank], hold)
-        np.add.at(external_ns, rank_row[rank], outside)
+        np.maximum.at(last_end, window_of, end)
+        np.minimum.at(first_start, window_of[~straddles], start[~straddles])
+        np.add.at(held_ns, window_of, hold)
+        np.add.at(external_ns, window_of, outside)
+    has = last_end > np.iinfo(np.int64).min
+    starts = first_start < np.iinfo(np.int64).max
+    windows = windows.with_columns(tail_ns=pl.Series(np.where(has, windows["end_ns"].to_numpy() - last_end, 0)),
+                                   lead_ns=pl.Series(first_start - windows["start_ns"].to_numpy()).set(
+                                       pl.Series(~starts), None),
+                                   has_events=pl.Series(has), held_ns=pl.Series(held_ns),
+                                   external_ns=pl.Series(external_ns))
     if external.any():
         missing.append(f"{int(external.sum())} launched events sat more than {EXTERNAL_NS / 1e6:g} ms past everything "
                        "the trace shows (device idle with the work queued: a wait on something outside the trace); "
                        "replayed as measured fixed delays ('external' edges, external_hold_ms)")
-    windows = windows.with_columns(held_ns=pl.Series(held_ns), external_ns=pl.Series(external_ns))
-    return Graph(run_id, step, events, windows, n_nodes, src, dst, weight, kind, event,
-                 w_base + np.arange(len(ranks)), windows["start_ns"].to_numpy(), straddles, counts, missing)
+    return Graph(run_id, events, windows, n_nodes, src, dst, weight, kind, event, w_base + np.arange(len(ranks)),
+                 first_ns, straddles, counts, missing)
 
 
-def _host_chain(edges: _Edges, counts: dict[str, int], n: int, rank: np.ndarray, t: np.ndarray, node: np.ndarray,
+def _host_chain(edges: _Edges, counts: dict[str, int], n: int, launches: tuple[np.ndarray, ...], step: np.ndarray,
                 host_waits: pl.DataFrame, row_of, end: np.ndarray, r_base: int, w_of_rank: np.ndarray,
-                windows: pl.DataFrame) -> None:
-    """Chain each rank's host points (launches at ``t``; wait returns) in time order with their measured gaps; a
-    wait's return also follows the end of the event it waited for."""
+                root_of_rank: np.ndarray, b_base: int) -> None:
+    """Chain each rank's host points (``launches``: rank, time, node, step of each launch; wait returns) in time
+    order with their measured gaps; a wait's return also follows the end of the event it waited for; and a step the
+    hosts started together follows a barrier (module doc). ``step``: each event's step."""
+    rank, t, node, launched_step = launches
     waited = row_of(host_waits["rank"], host_waits["waited_event_id"])
     ok = waited >= 0
     w_start, w_end = host_waits["start_ns"].to_numpy()[ok], host_waits["end_ns"].to_numpy()[ok]
@@ -317,19 +341,45 @@ def _host_chain(edges: _Edges, counts: dict[str, int], n: int, rank: np.ndarray,
     p_time = np.concatenate([t, w_end])
     p_node = np.concatenate([node, r_node])
     p_own = np.concatenate([t, np.where(blocked, w_start, w_end)])
+    p_step = np.concatenate([launched_step, step[w_event]])
+    p_launch = np.concatenate([np.ones(len(t), bool), np.zeros(len(w_end), bool)])
     order = np.lexsort((p_time, p_rank))
-    p_rank, p_time, p_node, p_own = p_rank[order], p_time[order], p_node[order], p_own[order]
+    p_rank, p_time, p_node, p_own, p_step, p_launch = (a[order] for a in (p_rank, p_time, p_node, p_own, p_step,
+                                                                           p_launch))
     first = np.ones(len(p_rank), bool)
     first[1:] = p_rank[1:] != p_rank[:-1]
-    chained = np.flatnonzero(~first)
-    edges.add(HOST, p_node[chained - 1], p_node[chained], p_own[chained] - p_time[chained - 1])
-    ws = dict(zip(windows["rank"].to_list(), windows["start_ns"].to_list(), strict=True))
+    chained = ~first
+    # a step's first launch on each rank, or a launch just before it (a transfer posted for the step before):
+    # where the hosts left a barrier together, they follow it
+    opens = np.flatnonzero(chained & p_launch & (p_step != np.roll(p_step, 1)))
+    opened = p_step[opens]  # the step each opens
+    segment = np.searchsorted(p_rank, p_rank[opens])  # each one's rank's first point
+    opens = np.array([lo + int(np.searchsorted(p_time[lo:f + 1], p_time[f] - BARRIER_NS)) for lo, f in
+                      zip(segment.tolist(), opens.tolist(), strict=True)], np.int64)
+    valid = (opens > segment) & p_launch[opens]
+    opens, opened = opens[valid], opened[valid]
+    barriers = 0
+    for k, s in enumerate(np.unique(opened).tolist()):
+        at = opens[opened == s]
+        if len(np.unique(p_rank[at])) < 2 or len(at) != len(np.unique(p_rank[at])):
+            continue
+        leave, arrive = p_time[at], p_time[at - 1]
+        gap = int(leave.min() - arrive.max())
+        if leave.max() - leave.min() > BARRIER_NS or arrive.max() - arrive.min() <= leave.max() - leave.min() + \
+                BARRIER_NS or gap < 0:
+            continue
+        edges.add(BARRIER, p_node[at - 1], np.full(len(at), b_base + k), gap)
+        edges.add(BARRIER, np.full(len(at), b_base + k), p_node[at], leave - leave.min())
+        chained[at] = False
+        barriers += 1
+    c = np.flatnonzero(chained)
+    edges.add(HOST, p_node[c - 1], p_node[c], p_own[c] - p_time[c - 1])
     heads = np.flatnonzero(first)
-    edges.add(ANCHOR, w_of_rank[p_rank[heads]], p_node[heads],
-              p_time[heads] - np.array([ws[r] for r in p_rank[heads].tolist()], np.int64))
+    edges.add(ANCHOR, w_of_rank[p_rank[heads]], p_node[heads], p_time[heads] - root_of_rank[p_rank[heads]])
     edges.add(HOST_WAIT, n + w_event, r_node, np.where(blocked, np.maximum(0, w_end - end[w_event]), 0))
-    counts["host"] = len(chained)
+    counts["host"] = len(c)
     counts["host_wait"] = int(ok.sum())
+    counts["barrier"] = barriers
 
 
 def _row_lookup(events: pl.DataFrame):

@@ -1,5 +1,5 @@
-"""Replay a step from its dependency graph (graph.py): every node at the earliest time its edges allow, from each
-rank's window start, with the measured lengths (DESIGN §8). The simulated timeline is then measured exactly as a
+"""Replay a run from its dependency graph (graph.py): every node at the earliest time its edges allow, from each
+rank's first window start, with the measured lengths (DESIGN §8). The simulated timeline is then measured exactly as a
 measured one: its device events and windows go into an in-memory store with this version's views, so the replayed
 breakdown is the §4 breakdown of the simulated timeline, not a second definition of it.
 
@@ -59,21 +59,29 @@ def longest_path(graph: Graph, weight: np.ndarray | None = None, keep: np.ndarra
 
 def timeline(graph: Graph, times: np.ndarray, ends_window: np.ndarray | None = None
              ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(events, windows) of the simulated step: the events with their replayed start_ns / end_ns, and each rank's
-    window from its start (earlier where its own events now start before it: a pipeline fill that got shorter) to
-    its last replayed end (of the events in ``ends_window``) plus the measured tail."""
+    """(events, windows) of the simulated run: the events with their replayed start_ns / end_ns, and each rank's
+    step windows. A step starts its measured lead before its first event now starts (the first step no later than
+    its root), and ends where the next one starts; the last one at its last replayed end (of the events in
+    ``ends_window``) plus the measured tail. So a step's length is the distance between the starts of its work and
+    the next step's, wherever the time between them went."""
     n = graph.n
     start, end = times[:n], np.maximum(times[n:2 * n], times[:n])
     events = graph.events.with_columns(start_ns=pl.Series(start), end_ns=pl.Series(end))
-    last = (events.filter(pl.Series(np.ones(n, bool) if ends_window is None else ends_window))
-            .group_by("rank").agg(pl.col("end_ns").max().alias("last_ns")))
-    first = (events.filter(~pl.Series(graph.straddles, dtype=pl.Boolean)).group_by("rank")
+    counted = pl.Series(np.ones(n, bool) if ends_window is None else ends_window)
+    last = events.filter(counted).group_by("rank", "step").agg(pl.col("end_ns").max().alias("last_ns"))
+    first = (events.filter(~pl.Series(graph.straddles, dtype=pl.Boolean)).group_by("rank", "step")
              .agg(pl.col("start_ns").min().alias("first_ns")))
-    windows = (graph.windows.join(last, on="rank", how="left").join(first, on="rank", how="left")
-               .with_columns(pl.when(pl.col("last_ns").is_not_null()).then(pl.col("last_ns") + pl.col("tail_ns"))
-                             .otherwise(pl.col("end_ns")).alias("end_ns"),
-                             pl.min_horizontal("start_ns", "first_ns").alias("start_ns"))
-               .select("rank", "start_ns", "end_ns"))
+    rank = pl.col("rank")
+    opens = (rank != rank.shift(1)).fill_null(True)
+    windows = (graph.windows.join(last, on=["rank", "step"], how="left").join(first, on=["rank", "step"], how="left")
+               .sort("rank", "start_ns")
+               .with_columns(pl.coalesce(pl.col("first_ns") - pl.col("lead_ns"), "start_ns").alias("moved_start"))
+               .with_columns(pl.when(opens).then(pl.min_horizontal("start_ns", "moved_start"))
+                             .otherwise(pl.col("moved_start")).alias("new_start"))
+               .with_columns(pl.coalesce(pl.col("new_start").shift(-1).over(rank),
+                                         pl.col("last_ns") + pl.col("tail_ns"), "end_ns").alias("new_end"))
+               .select("rank", "step", pl.col("new_start").alias("start_ns"),
+                       pl.max_horizontal("new_end", "new_start").alias("end_ns")))
     return events, windows
 
 
@@ -93,7 +101,7 @@ def simulated_store(run_id: str, events: pl.DataFrame, windows: pl.DataFrame,
             pl.lit(None, pl.Int64).alias("bytes"), pl.lit(None, pl.String).alias("dtype"),
             pl.lit(None, pl.String).alias("pg"), "dim", pl.lit(None, pl.Int64).alias("seq"), "instance",
             pl.lit(None, pl.Int32).alias("peer"), pl.lit("replay").alias("evidence"))
-        cut = windows.select(run.alias("run_id"), "rank", pl.lit(0).alias("step"), "start_ns", "end_ns")  # noqa: F841
+        cut = windows.select(run.alias("run_id"), "rank", "step", "start_ns", "end_ns")  # noqa: F841
         known = ranks  # noqa: F841
         con.execute("INSERT INTO device_events SELECT * FROM device")
         con.execute("INSERT INTO collectives SELECT * FROM comm")
@@ -106,29 +114,24 @@ def simulated_store(run_id: str, events: pl.DataFrame, windows: pl.DataFrame,
         con.close()
 
 
-def breakdown_of(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
-    """The simulated step's rank_step_breakdown: rank, pp, then the parts in ns."""
-    return con.sql(f"SELECT rank, pp, TOTAL_ns, {', '.join(p + '_ns' for p in PARTS)}, OVERLAPPED_ns "
-                   "FROM rank_step_breakdown ORDER BY rank").pl()
-
-
-def measured_breakdown(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> pl.DataFrame:
-    """The store's own breakdown of the step, in the columns of :func:`breakdown_of`."""
-    return con.sql(f"SELECT rank, pp, TOTAL_ns, {', '.join(p + '_ns' for p in PARTS)}, OVERLAPPED_ns "
-                   "FROM rank_step_breakdown WHERE run_id = $run AND step = $step ORDER BY rank",
-                   params={"run": run_id, "step": step}).pl()
+def breakdown_of(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> pl.DataFrame:
+    """rank_step_breakdown (of ``run_id``, else the store's only run): rank, pp, step, then the parts in ns."""
+    where = "" if run_id is None else "WHERE run_id = $run"
+    return con.sql(f"SELECT rank, pp, step, TOTAL_ns, {', '.join(p + '_ns' for p in PARTS)}, OVERLAPPED_ns "
+                   f"FROM rank_step_breakdown {where} ORDER BY step, rank",
+                   params=None if run_id is None else {"run": run_id}).pl()
 
 
 def ranks_of(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
     return con.sql("SELECT * FROM ranks WHERE run_id = $run", params={"run": run_id}).pl()
 
 
-def side_by_side(measured: pl.DataFrame, replayed: pl.DataFrame, step: int) -> pl.DataFrame:
-    """Per rank: the measured and replayed parts in ms, and the TOTAL's error in % of the measured TOTAL."""
+def side_by_side(measured: pl.DataFrame, replayed: pl.DataFrame) -> pl.DataFrame:
+    """Per rank and step: the measured and replayed parts in ms, and the TOTAL's error in % of the measured TOTAL."""
     cols = ["TOTAL", *PARTS]
-    both = measured.join(replayed, on="rank", how="left", suffix="_r")
+    both = measured.join(replayed, on=["rank", "step"], how="left", suffix="_r")
     return both.select(
-        pl.lit(step).alias("step"), "rank", pl.col("pp").alias("stage"),
+        "step", "rank", pl.col("pp").alias("stage"),
         *[(pl.col(f"{c}_ns") / 1e6).alias(f"{c}_ms") for c in cols],
         *[(pl.col(f"{c}_ns_r") / 1e6).alias(f"replayed_{c}_ms") for c in cols],
         (100 * (pl.col("TOTAL_ns_r") - pl.col("TOTAL_ns")) / pl.col("TOTAL_ns")).alias("error_pct"))
@@ -136,30 +139,33 @@ def side_by_side(measured: pl.DataFrame, replayed: pl.DataFrame, step: int) -> p
 
 def simulate(con: duckdb.DuckDBPyConnection, graph: Graph, weight: np.ndarray | None = None,
              keep: np.ndarray | None = None, ends_window: np.ndarray | None = None,
-             path: bool = False) -> tuple[pl.DataFrame, pl.DataFrame | None]:
-    """(breakdown, critical path segments when ``path``) of the graph replayed with ``weight`` / ``keep``."""
+             path_step: int | None = None) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    """(breakdown per rank and step, critical path segments of ``path_step`` when given) of the graph replayed with
+    ``weight`` / ``keep``."""
     from traceana.analyses import critical_path
 
     events, windows = timeline(graph, longest_path(graph, weight, keep), ends_window)
     with simulated_store(graph.run_id, events, windows, ranks_of(con, graph.run_id)) as sim:
-        segments = critical_path.walk(*critical_path.load_step(sim, graph.run_id, 0)) if path else None
+        segments = (critical_path.walk(*critical_path.load_step(sim, graph.run_id, path_step))
+                    if path_step is not None else None)
         return breakdown_of(sim), segments
 
 
-def replay_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> tuple[Graph, pl.DataFrame]:
-    """(graph, per-rank measured vs replayed breakdown) of one step, nothing changed."""
+def replay_run(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[Graph, pl.DataFrame]:
+    """(graph, per rank and step: measured vs replayed breakdown, the holds it could not explain), nothing
+    changed."""
     from traceana.model import graph as dependency
 
-    g = dependency.build(con, run_id, step)
+    g = dependency.build(con, run_id)
     replayed, _ = simulate(con, g)
-    frame = side_by_side(measured_breakdown(con, run_id, step), replayed, step)
-    held = g.windows.select("rank", (pl.col("held_ns") / 1e6).alias("unexplained_hold_ms"),
+    frame = side_by_side(breakdown_of(con, run_id), replayed)
+    held = g.windows.select("rank", "step", (pl.col("held_ns") / 1e6).alias("unexplained_hold_ms"),
                             (pl.col("external_ns") / 1e6).alias("external_hold_ms"))
-    return g, frame.join(held, on="rank", how="left")
+    return g, frame.join(held, on=["rank", "step"], how="left")
 
 
-def summary(frames: list[pl.DataFrame]) -> dict[str, float]:
+def summary(frame: pl.DataFrame) -> dict[str, float]:
     """The replay error over rank-steps: median and worst |error| in %, and their count."""
-    errors = pl.concat(frames)["error_pct"].abs() if frames else pl.Series([], dtype=pl.Float64)
+    errors = frame["error_pct"].abs()
     return {"rank_steps": len(errors), "median_abs_error_pct": float(errors.median() or 0),
             "worst_abs_error_pct": float(errors.max() or 0)}

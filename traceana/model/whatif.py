@@ -6,9 +6,9 @@ A change is ``KEY=TARGET[:FACTOR]``; several compose, applied in the order given
 - ``op=AllToAll:0.7``  the transfers of one collective op
 - ``kernel=*flash*:0.8`` compute / memcpy / memset events whose name matches the pattern (fnmatch, any case)
 - ``host=0``           host time between launches scaled (0: every launch at once, what CUDA graphs would do)
-- ``rank=5:median``    rank 5's work scaled to its group's median COMP in this step (its stage's ranks, or all
-                       ranks without a layout); ``rank=*:median`` every rank
-- ``stage=0:median``   the stage's ranks scaled so its mean COMP is the median of the stages' means
+- ``rank=5:median``    rank 5's work scaled to the median COMP of its peers (its stage's other ranks, or all others
+                       without a layout), step by step; ``rank=*:median`` every rank to its stage's median
+- ``stage=0:median``   the stage's ranks scaled so its mean COMP is the median of the other stages' means
 - ``overlap=DP``       nothing waits for DP communication any more: it runs in the background
 
 The prediction is the measured step moved by the replayed gain: ``measured + (what-if replay - replay)``, part by
@@ -88,47 +88,44 @@ def _factor(spec: str, text: str) -> float:
     return value
 
 
-def edit(graph: Graph, changes: list[Change], comp_ns: dict[int, int], stage_of: dict[int, int | None]
-         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(weights, kept edges, events that still end the window) after ``changes``. ``comp_ns``: each rank's measured
-    COMP in the step, for the median changes; ``stage_of``: each rank's stage (None without a layout)."""
+def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(weights, kept edges, events that still end their window) after ``changes``. ``measured``: the run's
+    breakdown per rank and step (rank, pp, step, COMP_ns), for the median changes, which take each step's own."""
     weight = graph.weight.astype(np.float64)
     keep = np.ones(len(weight), bool)
     ends_window = np.ones(graph.n, bool)
     ev = graph.events
-    ranks = ev["rank"].to_numpy()
     category = ev["category"].to_numpy()
+    work = np.isin(category, WORK)
     dim = ev["dim"].fill_null("").str.split("-").list.first().fill_null("").to_numpy()
     comm = category == "comm"
-    carries = graph.event >= 0
     lengths = (graph.kind == dependency.RUN) | (graph.kind == dependency.TRANSFER)
-    length_of = np.where(carries & lengths, graph.event, -1)
+    length_of = np.where((graph.event >= 0) & lengths, graph.event, -1)
+    hit = length_of >= 0
 
-    def scale(events: np.ndarray, factor: float) -> None:
-        hit = length_of >= 0
-        hit[hit] = events[length_of[hit]]
-        weight[hit] *= factor
+    def scale(factor: np.ndarray) -> None:  # per event; 1 leaves it
+        weight[hit] *= factor[length_of[hit]]
+
+    def where(mask: np.ndarray, factor: float) -> np.ndarray:
+        return np.where(mask, factor, 1.0)
 
     for change in changes:
         if change.key == "dim":
-            scale(comm & (dim == change.target if change.target != "UNKNOWN" else dim == "UNKNOWN"), change.factor)
+            scale(where(comm & (dim == change.target), change.factor))
         elif change.key == "op":
-            scale(comm & (ev["op"].fill_null("").str.to_lowercase() == change.target.lower()).to_numpy(),
-                  change.factor)
+            scale(where(comm & (ev["op"].fill_null("").str.to_lowercase() == change.target.lower()).to_numpy(),
+                        change.factor))
         elif change.key == "kernel":
             pattern = re.compile(fnmatch.translate(change.target), re.IGNORECASE)
             names = [name for name in ev["name"].unique().to_list() if pattern.match(name)]  # once per name
-            scale(ev["name"].is_in(names).to_numpy() & np.isin(category, WORK), change.factor)
+            scale(where(ev["name"].is_in(names).to_numpy() & work, change.factor))
         elif change.key == "host":
             weight[graph.kind == dependency.HOST] *= change.factor
-        elif change.key == "rank":
-            targets = sorted(comp_ns) if change.target == "*" else [int(change.target)]
-            for rank in targets:
-                scale((ranks == rank) & np.isin(category, WORK), _to_median(rank, comp_ns, stage_of))
-        elif change.key == "stage":
-            stage = int(change.target)
-            scale(np.isin(ranks, [r for r, s in stage_of.items() if s == stage]) & np.isin(category, WORK),
-                  _stage_to_median(stage, comp_ns, stage_of))
+        elif change.key in ("rank", "stage"):
+            factors = _to_median(change, measured)
+            per_event = (ev.select("rank", "step").join(factors, on=["rank", "step"], how="left")
+                         ["factor"].fill_null(1.0).to_numpy())
+            scale(np.where(work, per_event, 1.0))
         elif change.key == "overlap":
             background = comm & (dim == change.target)
             out_of = np.zeros(graph.n_nodes, bool)
@@ -138,15 +135,26 @@ def edit(graph: Graph, changes: list[Change], comp_ns: dict[int, int], stage_of:
     return np.round(weight).astype(np.int64), keep, ends_window
 
 
-def _to_median(rank: int, comp_ns: dict[int, int], stage_of: dict[int, int | None]) -> float:
-    group = [comp_ns[r] for r in comp_ns if stage_of.get(r) == stage_of.get(rank)]
-    return float(np.median(group)) / comp_ns[rank] if comp_ns[rank] else 1.0
-
-
-def _stage_to_median(stage: int, comp_ns: dict[int, int], stage_of: dict[int, int | None]) -> float:
-    means = {s: float(np.mean([c for r, c in comp_ns.items() if stage_of.get(r) == s]))
-             for s in {stage_of.get(r) for r in comp_ns}}
-    return float(np.median(list(means.values()))) / means[stage] if means.get(stage) else 1.0
+def _to_median(change: Change, measured: pl.DataFrame) -> pl.DataFrame:
+    """(rank, step, factor) for a median change, from each step's own COMP: ``rank=R`` scales R's work to the
+    median of its stage's other ranks, ``rank=*`` every rank to its stage's median (the balance point), ``stage=P``
+    the stage's ranks so its mean COMP is the median of the other stages' means."""
+    comp = measured.select("rank", "step", pl.col("pp").fill_null(-1).alias("stage"), "COMP_ns")
+    if change.key == "rank" and change.target == "*":
+        return comp.select("rank", "step", (pl.col("COMP_ns").median().over("step", "stage") / pl.col("COMP_ns"))
+                           .alias("factor"))
+    if change.key == "rank":
+        rank = int(change.target)
+        own = comp.filter(pl.col("rank") == rank)
+        peers = (comp.join(own.select("step", "stage"), on=["step", "stage"]).filter(pl.col("rank") != rank)
+                 .group_by("step").agg(pl.col("COMP_ns").median().alias("peers")))
+        return own.join(peers, on="step").select("rank", "step", (pl.col("peers") / pl.col("COMP_ns")).alias("factor"))
+    stage = int(change.target)
+    means = comp.group_by("step", "stage").agg(pl.col("COMP_ns").mean().alias("mean"))
+    others = means.filter(pl.col("stage") != stage).group_by("step").agg(pl.col("mean").median().alias("peers"))
+    target = means.filter(pl.col("stage") == stage).join(others, on="step").select(
+        "step", "stage", (pl.col("peers") / pl.col("mean")).alias("factor"))
+    return comp.join(target, on=["step", "stage"]).select("rank", "step", "factor")
 
 
 def check_targets(changes: list[Change], ranks: list[int], stages: set[int | None], run_id: str) -> None:
@@ -163,32 +171,32 @@ def check_targets(changes: list[Change], ranks: list[int], stages: set[int | Non
                 raise TraceanaError(f"--change {change}: run {run_id!r} has stages {known[0]}..{known[-1]}")
 
 
-def whatif_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int, changes: list[Change]
-                ) -> tuple[Graph, pl.DataFrame, pl.DataFrame]:
-    """(graph, per rank: measured, replayed and predicted TOTAL and parts in ms with the error bar, critical path
-    segments of the changed step) for ``changes`` applied to ``step``."""
+def whatif_run(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], path_step: int | None = None
+               ) -> tuple[Graph, pl.DataFrame, pl.DataFrame | None]:
+    """(graph, per rank and step: measured and predicted TOTAL and parts in ms with the error bar, critical path
+    segments of ``path_step`` after the change) for ``changes`` applied to the whole run."""
     from traceana.analyses.breakdown import check_step
     from traceana.model import replay
 
-    check_step(con, run_id, step)
-    g = dependency.build(con, run_id, step)
-    measured = replay.measured_breakdown(con, run_id, step)
-    comp = dict(zip(measured["rank"].to_list(), measured["COMP_ns"].to_list(), strict=True))
-    stage_of = dict(zip(measured["rank"].to_list(), measured["pp"].to_list(), strict=True))
-    check_targets(changes, sorted(comp), set(stage_of.values()), run_id)
+    if path_step is not None:
+        check_step(con, run_id, path_step)
+    measured = replay.breakdown_of(con, run_id)
+    check_targets(changes, sorted(set(measured["rank"].to_list())), set(measured["pp"].to_list()), run_id)
+    g = dependency.build(con, run_id)
     base, _ = replay.simulate(con, g)
-    weight, keep, ends = edit(g, changes, comp, stage_of)
-    changed, segments = replay.simulate(con, g, weight, keep, ends, path=True)
-    return g, predicted(measured, base, changed, step), segments
+    weight, keep, ends = edit(g, changes, measured)
+    changed, segments = replay.simulate(con, g, weight, keep, ends, path_step)
+    return g, predicted(measured, base, changed), segments
 
 
-def predicted(measured: pl.DataFrame, base: pl.DataFrame, changed: pl.DataFrame, step: int) -> pl.DataFrame:
-    """Per rank and part: measured, predicted = measured + (changed replay - plain replay), in ms, and the error
-    bar: the plain replay's |TOTAL error|."""
+def predicted(measured: pl.DataFrame, base: pl.DataFrame, changed: pl.DataFrame) -> pl.DataFrame:
+    """Per rank, step and part: measured, predicted = measured + (changed replay - plain replay), in ms, and the
+    error bar: the plain replay's |TOTAL error|."""
     parts = ["TOTAL", *PARTS]
-    both = measured.join(base, on="rank", suffix="_base").join(changed, on="rank", suffix="_new")
+    keys = ["rank", "step"]
+    both = measured.join(base.drop("pp"), on=keys, suffix="_base").join(changed.drop("pp"), on=keys, suffix="_new")
     return both.select(
-        pl.lit(step).alias("step"), "rank", pl.col("pp").alias("stage"),
+        "step", "rank", pl.col("pp").alias("stage"),
         *[(pl.col(f"{c}_ns") / 1e6).alias(f"{c}_ms") for c in parts],
         *[((pl.col(f"{c}_ns") + pl.col(f"{c}_ns_new") - pl.col(f"{c}_ns_base")) / 1e6).alias(f"predicted_{c}_ms")
           for c in parts],
