@@ -223,3 +223,12 @@ def test_synthesized_runs_replay_and_the_barrier_is_found(synthesized: Path) -> 
     with store.connect(synthesized, read_only=True) as con:
         g = replay.replay_run(con, "slow_rank")[0]
     assert g.counts["barrier"] == 2 and g.counts["host_wait"] == 48  # 3 steps: 2 boundaries; a sync per rank-step
+
+
+def test_advise_names_the_slow_stage_of_a_synthesized_run_first(synthesized: Path) -> None:
+    with store.connect(synthesized, read_only=True) as con:
+        _, found = advise.findings(con, "slow_stage")
+    first = found.row(0, named=True)
+    assert first["finding"] == "straggler stage 0" and first["change"] == "stage=0:median"
+    truth = _step_ms(_replayed(synthesized, "base"), "TOTAL_ms")[1]
+    assert abs(first["predicted_step_ms"] - truth) <= 0.03 * truth  # what the stage would take, balanced
