@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tests.conftest import SAMPLES, TRACES, run_cli
+from tests.conftest import SAMPLES, TRACES, run_cli, run_main
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.ingest.dispatch import IngestOptions, read_run
@@ -29,10 +29,12 @@ SHARED_RUNS = {
     "mi300": ("kineto/tracelens_mi300_rank0of8_rccl.json.gz", "kineto"),
     "nsys_h100": ("nsys/nsysai_h100_2proc_nsys2026.2.sqlite", "nsys"),
     "cloverleaf": ("nsys/pipit_cloverleaf_4gpu_nsys2024.5.sqlite", "nsys"),
+    "saxpy": ("nsys/pipit_saxpy_mpi_1rank_nsys2022.2.sqlite", "nsys"),
     "ascend_l0": ("ascend/torch_npu_2rank_level0", "ascend"),
+    "ascend_l1": ("ascend/torch_npu_2rank_level1", "ascend"),
     "ascend_l1_db": ("ascend/torch_npu_2rank_level1_db", "ascend"),
 }
-SAMPLE_RUNS = ("moe_skewed", "moe_balanced", "toy8_tp2pp2dp2_1f1b", "pp2_mb8")
+SAMPLE_RUNS = tuple(EXPERIMENTS)  # all seven
 
 
 @pytest.fixture(scope="module")
@@ -129,12 +131,11 @@ def test_advise_finds_the_hot_expert_ranks(db: Path) -> None:
 @pytest.mark.parametrize(("spec", "says"), [
     ("speed=2", "expected KEY=VALUE"), ("dim=TP:-1", ">= 0"), ("dim=TP:nan", ">= 0"), ("dim=XX:0.5", "dim is one of"),
     ("rank=5:0.5", "':median'"), ("overlap=QQ", "overlap takes a dim"), ("kernel=gemm", "TARGET:FACTOR"),
-    ("rank=99:median", "has no rank 99"), ("stage=3:median", "stages 0..0"),
+    ("rank=99:median", "has no rank 99"), ("stage=3:median", "stages 0..0"), ("pg=nope:0.5", "no process group"),
 ])
 def test_bad_changes_are_one_line_errors(db: Path, spec: str, says: str) -> None:
-    result = run_cli("whatif", "moe_skewed", "--change", spec, "--db", db, check=False)
-    assert result.returncode == 2 and says in result.stderr
-    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    code, _, err = run_main("whatif", "moe_skewed", "--change", spec, "--db", db)
+    assert code == 2 and says in err and err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_commands_print_json(db: Path) -> None:
@@ -144,9 +145,30 @@ def test_commands_print_json(db: Path) -> None:
     assert replayed["worst_abs_error_pct"] < 1 and replayed["edges"]["gap"] > 0
     predicted = json.loads(run_cli("whatif", "moe_skewed", "--change", "dim=DP:0.5", "--db", db, "--json").stdout)
     assert predicted["predicted_step_ms"] < predicted["measured_step_ms"]
+    stage = predicted["stages"][0]  # one stage: the mean of the four ranks
+    assert stage["ranks"] == 4 and stage["predicted_TOTAL_ms"] == pytest.approx(
+        np.mean([r["predicted_TOTAL_ms"] for r in predicted["ranks"]]))
     assert {"kind", "duration_ms"} <= set(predicted["critical_path_by_kind"][0])
     found = json.loads(run_cli("advise", "moe_skewed", "--db", db, "--json").stdout)
     assert found["findings"] and all(f["evidence"] for f in found["findings"])
+
+
+def test_advise_checks_a_slow_group_by_scaling_it_to_its_peers(db: Path) -> None:
+    """toy8: the comm view's slow links list process groups below their peers' median busbw; advise proposes each
+    at its peers' speed (pg=ID:bandwidth/median, the transfer time that bandwidth gives), predicted by what-if."""
+    from traceana.analyses.comm import by_group, matrix, slow_links
+
+    with store.connect(db, read_only=True) as con:
+        _, found = advise.findings(con, "toy8_tp2pp2dp2_1f1b")
+        slow = slow_links(matrix(con, "toy8_tp2pp2dp2_1f1b"), by_group(con, "toy8_tp2pp2dp2_1f1b"), 20.0)
+    groups = slow.filter(pl.col("what") == "group")
+    assert groups.height
+    for row in groups.iter_rows(named=True):
+        pg = row["who"].split()[1]
+        proposed = found.filter(pl.col("change").str.starts_with(f"pg={pg}:"))
+        assert proposed.height == 1
+        assert float(proposed["change"][0].split(":")[1]) == pytest.approx(
+            row["bandwidth_GBps"] / row["median_GBps"], abs=1e-3)
 
 
 def test_advise_with_a_config_adds_what_only_the_estimator_predicts(db: Path) -> None:
@@ -172,9 +194,8 @@ def test_advise_with_a_config_adds_what_only_the_estimator_predicts(db: Path) ->
 
 @pytest.mark.parametrize("command", [["replay"], ["whatif", "--change", "host=0"], ["advise"]])
 def test_a_step_the_run_lacks_is_a_one_line_error(db: Path, command: list[str]) -> None:
-    result = run_cli(*command, "moe_skewed", "--step", "99", "--db", db, check=False)
-    assert result.returncode == 2 and result.stderr == "error: --step 99: run 'moe_skewed' has no such step " \
-                                                      "(steps: 2, 3)\n"
+    code, _, err = run_main(*command, "moe_skewed", "--step", "99", "--db", db)
+    assert code == 2 and err == "error: --step 99: run 'moe_skewed' has no such step (steps: 2, 3)\n"
 
 
 SYNTH_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "synth_gpt_tp2pp2.yaml"

@@ -68,6 +68,7 @@ def whatif(
     breakdown with the error bar (the plain replay's residual), and the critical path after the change."""
     from traceana.analyses.critical_path import default_step, report
     from traceana.model import whatif as model
+    from traceana.model.whatif import by_stage
 
     changes = [model.parse(spec) for spec in change]
     with store.connect(db, read_only=True) as con:
@@ -85,11 +86,13 @@ def whatif(
         emit_json({"run_id": rid, "step": step, "changes": [str(c) for c in changes], "measured_step_ms": measured,
                    "predicted_step_ms": predicted, "error_bar_ms": float(frame["error_bar_ms"].max()),
                    "edges": g.counts, "missing": g.missing, "ranks": frame.to_dicts(),
+                   "stages": by_stage(frame).to_dicts(),
                    "critical_path_by_kind": path.to_dicts() if path is not None else []})
     else:
         emit(frame.select("rank", "stage", "TOTAL_ms", "predicted_TOTAL_ms", "gain_ms", "error_bar_ms", "COMP_ms",
                           "predicted_COMP_ms"),
              title=f"{rid}: step {step} after {' '.join(map(str, changes))} (ms; --json has every part)")
+        emit(by_stage(frame), title="per stage, mean over its ranks (ms)")
         if path is not None:
             emit(path, title="critical path after the change, by kind")
         typer.echo(f"step (the median rank's TOTAL): measured {measured:,.3f} ms, predicted {predicted:,.3f} ms "

@@ -27,6 +27,8 @@ IDLE_SHARE = 0.2      # IDLE above this share of the step is worth a finding
 WAIT_SHARE = 0.05     # a dim's exposed wait above this share
 STRAGGLER_PCT = 5.0   # COMP this far above the group's median
 OVERLAPPABLE = 0.05   # the share of DP communication that already runs beside compute, for an overlap what-if
+SLOW_LINK_PCT = 20.0  # a process group this far below its peers' median bandwidth
+HEADROOM = 0.7        # a measured peak below this share of the device's memory leaves room
 
 
 def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None,
@@ -39,9 +41,10 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
                        params={"run": run_id, "step": step}).pl()
     total = float(measured["TOTAL_ns"].median())
     rows: list[dict] = []
+    base = whatif.baseline(con, run_id)
 
     def propose(finding: str, evidence: str, changes: list[str]) -> None:
-        g, frame, _ = whatif.whatif_run(con, run_id, [whatif.parse(c) for c in changes])
+        g, frame, _ = whatif.whatif_run(con, run_id, [whatif.parse(c) for c in changes], base=base)
         frame = frame.filter(pl.col("step") == step)
         step_ms = float(frame["predicted_TOTAL_ms"].median())
         rows.append({"finding": finding, "evidence": evidence, "change": " ".join(changes),
@@ -79,6 +82,15 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
         propose(f"straggler ranks {', '.join(map(str, ranks))}", "stragglers: "
                 + ", ".join(f"rank {r} +{e:.1f}%" for r, e in zip(ranks, stragglers["COMP_excess_pct"], strict=True)),
                 [f"rank={r}:median" for r in ranks])
+    from traceana.analyses.comm import by_group, matrix, slow_links
+
+    slow = slow_links(matrix(con, run_id), by_group(con, run_id), SLOW_LINK_PCT).filter(pl.col("what") == "group")
+    for row in slow.iter_rows(named=True):
+        pg = row["who"].split()[1]
+        propose(f"slow {row['dim']} group {pg}", f"comm slow links: {row['op']} on pg {pg} at "
+                f"{row['bandwidth_GBps']:.1f} GB/s busbw, {-row['vs_median_pct']:.0f}% below the median of its "
+                f"{row['dim']} peers ({row['median_GBps']:.1f} GB/s): check its links",
+                [f"pg={pg}:{row['bandwidth_GBps'] / row['median_GBps']:.3f}"])
     stages = measured.group_by("pp").agg(pl.col("COMP_ns").mean()).drop_nulls("pp").sort("COMP_ns", descending=True)
     if stages.height > 1:
         slow, comp = stages.row(0)
@@ -89,8 +101,10 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
                     "rebalance its layers", [f"stage={slow}:median"])
     if config_path is not None:
         stage_comp = {int(k): v / 1e6 for k, v in zip(stages["pp"], stages["COMP_ns"], strict=True)}
+        peak = con.execute("SELECT max(greatest(allocated_bytes, coalesce(reserved_bytes, 0))) FROM memory "
+                           "WHERE run_id = ?", [run_id]).fetchall()[0][0]
         rows += estimator_findings(config_path, total / 1e6, stage_comp,
-                                   mean["PP_WAIT_ns"] / mean["TOTAL_ns"] if mean["TOTAL_ns"] else 0)
+                                   mean["PP_WAIT_ns"] / mean["TOTAL_ns"] if mean["TOTAL_ns"] else 0, peak)
     frame = pl.DataFrame(rows, schema={"finding": pl.String, "evidence": pl.String, "change": pl.String,
                                        "measured_step_ms": pl.Float64, "predicted_step_ms": pl.Float64,
                                        "gain_ms": pl.Float64, "error_bar_ms": pl.Float64, "graph": pl.String})
@@ -113,11 +127,12 @@ def _graph_note(g: Graph) -> str:
 
 
 def estimator_findings(config_path: str, measured_step_ms: float, stage_comp_ms: dict[int, float],
-                       pp_wait_share: float) -> list[dict]:
+                       pp_wait_share: float, peak_bytes: int | None = None) -> list[dict]:
     """What the graph cannot predict, from the estimator: each candidate that changes the graph itself (layers
-    rebalanced between stages with seed 003's PPB, more and smaller micro-batches, another schedule, the fastest
-    layout `search` finds that fits), predicted as the measured step times the estimator's ratio new / now. The
-    error bar is the estimator's own miss on this run (|estimate - measured| / measured), scaled to the prediction."""
+    rebalanced between stages with seed 003's PPB, more and smaller micro-batches, another schedule, with memory to
+    spare less recompute or larger micro-batches, the fastest layout `search` finds that fits), predicted as the
+    measured step times the estimator's ratio new / now. The error bar is the estimator's own miss on this run
+    (|estimate - measured| / measured), scaled to the prediction."""
     from dataclasses import replace
 
     from traceana.errors import TraceanaError
@@ -159,6 +174,16 @@ def estimator_findings(config_path: str, measured_step_ms: float, stage_comp_ms:
                 consider(f"pipeline bubble: schedule {kind}", f"rank_step_breakdown: PP_WAIT {100 * pp_wait_share:.0f}%"
                          " of the step", f"schedule.kind: {kind}" + (f", parallel.vpp: {vpp}" if vpp > 1 else ""),
                          replace(cfg, schedule=replace(s, kind=kind), parallel=replace(p, vpp=vpp)))
+    limit = cfg.hardware.hbm_gb * 1e9
+    if peak_bytes is not None and peak_bytes < HEADROOM * limit:
+        evidence = (f"memory: peak {peak_bytes / 1e9:.1f} GB of {cfg.hardware.hbm_gb:g} GB "
+                    f"({100 * peak_bytes / limit:.0f}%)")
+        if s.recompute.kind != "none":
+            consider("memory headroom: recompute less", evidence, "schedule.recompute: none",
+                     replace(cfg, schedule=replace(s, recompute=replace(s.recompute, kind="none"))))
+        if p.global_batch % (2 * p.micro_batch * p.dp) == 0:
+            consider("memory headroom: larger micro-batches", evidence, f"parallel.micro_batch: {2 * p.micro_batch}",
+                     replace(cfg, parallel=replace(p, micro_batch=2 * p.micro_batch)))
     best = search.search(cfg, top=1).best
     if best:
         q = best[0].config.parallel

@@ -57,7 +57,7 @@ EVENTS_SQL = """
 WITH first AS (SELECT rank, min(start_ns) AS first_ns, arg_min(step, start_ns) AS first_step
                FROM step_windows WHERE run_id = $run GROUP BY rank)
 SELECT e.rank, e.event_id, e.stream, e.start_ns, e.end_ns, e.name, e.category, e.launch_ns,
-       c.op, c.dim, c.instance, coalesce(w.step, f.first_step) AS step
+       c.op, c.dim, c.pg, c.instance, coalesce(w.step, f.first_step) AS step
 FROM device_events e
 JOIN first f ON f.rank = e.rank
 LEFT JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns >= w.start_ns

@@ -4,6 +4,7 @@ A change is ``KEY=TARGET[:FACTOR]``; several compose, applied in the order given
 
 - ``dim=TP:0.5``       the transfers of TP collectives take 0.5x as long (what 2x bandwidth would do)
 - ``op=AllToAll:0.7``  the transfers of one collective op
+- ``pg=3:0.5``         the transfers of one process group's collectives (its id in `traceana info`)
 - ``kernel=*flash*:0.8`` compute / memcpy / memset events whose name matches the pattern (fnmatch, any case)
 - ``host=0``           host time between launches scaled (0: every launch at once, what CUDA graphs would do)
 - ``rank=5:median``    rank 5's work scaled to the median COMP of its peers (its stage's other ranks, or all others
@@ -32,7 +33,7 @@ from traceana.errors import TraceanaError
 from traceana.model import graph as dependency
 from traceana.model.graph import Graph
 
-KEYS = ("dim", "op", "kernel", "host", "rank", "stage", "overlap")
+KEYS = ("dim", "op", "pg", "kernel", "host", "rank", "stage", "overlap")
 WORK = ("compute", "memcpy", "memset")
 DIMS = ("TP", "CP", "EP", "DP", "PP", "UNKNOWN")
 
@@ -112,6 +113,8 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame) -> tuple[n
     for change in changes:
         if change.key == "dim":
             scale(where(comm & (dim == change.target), change.factor))
+        elif change.key == "pg":
+            scale(where(comm & (ev["pg"].cast(pl.String).fill_null("") == change.target).to_numpy(), change.factor))
         elif change.key == "op":
             scale(where(comm & (ev["op"].fill_null("").str.to_lowercase() == change.target.lower()).to_numpy(),
                         change.factor))
@@ -157,9 +160,13 @@ def _to_median(change: Change, measured: pl.DataFrame) -> pl.DataFrame:
     return comp.join(target, on=["step", "stage"]).select("rank", "step", "factor")
 
 
-def check_targets(changes: list[Change], ranks: list[int], stages: set[int | None], run_id: str) -> None:
-    """A one-line error for a rank or stage the run lacks."""
+def check_targets(changes: list[Change], ranks: list[int], stages: set[int | None], run_id: str,
+                  groups: set[str] | None = None) -> None:
+    """A one-line error for a rank, stage or process group the run lacks."""
     for change in changes:
+        if change.key == "pg" and groups is not None and change.target not in groups:
+            raise TraceanaError(f"--change {change}: run {run_id!r} has no process group {change.target!r} "
+                                "(`traceana info` lists them)")
         if change.key == "rank" and change.target != "*" and int(change.target) not in ranks:
             raise TraceanaError(f"--change {change}: run {run_id!r} has no rank {change.target} (ranks "
                                 f"{min(ranks)}..{max(ranks)})")
@@ -171,22 +178,42 @@ def check_targets(changes: list[Change], ranks: list[int], stages: set[int | Non
                 raise TraceanaError(f"--change {change}: run {run_id!r} has stages {known[0]}..{known[-1]}")
 
 
-def whatif_run(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], path_step: int | None = None
-               ) -> tuple[Graph, pl.DataFrame, pl.DataFrame | None]:
+@dataclass(frozen=True)
+class Baseline:
+    """What every what-if of a run compares against: its graph, its measured breakdown per rank and step, the plain
+    replay's, and its process groups. Built once for many changes (advise)."""
+
+    graph: Graph
+    measured: pl.DataFrame
+    replayed: pl.DataFrame
+    groups: frozenset[str]
+
+
+def baseline(con: duckdb.DuckDBPyConnection, run_id: str) -> Baseline:
+    from traceana.model import replay
+
+    g = dependency.build(con, run_id)
+    groups = frozenset(r[0] for r in con.execute("SELECT pg FROM process_groups WHERE run_id = ?",
+                                                 [run_id]).fetchall())
+    return Baseline(g, replay.breakdown_of(con, run_id), replay.simulate(con, g)[0], groups)
+
+
+def whatif_run(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], path_step: int | None = None,
+               base: Baseline | None = None) -> tuple[Graph, pl.DataFrame, pl.DataFrame | None]:
     """(graph, per rank and step: measured and predicted TOTAL and parts in ms with the error bar, critical path
-    segments of ``path_step`` after the change) for ``changes`` applied to the whole run."""
+    segments of ``path_step`` after the change) for ``changes`` applied to the whole run (``base``: its
+    :func:`baseline`, when already built)."""
     from traceana.analyses.breakdown import check_step
     from traceana.model import replay
 
     if path_step is not None:
         check_step(con, run_id, path_step)
-    measured = replay.breakdown_of(con, run_id)
-    check_targets(changes, sorted(set(measured["rank"].to_list())), set(measured["pp"].to_list()), run_id)
-    g = dependency.build(con, run_id)
-    base, _ = replay.simulate(con, g)
-    weight, keep, ends = edit(g, changes, measured)
-    changed, segments = replay.simulate(con, g, weight, keep, ends, path_step)
-    return g, predicted(measured, base, changed), segments
+    base = base or baseline(con, run_id)
+    m = base.measured
+    check_targets(changes, sorted(set(m["rank"].to_list())), set(m["pp"].to_list()), run_id, set(base.groups))
+    weight, keep, ends = edit(base.graph, changes, m)
+    changed, segments = replay.simulate(con, base.graph, weight, keep, ends, path_step)
+    return base.graph, predicted(m, base.replayed, changed), segments
 
 
 def predicted(measured: pl.DataFrame, base: pl.DataFrame, changed: pl.DataFrame) -> pl.DataFrame:
@@ -202,3 +229,11 @@ def predicted(measured: pl.DataFrame, base: pl.DataFrame, changed: pl.DataFrame)
           for c in parts],
         ((pl.col("TOTAL_ns_base") - pl.col("TOTAL_ns_new")) / 1e6).alias("gain_ms"),
         ((pl.col("TOTAL_ns_base") - pl.col("TOTAL_ns")).abs() / 1e6).alias("error_bar_ms"))
+
+
+def by_stage(frame: pl.DataFrame) -> pl.DataFrame:
+    """A prediction per stage: the mean over each stage's ranks of the measured and predicted TOTAL and parts."""
+    cols = [c for c in frame.columns if c.endswith("_ms")]
+    return (frame.group_by("stage").agg(pl.len().alias("ranks"), *[pl.col(c).mean() for c in cols])
+            .sort("stage", nulls_last=True).select("stage", "ranks", "TOTAL_ms", "predicted_TOTAL_ms", "gain_ms",
+                                                   "error_bar_ms", "COMP_ms", "predicted_COMP_ms"))
