@@ -56,10 +56,11 @@ def replay(
 def whatif(
     run: RunArgument = None,
     change: Annotated[list[str], typer.Option("--change", help="KEY=TARGET[:FACTOR]: dim=TP:0.5, op=AllToAll:0.7, "
-                                              "kernel=*flash*:0.8, host=0, rank=5:median, rank=*:median, "
-                                              "stage=0:median, overlap=DP. Repeat to compose.")] = ...,
+                                              "pg=ID:0.5, kernel=*flash*:0.8, host=0, rank=5:median, "
+                                              "rank=*:median, stage=0:median, overlap=DP. Repeat to compose.")] = ...,
     step: StepOption = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write measured vs predicted per stage to this PNG.")]
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write measured vs predicted per rank, grouped by "
+                                             "stage, to this PNG.")]
     = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
