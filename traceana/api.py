@@ -109,30 +109,17 @@ class Traces:
     def replay(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
         """Each rank-step replayed from the run's dependency graph (every step, or ``step``), as `traceana replay
         --json`: measured and replayed TOTAL and parts in ms, error_pct, unexplained_hold_ms, external_hold_ms."""
-        from traceana.analyses.breakdown import check_step
         from traceana.model import replay
 
-        def read(con: duckdb.DuckDBPyConnection, rid: str) -> pl.DataFrame:
-            if step is not None:
-                check_step(con, rid, step)
-            frame = replay.replay_run(con, rid)[1]
-            return frame if step is None else frame.filter(pl.col("step") == step)
-
-        return self.read(run, read)
+        return self.read(run, lambda con, rid: replay.replay_run(con, rid, step)[1])
 
     def whatif(self, *changes: str, step: int | None = None, run: str | None = None) -> pl.DataFrame:
         """One step (default: the second) predicted after ``changes`` (specs as `traceana whatif --change`, e.g.
         "dim=TP:0.5"): per rank the measured and predicted TOTAL and parts in ms, gain_ms and error_bar_ms."""
-        from traceana.analyses.critical_path import default_step
         from traceana.model import whatif
 
         parsed = [whatif.parse(c) for c in changes]
-
-        def read(con: duckdb.DuckDBPyConnection, rid: str) -> pl.DataFrame:
-            chosen = default_step(con, rid) if step is None else step
-            return whatif.whatif_run(con, rid, parsed, chosen)[1].filter(pl.col("step") == chosen)
-
-        return self.read(run, read)
+        return self.read(run, lambda con, rid: whatif.whatif_step(con, rid, parsed, step)[2])
 
     def advise(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
         """Findings ranked by predicted gain, as `traceana advise --json`: finding, evidence, change,

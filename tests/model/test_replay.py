@@ -253,3 +253,16 @@ def test_advise_names_the_slow_stage_of_a_synthesized_run_first(synthesized: Pat
     assert first["finding"] == "straggler stage 0" and first["change"] == "stage=0:median"
     truth = _step_ms(_replayed(synthesized, "base"), "TOTAL_ms")[1]
     assert abs(first["predicted_step_ms"] - truth) <= 0.03 * truth  # what the stage would take, balanced
+
+
+def test_a_graph_whose_nodes_wait_on_each_other_is_a_one_line_error() -> None:
+    """Instances matched in an order the ranks did not run them could close a cycle; the replay then says so
+    instead of returning times for half the graph."""
+    from traceana.errors import TraceanaError
+    from traceana.model.graph import RUN, Graph
+
+    cycle = Graph("r", pl.DataFrame(), pl.DataFrame(), n_nodes=3, src=np.array([0, 1, 2]), dst=np.array([1, 2, 1]),
+                  weight=np.zeros(3, np.int64), kind=np.full(3, RUN, np.int8), event=np.full(3, -1),
+                  roots=np.array([0]), root_ns=np.array([0]))
+    with pytest.raises(TraceanaError, match=r"run 'r': 2 nodes of its dependency graph wait on each other"):
+        replay.longest_path(cycle)

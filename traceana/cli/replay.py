@@ -24,20 +24,13 @@ def replay(
 ) -> None:
     """Replay steps from the run's own dependency graph: per rank-step the replayed TOTAL and breakdown against the
     measured ones, the error, and the graph's edges by kind (what was recorded, inferred, or missing)."""
-    import polars as pl
-
-    from traceana.analyses.breakdown import check_step
     from traceana.model import replay as model
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
-        if step is not None:
-            check_step(con, rid, step)
         with progress(None, "replaying") as advance:
-            g, table = model.replay_run(con, rid)
+            g, table = model.replay_run(con, rid, step)
             advance("done")
-    if step is not None:
-        table = table.filter(pl.col("step") == step)
     counts, missing = g.counts, g.missing
     summary = model.summary(table)
     if json:
@@ -67,16 +60,14 @@ def whatif(
 ) -> None:
     """Predict a step after changes to its dependency graph: per rank the measured and predicted TOTAL and
     breakdown with the error bar (the plain replay's residual), and the critical path after the change."""
-    from traceana.analyses.critical_path import default_step, report
+    from traceana.analyses.critical_path import report
     from traceana.model import whatif as model
     from traceana.model.whatif import by_stage
 
     changes = [model.parse(spec) for spec in change]
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
-        step = default_step(con, rid) if step is None else step
-        g, frame, segments = model.whatif_run(con, rid, changes, step)
-    frame = frame.filter(frame["step"] == step)
+        step, g, frame, segments = model.whatif_step(con, rid, changes, step, path=True)
     path = report(segments)["by_kind"] if segments is not None and segments.height else None
     measured, predicted = float(frame["TOTAL_ms"].median()), float(frame["predicted_TOTAL_ms"].median())
     if plot is not None:

@@ -44,8 +44,7 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
     base = whatif.baseline(con, run_id)
 
     def propose(finding: str, evidence: str, changes: list[str]) -> None:
-        g, frame, _ = whatif.whatif_run(con, run_id, [whatif.parse(c) for c in changes], base=base)
-        frame = frame.filter(pl.col("step") == step)
+        _, g, frame, _ = whatif.whatif_step(con, run_id, [whatif.parse(c) for c in changes], step, base)
         step_ms = float(frame["predicted_TOTAL_ms"].median())
         rows.append({"finding": finding, "evidence": evidence, "change": " ".join(changes),
                      "measured_step_ms": total / 1e6, "predicted_step_ms": step_ms,

@@ -82,7 +82,7 @@ GROUP BY ALL
 class Graph:
     """A run's graph. ``events`` row i (with its step) is nodes S = i and E = n + i; ``windows`` has one row per rank
     and step (rank, step, start_ns, end_ns; tail_ns: the measured time from the last end of the step's events on the
-    rank to its window's end; lead_ns: from the window's start to its first event's, NULL without one; has_events;
+    rank to its window's end; lead_ns: from the window's start to its first event's, NULL without one;
     held_ns: how long launched events sat past every recorded and inferred constraint by less than EXTERNAL_NS, what
     the graph cannot explain and a replay therefore leaves out; external_ns: the longer holds, kept as fixed delays)."""
 
@@ -133,7 +133,8 @@ def build(con: duckdb.DuckDBPyConnection, run_id: str) -> Graph:
 
 
 def _syncs(con: duckdb.DuckDBPyConnection, run_id: str, events: pl.DataFrame) -> pl.DataFrame:
-    """The run's recorded synchronizations among this step's events (none on a store without the syncs table)."""
+    """The run's recorded synchronizations whose waited event is among ``events`` (none on a store written before
+    the syncs table existed)."""
     empty = pl.DataFrame(schema={"rank": pl.Int32, "kind": pl.String, "start_ns": pl.Int64, "end_ns": pl.Int64,
                                  "waited_event_id": pl.Int64, "waiter_event_id": pl.Int64})
     has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'syncs'").fetchall()[0][0]
@@ -221,8 +222,8 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
 
     # per rank: the launch latency, the median start - launch of kernels launched after their stream ran dry, with
     # nothing else on the rank ending between launch and start (where none was, the least start - launch: a bound
-    # no start undercuts); and the device's own gap between a kernel
-    # and the next one already queued behind it on its stream, where nothing else ended in between
+    # no start undercuts); and the device's own gap between a kernel and the next one already queued behind it on
+    # its stream, where nothing else ended in between
     dry = launched & has_prev & (launch > end[np.maximum(prev, 0)]) & (~found | (end_all[o] <= launch))
     lat = _per_rank_quantile(rank[dry], (start - launch)[dry], len(rank_row), 0.5)
     least = _per_rank_quantile(rank[launched], (start - launch)[launched], len(rank_row), 0.0)
@@ -311,7 +312,7 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     windows = windows.with_columns(tail_ns=pl.Series(np.where(has, windows["end_ns"].to_numpy() - last_end, 0)),
                                    lead_ns=pl.Series(first_start - windows["start_ns"].to_numpy()).set(
                                        pl.Series(~starts), None),
-                                   has_events=pl.Series(has), held_ns=pl.Series(held_ns),
+                                   held_ns=pl.Series(held_ns),
                                    external_ns=pl.Series(external_ns))
     if external.any():
         missing.append(f"{int(external.sum())} launched events sat more than {EXTERNAL_NS / 1e6:g} ms past everything "

@@ -38,7 +38,7 @@ def longest_path(graph: Graph, weight: np.ndarray | None = None, keep: np.ndarra
     t = [NEVER] * graph.n_nodes
     for node, at in zip(graph.roots.tolist(), graph.root_ns.tolist(), strict=True):
         t[node] = at
-    ready = [v for v in range(graph.n_nodes) if waiting[v] == 0]
+    ready = np.flatnonzero(np.bincount(dst, minlength=graph.n_nodes) == 0).tolist()
     while ready:
         u = ready.pop()
         tu = t[u]
@@ -51,9 +51,9 @@ def longest_path(graph: Graph, weight: np.ndarray | None = None, keep: np.ndarra
                 ready.append(v)
     stuck = sum(1 for left in waiting if left)
     if stuck:
-        raise TraceanaError(f"run {graph.run_id!r} step {graph.step}: {stuck} nodes of its dependency graph wait on "
-                            "each other (collective instances matched across ranks in an order the ranks did not "
-                            "run them?); the step cannot be replayed")
+        raise TraceanaError(f"run {graph.run_id!r}: {stuck} nodes of its dependency graph wait on each other "
+                            "(collective instances matched across ranks in an order the ranks did not run them?); "
+                            "the run cannot be replayed")
     return np.asarray(t, np.int64)
 
 
@@ -151,17 +151,21 @@ def simulate(con: duckdb.DuckDBPyConnection, graph: Graph, weight: np.ndarray | 
         return breakdown_of(sim), segments
 
 
-def replay_run(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[Graph, pl.DataFrame]:
-    """(graph, per rank and step: measured vs replayed breakdown, the holds it could not explain), nothing
-    changed."""
+def replay_run(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None) -> tuple[Graph, pl.DataFrame]:
+    """(graph, per rank and step, of every step or ``step``: measured vs replayed breakdown, the holds it could not
+    explain), nothing changed. The whole run is replayed either way: steps depend on the ones before."""
+    from traceana.analyses.breakdown import check_step
     from traceana.model import graph as dependency
 
+    if step is not None:
+        check_step(con, run_id, step)
     g = dependency.build(con, run_id)
     replayed, _ = simulate(con, g)
     frame = side_by_side(breakdown_of(con, run_id), replayed)
     held = g.windows.select("rank", "step", (pl.col("held_ns") / 1e6).alias("unexplained_hold_ms"),
                             (pl.col("external_ns") / 1e6).alias("external_hold_ms"))
-    return g, frame.join(held, on=["rank", "step"], how="left")
+    frame = frame.join(held, on=["rank", "step"], how="left")
+    return g, frame if step is None else frame.filter(pl.col("step") == step)
 
 
 def summary(frame: pl.DataFrame) -> dict[str, float]:

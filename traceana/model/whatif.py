@@ -216,6 +216,20 @@ def whatif_run(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change
     return base.graph, predicted(m, base.replayed, changed), segments
 
 
+def whatif_step(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], step: int | None = None,
+                base: Baseline | None = None, path: bool = False
+                ) -> tuple[int, Graph, pl.DataFrame, pl.DataFrame | None]:
+    """(step, graph, its rows of :func:`whatif_run`, its critical path after the change when ``path``) for one step,
+    by default the second (the first carries warm-up)."""
+    from traceana.analyses.breakdown import check_step
+    from traceana.analyses.critical_path import default_step
+
+    step = default_step(con, run_id) if step is None else step
+    check_step(con, run_id, step)
+    g, frame, segments = whatif_run(con, run_id, changes, step if path else None, base)
+    return step, g, frame.filter(pl.col("step") == step), segments
+
+
 def predicted(measured: pl.DataFrame, base: pl.DataFrame, changed: pl.DataFrame) -> pl.DataFrame:
     """Per rank, step and part: measured, predicted = measured + (changed replay - plain replay), in ms, and the
     error bar: the plain replay's |TOTAL error|."""
