@@ -145,6 +145,8 @@ def tp_layer(cfg: Config, moe: bool) -> Pass:
 
 def tp_embedding_head(cfg: Config) -> tuple[Pass, Pass]:
     """Vocabulary-parallel embedding (an all-reduce forward) and output layer (input-gradient all-reduce backward)."""
+    if not cfg.model.vocab:
+        return Pass(), Pass()
     one = collective("all_reduce", _activation_bytes(cfg), span(cfg, ("tp",)), cfg)
     return Pass(one, 0.0), Pass(0.0, one)
 

@@ -128,12 +128,13 @@ def layer_traffic(cfg: Config, index: int) -> Work:
     activation = (3 if m.gated_mlp else 2) * a * t * ffn / p.tp  # SwiGLU reads gate and up, writes the product
     scores = 0.0 if m.flash_attention or not m.attention else (6 * a + 1) * t * m.seq_len * m.heads / p.tp
     forward = rows + activation + scores
+    cast = fp8_cast_traffic(cfg, layer_gemms(cfg, index)) if cfg.precision.fp8 else Work(0.0, 0.0, 0.0)
     recompute = cfg.schedule.recompute
     again = forward if recompute.kind_of(index) == "full" else (
         scores * recompute.recomputes(index, "core_attn")
         + blocks * 2 * a * per_row * recompute.recomputes(index, "layernorm")
         + activation * recompute.recomputes(index, "activation"))
-    return Work(forward, 2 * forward, 0.0, again)
+    return Work(forward + cast.forward, 2 * forward + cast.backward, 0.0, again)
 
 
 def head(cfg: Config) -> Work:
@@ -194,15 +195,33 @@ def layer_gemms(cfg: Config, index: int) -> list[Gemm]:
 
 
 def head_gemms(cfg: Config) -> list[Gemm]:
+    if not cfg.model.vocab:
+        return []
     return [Gemm(tokens(cfg), cfg.model.vocab / cfg.parallel.tp, cfg.model.hidden, group="head")]
 
 
+FP8_OF_BF16 = (1550 / 1979) / (830 / 989)  # the best FP8 GEMM's share of its peak over the best BF16 one's
+
+
 def fp8_speedup(cfg: Config, gemm: Gemm) -> float:
-    """How much faster this product runs than in bf16: the FP8 peak over the bf16 one when precision.fp8 names
-    its group (an MLA up-projection is part of attention), else 1."""
+    """How much faster this product runs than in bf16 when precision.fp8 names its group (an MLA up-projection is
+    part of attention), else 1: the FP8 peak over the bf16 one, times how much less of its peak FP8 reaches. The
+    best published FP8 GEMMs on Hopper reach 78% of 1979 TFLOP/s (DeepGEMM, 1550 on an H800, fine-grained
+    scaling), the best bf16 ones 84% of 989 (the H200 sweep, 830): 1.87x, not 2x."""
     group = "attention" if gemm.group == "mla_up_proj" else gemm.group
     fp8 = cfg.hardware.peak_tflops_fp8
-    return fp8 / cfg.hardware.peak_tflops_bf16 if fp8 and group in cfg.precision.fp8 else 1.0
+    return fp8 / cfg.hardware.peak_tflops_bf16 * FP8_OF_BF16 if fp8 and group in cfg.precision.fp8 else 1.0
+
+
+def fp8_cast_traffic(cfg: Config, gemms: list[Gemm]) -> Work:
+    """HBM bytes of quantizing the FP8 products' operands for one micro-batch (Transformer Engine's cast-transpose:
+    read bf16, write FP8 and its transpose, 4 bytes an element): forward, each input (m x k) and the weight (k x n,
+    cast once a step, so shared over the micro-batches); backward, the output gradient (m x n). DeepGEMM leaves
+    casting to its caller for the same reason: it is memory-bound work outside the GEMM."""
+    named = [g for g in gemms if fp8_speedup(cfg, g) > 1]
+    micro = cfg.micro_batches
+    return Work(sum(4 * g.count * (g.m * g.k + g.k * g.n / micro) for g in named),
+                sum(4 * g.count * g.m * g.n for g in named), 0.0)
 
 
 def _fp8_saving(cfg: Config, gemms: list[Gemm], recomputed: bool) -> Work:
@@ -259,8 +278,7 @@ def layer_seconds(cfg: Config, index: int) -> Work:
     weights = gemm_seconds(layer_gemms(cfg, index), cfg)
     core_f, core_b = core_seconds(cfg) if cfg.model.attention else (0.0, 0.0)
     kernel = tokens(cfg) * cfg.model.hidden * cfg.precision.activation_bytes * 2  # a layer norm's read + write
-    rate = cfg.profile.memory_rate(kernel)
-    memory = traffic * (1 / rate) if rate else Work(*(traffic_seconds(b, cfg) for b in (
+    memory = Work(*(memory_seconds(b, kernel, cfg) for b in (
         traffic.forward, traffic.backward, traffic.wgrad, traffic.recompute)))
     again = weights.forward + core_f if recompute.kind_of(index) == "full" else (
         core_f * recompute.recomputes(index, "core_attn")
@@ -270,15 +288,74 @@ def layer_seconds(cfg: Config, index: int) -> Work:
         memory.forward, memory.backward, memory.wgrad, memory.recompute)
 
 
+@dataclass(frozen=True)
+class CrossEntropy:
+    """Bytes a logit costs the loss (the vocabulary split by TP), by how the framework computes it in fp32."""
+
+    forward: int   # HBM bytes moved per logit, forward
+    backward: int  # and backward
+    held: int      # bytes per logit alive at the loss's peak
+
+
+CROSS_ENTROPY = {
+    # F.cross_entropy(logits.float(), y): forward casts (read 2, write 4), log-softmax reads twice (max, sum of
+    # exponentials) and writes 4; backward writes the dense gradient of the log-probabilities (4), the softmax
+    # gradient reads it and the kept output and writes 4, the cast back reads 4 and writes 2. At its peak the bf16
+    # logits, the kept log-probabilities and both gradients are alive: 2 + 4 + 4 + 4. The h200 GPT trace: cast
+    # 300 µs, log-softmax 407 µs, its gradient 442 µs a micro-batch of 2 x 1024 tokens x 50304.
+    "pytorch": CrossEntropy(18, 22, 14),
+    # Megatron's vocabulary-parallel loss (megatron/core/tensor_parallel/cross_entropy.py): one fp32 copy (cast:
+    # 2 + 4), then max (4), subtract, exp and divide in place (8 each), sum (4); the backward multiplies the kept
+    # softmax in place (8) and the cast back moves 6. The bf16 logits and the fp32 copy: 2 + 4.
+    "megatron": CrossEntropy(38, 14, 6),
+}
+
+
+def loss_traffic(cfg: Config) -> Work:
+    """HBM bytes of the cross-entropy over one micro-batch's logits on one GPU: ``model.cross_entropy``'s bytes per
+    logit. With a 128k vocabulary it is several milliseconds a micro-batch, which small models feel."""
+    logits = tokens(cfg) * cfg.model.vocab / cfg.parallel.tp
+    kind = CROSS_ENTROPY[cfg.model.cross_entropy]
+    return Work(kind.forward * logits, kind.backward * logits, 0.0)
+
+
 def head_seconds(cfg: Config) -> Work:
+    """The output layer and its loss for one micro-batch (nothing without a vocabulary: ``model.vocab: 0``)."""
+    if not cfg.model.vocab:
+        return Work(0.0, 0.0, 0.0)
+    loss = loss_traffic(cfg) + fp8_cast_traffic(cfg, head_gemms(cfg))
+    logits = 4 * tokens(cfg) * cfg.model.vocab / cfg.parallel.tp  # one fp32 pass over them: each kernel's size
+    loss_s = Work(memory_seconds(loss.forward, logits, cfg), memory_seconds(loss.backward, logits, cfg), 0.0)
     head_flops = head(cfg) + _fp8_saving(cfg, head_gemms(cfg), False)
     if cfg.profile is None:
-        return Work(*(seconds(x, cfg) for x in (head_flops.forward, head_flops.backward, head_flops.wgrad)))
-    return gemm_seconds(head_gemms(cfg), cfg)
+        return loss_s + Work(*(seconds(x, cfg) for x in (head_flops.forward, head_flops.backward, head_flops.wgrad)))
+    return loss_s + gemm_seconds(head_gemms(cfg), cfg)
+
+
+def accumulation_seconds(cfg: Config, params: float, largest: float) -> float:
+    """Adding one micro-batch's weight gradients into the accumulated ones (read both, write one, per parameter),
+    which eager PyTorch's AccumulateGrad does for every micro-batch after the first; none with
+    ``model.gradient_accumulation_fusion`` (Megatron: the weight-gradient GEMM accumulates into main_grad itself).
+    ``largest`` is the biggest tensor's parameter count, for the bandwidth a kernel of its size reaches."""
+    if cfg.model.gradient_accumulation_fusion:
+        return 0.0
+    size = 3 * cfg.precision.grad_bytes
+    return memory_seconds(size * params, size * largest, cfg)
 
 
 def seconds(flops: float, cfg: Config) -> float:
     return flops / (cfg.hardware.peak_tflops_bf16 * 1e12 * cfg.calibration.matmul_efficiency)
+
+
+def memory_seconds(nbytes: float, kernel_bytes: float, cfg: Config) -> float:
+    """Seconds to move ``nbytes`` through HBM in kernels of ``kernel_bytes`` each: at the profile's measured rate for
+    that size (scaled, as GEMMs are, when calibration.memory_efficiency differs from the profile's own), else the
+    data sheet's bandwidth x calibration.memory_efficiency."""
+    profile = cfg.profile
+    rate = profile.memory_rate(kernel_bytes) if profile else None
+    if not rate or profile is None:
+        return traffic_seconds(nbytes, cfg)
+    return nbytes / rate * profile.memory_efficiency / cfg.calibration.memory_efficiency
 
 
 def traffic_seconds(nbytes: float, cfg: Config) -> float:

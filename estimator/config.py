@@ -27,8 +27,10 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe")
 RECOMPUTE_KINDS = ("none", "selective", "full")
 PROFILES = Path(__file__).parent / "profiles"  # built-in hardware profiles, by file stem
 CP_ALGOS = ("ring", "allgather", "ulysses")
+CROSS_ENTROPY_KINDS = ("megatron", "pytorch")  # estimator.compute.CROSS_ENTROPY
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "activation", "mla_up_proj")
 FP8_MATMULS = ("attention", "mlp", "experts", "head")
+ZERO_ALLOWED = ("vocab", "experts", "moe_topk", "shared_experts", "first_dense_layers", "qk_rope_head_dim", "zero")
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class Model:
     hidden: int
     ffn_hidden: int
     heads: int
-    vocab: int
+    vocab: int                           # 0: no embedding or output layer (blocks fed hidden states)
     seq_len: int
     kv_heads: int | None = None          # GQA; default heads (MHA)
     head_dim: int | None = None          # default hidden / heads; with MLA the no-rope query/key head width
@@ -54,6 +56,10 @@ class Model:
     flash_attention: bool = True         # False: the s x s scores are materialized (and stored: Korthikanti 5as/h)
     attention: bool = True               # False: MLP-only blocks (no attention, its layer norm or its TP reduce)
     tied_embeddings: bool = False
+    cross_entropy: str = "megatron"      # how the loss runs over the logits: megatron (in place) or pytorch
+    # (F.cross_entropy on logits.float()); estimator.compute.CROSS_ENTROPY has the bytes each moves and holds
+    gradient_accumulation_fusion: bool = True  # Megatron's: wgrad GEMMs accumulate into main_grad; False = eager
+    # PyTorch, whose AccumulateGrad adds each micro-batch's gradients after the first in a kernel of its own
     q_lora_rank: int | None = None       # MLA
     kv_lora_rank: int | None = None      # MLA
     qk_rope_head_dim: int = 0            # MLA
@@ -197,6 +203,12 @@ class Calibration:
     host_overlap: str = "micro_batch"        # the stretch host and device overlap over: a chunk's forward and backward
     # of a micro-batch (eager PyTorch), or each layer's pass on its own ("pass": the framework synchronizes)
     host_us_per_collective: float = 0.0      # host time of each TP / EP collective call
+    host_us_per_step: float = 0.0            # host work once a step outside the layers (optimizer step, zero_grad):
+    # the device idles for what its own optimizer work does not cover
+    idle_us_per_layer: float = 0.0           # the device's dead time per layer and micro-batch between kernels it has
+    # queued and the host's short stalls (`traceana calibrate` measures it from a device-bound trace's idle time)
+    optimizer_efficiency: float | None = None  # of hbm_bandwidth_gb_per_s the optimizer step reaches; default
+    # memory_efficiency (fused AdamW's multi-tensor kernels reach less than a copy)
 
 
 @dataclass(frozen=True)
@@ -306,9 +318,19 @@ def _with_profile(raw: dict[str, Any], source: str, where: Path) -> tuple[dict[s
         raise TraceanaError(f"{source}: hardware.profile={name!r}: no built-in profile of that name ({known}) "
                             f"and no file {path}")
     data = read_yaml(path)
+    data.pop("measured", None)  # what `traceana calibrate` measured, for people: the values it set are above
+    borrowed = data.pop("compute_tables", None)
+    if borrowed is not None:  # another device's measured GEMM and attention tables (the same silicon)
+        other = PROFILES / f"{borrowed}.yaml"
+        if not isinstance(borrowed, str) or not other.is_file():
+            raise TraceanaError(f"{path}: compute_tables={borrowed!r}: not a built-in profile")
+        tables = read_yaml(other)
+        for key in ("gemm_us", "attention_us"):
+            data.setdefault(key, tables.get(key, []))
     defaults = {section: data.pop(section, None) or {} for section in ("hardware", "calibration")}
-    efficiency = defaults["calibration"].get("matmul_efficiency", Calibration.matmul_efficiency)
-    profile = _build(Profile, {**data, "matmul_efficiency": efficiency}, str(path), "")
+    own = {name: defaults["calibration"].get(name, getattr(Calibration, name))
+           for name in ("matmul_efficiency", "memory_efficiency")}
+    profile = _build(Profile, {**data, **own}, str(path), "")
     profile = dataclasses.replace(profile, name=str(data.get("name")), source=str(data.get("source")))  # as written
     merged = dict(raw)
     for section, values in defaults.items():
@@ -407,10 +429,11 @@ def validate(cfg: Config) -> None:
     for section, obj in (("model", m), ("parallel", p), ("hardware", h)):
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0 \
-                    and f.name not in ("experts", "moe_topk", "shared_experts", "first_dense_layers",
-                                       "qk_rope_head_dim", "zero"):
-                _fail(cfg, f"{section}.{f.name}={value}: must be positive")
+            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
+                if f.name not in ZERO_ALLOWED:
+                    _fail(cfg, f"{section}.{f.name}={value}: must be positive")
+                if value < 0:
+                    _fail(cfg, f"{section}.{f.name}={value}: must be >= 0")
             if isinstance(value, int) and section != "hardware" and value > MAX_SIZE:
                 _fail(cfg, f"{section}.{f.name}={value}: beyond any real training job (at most {MAX_SIZE:.0e})")
     for name, links, low in (("bandwidth_gb_per_s", h.bandwidth_gb_per_s, "positive"), ("latency_us", h.latency_us,
@@ -445,6 +468,8 @@ def validate(cfg: Config) -> None:
         _fail(cfg, f"parallel.ep={p.ep} does not divide model.experts={m.experts}")
     if m.heads % p.tp or (m.kv % p.tp and p.tp % m.kv):
         _fail(cfg, f"parallel.tp={p.tp} does not divide model.heads={m.heads} / kv_heads={m.kv}")
+    if m.cross_entropy not in CROSS_ENTROPY_KINDS:
+        _fail(cfg, f"model.cross_entropy={m.cross_entropy!r}: choose one of {', '.join(CROSS_ENTROPY_KINDS)}")
     if p.cp_algo not in CP_ALGOS:
         _fail(cfg, f"parallel.cp_algo={p.cp_algo!r}: choose one of {', '.join(CP_ALGOS)}")
     if m.seq_len % p.cp:
@@ -472,15 +497,15 @@ def validate(cfg: Config) -> None:
     for name in ("dp", "tp", "ep", "cp"):
         if not 0 <= c.overlap.of(name) <= 1:
             _fail(cfg, f"calibration.overlap.{name}={getattr(c.overlap, name)}: must be between 0 and 1")
-    for name in ("matmul_efficiency", "memory_efficiency"):
-        if not 0 < getattr(c, name) <= 1:
+    for name in ("matmul_efficiency", "memory_efficiency", "optimizer_efficiency"):
+        if getattr(c, name) is not None and not 0 < getattr(c, name) <= 1:
             _fail(cfg, f"calibration.{name}={getattr(c, name)}: must be in (0, 1]")
     if c.host_overlap not in ("micro_batch", "pass"):
         _fail(cfg, f"calibration.host_overlap={c.host_overlap!r}: choose micro_batch or pass")
     if not 0 <= c.ep_bubble_overlap_ratio <= 1:
         _fail(cfg, f"calibration.ep_bubble_overlap_ratio={c.ep_bubble_overlap_ratio}: must be between 0 and 1")
     for name in ("safety_buffer_mb", "tp_shardable_overhead_mb", "step_overhead_ms", "host_us_per_layer",
-                 "host_us_per_collective", "host_us_per_backward_layer"):
+                 "host_us_per_collective", "host_us_per_backward_layer", "host_us_per_step", "idle_us_per_layer"):
         if (getattr(c, name) or 0) < 0:
             _fail(cfg, f"calibration.{name}={getattr(c, name)}: must be >= 0")
 

@@ -12,6 +12,7 @@ other columns exactly.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -101,10 +102,42 @@ def _exposed_tp(cfg: Config, index: int, moe: bool) -> Pass:
     return exposed
 
 
+TE_OVERLAP_SMS = 16  # Transformer Engine's userbuffers: SMs a "pipeline" or "bulk" overlap takes from the GEMM
+
+
+def _tp_overlap_compute(cfg: Config, index: int, moe: bool) -> compute.Work:
+    """What parallel.tp_comm_overlap costs the matmuls it hides communication behind, as Transformer Engine's
+    default userbuffer configuration runs them (transformer_engine/pytorch/module/base.py, get_default_config):
+    the all-gathers go by ring exchange on the copy engines, which splits the column-parallel forward and the
+    row-parallel input gradient into tp products of 1/tp of the rows (each less efficient, by their shapes); the
+    row-parallel forward's reduce-scatter ("pipeline") and the column-parallel backward's ("bulk", input and weight
+    gradient) keep 16 SMs for themselves, so those matmuls run on sms - 16 of the profile's SMs. Nothing without a
+    hardware profile (no SM count), with calibration.overlap.tp, or for a MoE block's expert matmuls."""
+    p, profile = cfg.parallel, cfg.profile
+    if profile is None or cfg.calibration.overlap.tp is not None or not p.tp_comm_overlap:
+        return compute.Work(0.0, 0.0, 0.0)
+    tp, margin = p.tp, profile.sms / (profile.sms - TE_OVERLAP_SMS) - 1
+    gemms = compute.layer_gemms(cfg, index)
+    blocks = [("attention", "mla_up_proj")] if cfg.model.attention else []
+    if not moe:
+        blocks.append(("mlp",))
+    extra = compute.Work(0.0, 0.0, 0.0)
+    for groups in blocks:
+        mine = [g for g in gemms if g.group in groups]
+        first, last = mine[0], mine[-1]
+        whole_first, whole_last = compute.gemm_times([first, last], cfg)
+        split_first, split_last = compute.gemm_times(
+            [dataclasses.replace(g, m=g.m / tp, count=g.count * tp) for g in (first, last)], cfg)
+        extra = extra + compute.Work(split_first.forward - whole_first.forward + margin * whole_last.forward,
+                                     split_last.backward - whole_last.backward + margin * whole_first.backward,
+                                     margin * whole_first.wgrad)
+    return extra
+
+
 def layer_cost(cfg: Config, index: int) -> ChunkCost:
     """One layer's cost for one micro-batch."""
     moe = cfg.model.is_moe(index)
-    work = compute.layer_seconds(cfg, index)
+    work = compute.layer_seconds(cfg, index) + _tp_overlap_compute(cfg, index, moe)
     sec = [work.forward, work.backward, work.wgrad, work.recompute]
     tp = _exposed_tp(cfg, index, moe)
     cp = comm.cp_layer(cfg) * (1 - cfg.calibration.overlap.of("cp"))
@@ -114,7 +147,8 @@ def layer_cost(cfg: Config, index: int) -> ChunkCost:
     params = memory.layer_params(cfg, index)
     zero3 = comm.zero3_layer(cfg, params.dense + params.expert)  # prefetched behind the layer's own compute
     dp = Pass(max(0.0, zero3.forward - sec[0]), max(0.0, zero3.backward - sec[1] - sec[2]))
-    cost = ChunkCost(*sec, tp=tp, cp=cp, ep=ep, dp=dp)
+    gaps = cfg.calibration.idle_us_per_layer * 1e-6  # a third forward, two thirds backward, as their kernels go
+    cost = ChunkCost(*sec, tp=tp, cp=cp, ep=ep, dp=dp, idle=Pass(gaps / 3, 2 * gaps / 3))
     if cfg.calibration.host_overlap == "pass":
         return cost + ChunkCost(idle=_host_wait(host_seconds(cfg, index), cost, per_pass=True))
     return cost
@@ -141,9 +175,9 @@ def _host_wait(host: Pass, cost: ChunkCost, per_pass: bool) -> Pass:
     eager PyTorch: nothing waits between them; the wait shows up in the backward, where autograd's host time
     dominates, ../shared/hardware/h200/launch.csv: 220 us forward, ~1250 backward), or each layer's forward and
     backward pass on their own (a framework that synchronizes between passes)."""
-    device_f = cost.forward + cost.tp.forward + cost.cp.forward + cost.ep.forward + cost.dp.forward
+    device_f = cost.forward + cost.tp.forward + cost.cp.forward + cost.ep.forward + cost.dp.forward + cost.idle.forward
     device_b = (cost.backward + cost.wgrad + cost.recompute + cost.tp.backward + cost.cp.backward + cost.ep.backward
-                + cost.dp.backward)
+                + cost.dp.backward + cost.idle.backward)  # the device's own dead time passes while the host issues
     if per_pass:
         return Pass(max(0.0, host.forward - device_f), max(0.0, host.backward - device_b))
     return Pass(0.0, max(0.0, host.forward + host.backward - device_f - device_b))
@@ -166,6 +200,8 @@ def chunk_costs(cfg: Config, chunks: list[range]) -> list[ChunkCost]:
         result.append(total)
         host.append(issue)
     head = compute.head_seconds(cfg)
+    result = [cost + ChunkCost(wgrad=_accumulation(cfg, k, layers, len(chunks))) for k, (cost, layers) in
+              enumerate(zip(result, chunks, strict=True))]
     embedding_tp, head_tp = comm.tp_embedding_head(cfg)
     overlap_tp = 1 - cfg.calibration.overlap.of("tp")
     result[0] = result[0] + ChunkCost(tp=embedding_tp * overlap_tp)
@@ -174,6 +210,21 @@ def chunk_costs(cfg: Config, chunks: list[range]) -> list[ChunkCost]:
         return result
     return [cost + ChunkCost(idle=_host_wait(issue, cost, per_pass=False))
             for cost, issue in zip(result, host, strict=True)]
+
+
+def _accumulation(cfg: Config, k: int, layers: range, chunks: int) -> float:
+    """A chunk's gradient accumulation, per micro-batch on average (every micro-batch but the first adds its
+    gradients: compute.accumulation_seconds), with the embedding on the first chunk and the output layer on the
+    last (once when they are tied on one device)."""
+    m = cfg.micro_batches
+    if m == 1 or cfg.model.gradient_accumulation_fusion:
+        return 0.0
+    held = sum(((memory.layer_params(cfg, i) * n) for i, n in memory.layer_kinds(cfg, layers).items()),
+               memory.Params())
+    edges = (k == 0) + (k == chunks - 1 and not (cfg.model.tied_embeddings and chunks == 1))
+    params = held.dense + held.expert + edges * memory.embedding_params(cfg)
+    largest = cfg.model.hidden * max(cfg.model.ffn_hidden, cfg.model.expert_ffn) / cfg.parallel.tp
+    return compute.accumulation_seconds(cfg, params, largest) * (m - 1) / m
 
 
 def _device_shares(cfg: Config, chunk: int) -> list[tuple[int, float]]:
@@ -192,7 +243,8 @@ def _optimizer_seconds(cfg: Config, states: memory.StageMemory) -> float:
     prec = cfg.precision
     updated = states.optimizer / prec.optimizer_bytes
     touched = updated * (2 * prec.optimizer_bytes + prec.grad_bytes + prec.param_bytes)
-    return touched / (hbm * 1e9 * cfg.calibration.memory_efficiency)
+    cal = cfg.calibration
+    return touched / (hbm * 1e9 * (cal.optimizer_efficiency or cal.memory_efficiency))
 
 
 MEGATRON_BUCKET_PARAMS = 40e6  # Megatron-Core DistributedDataParallelConfig: buckets of max(40M, 1M x dp) parameters
@@ -384,14 +436,15 @@ def estimate(cfg: Config, per_device: list[int] | None = None) -> Estimate:
                      + _exposed_tail(cfg, sync.gather, one.forward, params))
         optimizer.append(_optimizer_seconds(cfg, mem[device]))
     idle = cal.step_overhead_ms * 1e-3
-    total = result.makespan_s + max(t + o for t, o in zip(tails, optimizer, strict=True)) + idle
+    host_waits = [max(0.0, cal.host_us_per_step * 1e-6 - o) for o in optimizer]  # the optimizer step's host time
+    total = result.makespan_s + max(t + o + w for t, o, w in zip(tails, optimizer, host_waits, strict=True)) + idle
     limit = cfg.hardware.hbm_gb * memory.GIB
     rows = []
     for device in range(p.pp):
         one = per_device[device]
         comp = m * one.compute + optimizer[device]
         mp = m * (one.tp.forward + one.tp.backward)
-        idle_i = m * (one.idle.forward + one.idle.backward) + idle
+        idle_i = m * (one.idle.forward + one.idle.backward) + idle + host_waits[device]
         cp = m * (one.cp.forward + one.cp.backward)
         ep = m * (one.ep.forward + one.ep.backward) - result.ep_overlapped_s[device]
         dp = m * (one.dp.forward + one.dp.backward) + tails[device]

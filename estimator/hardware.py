@@ -14,7 +14,8 @@ matrix products reach, host time per eager layer) and the shape-aware pieces her
   through HBM once.
 - Attention core (FlashAttention-style) time from a table (``attention_us``: batch, heads, seq, head_dim, causal,
   forward µs, forward+backward µs) at the nearest head width and masking, interpolated in log2(seq) and
-  log2(batch x heads) on the achieved FLOP rate; without a table, its FLOPs at the matmul efficiency.
+  log2(batch x heads) on the achieved FLOP rate, leaving out the rows that timed the host instead of the device;
+  without a table, its FLOPs at the matmul efficiency.
 - Memory-bound kernels at the bandwidth measured for their size (``memory_gb_per_s``: bytes, GB/s), interpolated in
   log2(bytes); small kernels reach far less than the data sheet (H200: 470 GB/s at 4 MB, 4.1 TB/s at 1 GB).
 
@@ -41,8 +42,10 @@ class Profile:
     sms: int = 108
     tile: tuple[int, ...] = (128, 128)          # the GEMM kernels' output tile (rows, columns)
     matmul_efficiency: float = 0.75            # fraction of peak the largest products reach (the tables' top)
+    memory_efficiency: float = 0.7             # the profile's own calibration.memory_efficiency
     launch_us: float = 5.0                     # host time to launch one kernel
     gemm_us: tuple[tuple[float, ...], ...] = ()       # m, n, k, us
+    gemm_measured_us: tuple[tuple[float, ...], ...] = ()  # m, n, k, us, kernels, spread %: a trace's (calibrate)
     attention_us: tuple[tuple[float, ...], ...] = ()  # batch, heads, seq, head_dim, causal (0/1), fwd_us, fwd_bwd_us
     memory_gb_per_s: tuple[tuple[float, ...], ...] = ()  # bytes moved (read + write), GB/s
     _cache: dict[tuple[float, ...], float] = field(default_factory=dict, repr=False)
@@ -108,23 +111,48 @@ class Profile:
 
     def attention_rate(self, batch_heads: float, seq: float, head_dim: float, causal: bool, part: str) -> float | None:
         """Achieved FLOP/s of the attention core's ``part`` ('fwd' or 'bwd'), FLOPs counted as 4·b·h·s²·d forward
-        (halved when causal) and 2.5x that backward, as the table's maker counted them; None without a table."""
+        (halved when causal) and 2.5x that backward, as the table's maker counted them; None without a table.
+
+        Read at the nearest head width and masking, interpolated in log2(seq) and between the two measured
+        batch x heads that bracket the call (log2 of the rate). Only device-bound rows count (:func:`_device_bound`).
+        """
         rows = [r for r in self.attention_us if bool(r[4]) == causal] or list(self.attention_us)
         if not rows:
             return None
         width = min({r[3] for r in rows}, key=lambda d: abs(math.log2(d / head_dim)))
         rows = [r for r in rows if r[3] == width]
-        bh = min({r[0] * r[1] for r in rows}, key=lambda x: abs(math.log2(x / batch_heads)))
-        curve = sorted((math.log2(r[2]), r) for r in rows if r[0] * r[1] == bh)
-        xs = [x for x, _ in curve]
-        lo, hi, frac = _bracket(xs, math.log2(seq))
-        by_x = dict(curve)
+        index = 5 if part == "fwd" else 6
 
         def rate(r: tuple[float, ...]) -> float:
             flops = 4 * r[0] * r[1] * r[2] ** 2 * r[3] * (0.5 if r[4] else 1.0)
             return flops / (r[5] * 1e-6) if part == "fwd" else 2.5 * flops / ((r[6] - r[5]) * 1e-6)
 
-        return math.exp(math.log(rate(by_x[lo])) * (1 - frac) + math.log(rate(by_x[hi])) * frac)
+        curves: dict[float, list[tuple[float, float]]] = {}
+        for bh in sorted({math.log2(r[0] * r[1]) for r in rows}):
+            curve = sorted((math.log2(r[2]), r) for r in rows if math.log2(r[0] * r[1]) == bh)
+            times = [r[5] if index == 5 else r[6] - r[5] for _, r in curve]
+            curves[bh] = [(x, math.log(rate(r))) for (x, r), ok in zip(curve, _device_bound(times), strict=True)
+                          if ok]
+
+        def along(points: list[tuple[float, float]]) -> float:
+            lo, hi, frac = _bracket([x for x, _ in points], math.log2(seq))
+            y = dict(points)
+            return y[lo] * (1 - frac) + y[hi] * frac
+
+        lo, hi, frac = _bracket(list(curves), math.log2(batch_heads))
+        return math.exp(along(curves[lo]) * (1 - frac) + along(curves[hi]) * frac)
+
+
+def _device_bound(times: list[float]) -> list[bool]:
+    """Which rows of one curve (sequence doubling from row to row) timed the device rather than the host.
+
+    The profile's maker times eager calls by wall clock, so a call shorter than its host cost (an eager op ~16 µs,
+    autograd.grad hundreds: ../shared/hardware/h200/launch.csv) measures the host. Doubling the sequence quadruples
+    the core's FLOPs; on the device that takes 2-4x the time (efficiency only rises with size), so a row whose next
+    row took less than twice as long was host-bound and is dropped: its size reads the next trusted row's rate
+    (H200 backward at 1 x 16 x 1024: 313 µs in the table, 76 µs for twice the work in a training trace).
+    The last row is always kept."""
+    return [i == len(times) - 1 or times[i + 1] >= 2 * times[i] for i in range(len(times))]
 
 
 def _log_distance(a: tuple[float, ...], b: tuple[float, ...]) -> float:
@@ -154,14 +182,39 @@ def roofline_seconds(m: float, n: float, k: float, peak: float, efficiency: floa
     return max(compute, memory)
 
 
+MEASURED_REACH = 1.0  # log2 units: a trace's measured product informs shapes within one doubling of it in m, n and k
+
+
 def gemm_seconds(m: float, n: float, k: float, peak: float, efficiency: float, hbm: float | None,
                  profile: Profile) -> float:
     """Seconds of one (m x k)·(k x n) product on the profiled device, scaled by ``efficiency`` relative to the
-    profile's own matmul efficiency (1 when the config leaves calibration.matmul_efficiency at the profile's)."""
+    profile's own matmul efficiency (1 when the config leaves calibration.matmul_efficiency at the profile's).
+
+    A product a calibration trace measured (``gemm_measured_us``) overrides the table at its own shape and fades
+    back to it within one doubling in every dimension: the table's time times (measured / table at the measured
+    shape) ** (1 - d), d the largest |log2| distance to the nearest measured shape; farther away, the table alone."""
     key = (m, n, k, peak, efficiency, hbm or 0.0)
     cached = profile._cache.get(key)
     if cached is not None:
         return cached
+    seconds = _table_seconds(m, n, k, peak, efficiency, hbm, profile)
+    if profile.gemm_measured_us:
+        near = min(profile.gemm_measured_us, key=lambda r: _reach(r, (m, n, k)))
+        d = _reach(near, (m, n, k))
+        if d < MEASURED_REACH:
+            at = _table_seconds(near[0], near[1], near[2], peak, profile.matmul_efficiency, hbm, profile)
+            seconds *= (near[3] * 1e-6 / at) ** (1 - d / MEASURED_REACH)
+    profile._cache[key] = seconds
+    return seconds
+
+
+def _reach(row: tuple[float, ...], shape: tuple[float, float, float]) -> float:
+    return max(abs(math.log2(a / b)) for a, b in zip(row[:3], shape, strict=True))
+
+
+def _table_seconds(m: float, n: float, k: float, peak: float, efficiency: float, hbm: float | None,
+                   profile: Profile) -> float:
+    """The measured grid (or the roofline) alone."""
     scale = profile.matmul_efficiency / efficiency
     rate = profile.table_rate(m, n, k)
     if rate is None:
@@ -171,5 +224,4 @@ def gemm_seconds(m: float, n: float, k: float, peak: float, efficiency: float, h
         model = (roofline_seconds(m, n, k, peak, 1.0, hbm, profile)
                  / roofline_seconds(*near, peak, 1.0, hbm, profile))  # 1 inside the table's range
         seconds = 2 * near[0] * near[1] * near[2] / rate * model * scale
-    profile._cache[key] = seconds
     return seconds

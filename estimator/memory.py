@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, fields
 
 from traceana.estimator import stages
-from traceana.estimator.compute import tokens
+from traceana.estimator.compute import CROSS_ENTROPY, tokens
 from traceana.estimator.config import Config
 
 MIB = 1024**2
@@ -176,6 +176,15 @@ def comm_buffer_bytes(cfg: Config) -> float:
     return ep + sp + pp
 
 
+def loss_bytes(cfg: Config) -> float:
+    """What the last stage holds at the peak of its loss, for one micro-batch: the final norm's output (fp32,
+    Korthikanti §4.3) and the logits' buffers as ``model.cross_entropy`` computes them (compute.CROSS_ENTROPY:
+    14 bytes a logit in eager PyTorch, 6 in Megatron's in-place loss; not the 4 of one fp32 copy)."""
+    m, p, t = cfg.model, cfg.parallel, tokens(cfg)
+    held = CROSS_ENTROPY[m.cross_entropy].held
+    return (4 * t * m.hidden + held * t * m.vocab) / p.tp if m.vocab else 0.0
+
+
 def stage_memory(cfg: Config, chunk_layers: list[range], depth: list[float]) -> list[StageMemory]:
     """Peak memory of every pipeline device, in device order. ``depth`` is each device's peak in-flight
     micro-batches in units of its share of layers, as the schedule keeps them (pipeline.in_flight)."""
@@ -189,8 +198,8 @@ def stage_memory(cfg: Config, chunk_layers: list[range], depth: list[float]) -> 
         activation = [(activation[i] + activation[p.pp - 1 - i]) / 2 for i in range(p.pp)]
     t, div = tokens(cfg), p.tp if p.sequence_parallel else 1
     first, last = stages.device_of_chunk(cfg, 0), stages.device_of_chunk(cfg, len(chunk_layers) - 1)
-    embedding = t * m.hidden / div + 8 * t          # dropout mask of the embedding output, token ids
-    output = 4 * t * (m.hidden + m.vocab) / p.tp    # final norm output and fp32 logits (Korthikanti §4.3)
+    embedding = (t * m.hidden / div + 8 * t) if m.vocab else 0.0  # the embedding output's dropout mask, token ids
+    output = loss_bytes(cfg)
     overheads = (cfg.calibration.safety_buffer_mb + cfg.calibration.tp_shardable_overhead_mb) * MIB / p.tp
     buffers = comm_buffer_bytes(cfg)
     result = []
