@@ -284,9 +284,21 @@ def test_a_store_whose_estimate_columns_are_not_null_takes_predictions(db: Path,
     old = shutil.copy(db, tmp_path / "old.duckdb")
     run_cli("estimate", CONFIGS / "pp2_mb8.yaml", "--db", old)
     with duckdb.connect(str(old)) as con:
+        for table in record.NULLABLE:  # only the estimate an older store could hold
+            con.execute(f"DELETE FROM {table} WHERE estimate_id <> 'pp2_mb8'")
         for table, columns in record.NULLABLE.items():
             for column in columns:
                 con.execute(f"ALTER TABLE {table} ALTER COLUMN {column} SET NOT NULL")
     predicted_json(EXAMPLE, "pp2_mb8", "--db", old)
     assert sql_rows(old, "SELECT estimate_id, fits FROM estimate_runs ORDER BY 1") == [
         ("pp2_mb8", True), ("sample_traces_predictions:pp2_mb8", None)]
+
+
+def test_text_output_and_plots(db: Path, tmp_path: Path) -> None:
+    sweep = run_cli("compare", "--predicted", EXAMPLE, "--db", db, "--plot", tmp_path / "sweep.png")
+    assert "Pearson r" in sweep.stdout and "predicted DP_WAIT_ms, size bias: error depends on dp" in sweep.stdout
+    assert "stored 7 estimate(s) sample_traces_predictions:RUN" in sweep.stderr
+    one = run_cli("compare", "--predicted", EXAMPLE, "pp2_mb8", "--db", db, "--plot", tmp_path / "run.png")
+    assert "pp2_mb8 vs sample_traces_predictions.csv" in one.stdout and "straggler stage" in one.stdout
+    for png in ("run.png", "sweep.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -244,9 +244,11 @@ def _sweep(rows: list[sweep.Row], notes: list[str], base: config.Config | None, 
 
 
 def _print_diagnosis(diagnosis: pl.DataFrame) -> None:
+    """Findings as lines, not a table: each is a sentence."""
     if diagnosis.height:
-        emit(diagnosis, title="diagnosis (seed 000's checks: a bias with one parallel size, inverted rank order, "
-                              "units)")
+        typer.echo("diagnosis (seed 000's checks: a bias with one parallel size, inverted rank order, units):")
+        for d in diagnosis.iter_rows(named=True):
+            typer.echo(f"  {d['estimator']} {d['quantity']}, {d['kind']}: {d['finding']}")
 
 
 def _print_fit(fitted: compare_fit.Fit) -> None:
