@@ -180,13 +180,25 @@ class Traces:
                 store.resolve_run(con, name)
             return readers[part](con, run_a, run_b)
 
-    def compare(self, config: str | Path, run: str | None = None) -> pl.DataFrame:
-        """Estimate (job YAML ``config``) versus measured, per dimension (ms), as `traceana compare` prints it."""
+    def compare(self, config: str | Path | None = None, run: str | None = None,
+                predicted: str | Path | None = None) -> pl.DataFrame:
+        """Estimate (job YAML ``config``) versus measured, per dimension (ms), as `traceana compare` prints it; or,
+        with ``predicted`` instead of ``config``, another estimator's predictions file for the run (read-only:
+        `traceana compare --predicted` also stores them as estimates)."""
+        if (config is None) == (predicted is None):
+            raise TraceanaError("compare: give config or predicted (one of them)")
+        if predicted is not None:
+            from traceana.model import predicted as pr
+
+            def read(con: duckdb.DuckDBPyConnection, rid: str) -> pl.DataFrame:
+                return pr.compare(con, pr.load(con, Path(predicted), [rid]), rid).by_dimension
+
+            return self.read(run, read)
         from traceana.estimator import config as cfgmod
         from traceana.estimator.estimate import estimate
         from traceana.model.compare import compare_run
 
-        est = estimate(cfgmod.load(Path(config)))
+        est = estimate(cfgmod.load(Path(config)))  # type: ignore[arg-type]  (not None: checked above)
         return self.read(run, lambda con, rid: compare_run(con, rid, est).by_dimension)
 
     def sql(self, query: str, run: str | None = None) -> pl.DataFrame:

@@ -27,15 +27,18 @@ SWEEP = ROOT / "examples" / "sample_traces_sweep.yaml"
 DIMS = ("COMP", "MP_WAIT", "CP_WAIT", "EP_WAIT", "DP_WAIT", "PP_WAIT", "OTHER_WAIT", "IDLE", "TOTAL")
 
 
-@pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every sample run ingested with its layout, as `traceana ingest DIR --layout SPEC` stores it."""
-    path = tmp_path_factory.mktemp("compare") / "samples.duckdb"
+def sample_store(path: Path) -> Path:
+    """Every sample run ingested with its layout into ``path``, as `traceana ingest DIR --layout SPEC` stores it."""
     with store.connect(path) as con:
         for name, (layout, _) in EXPERIMENTS.items():
             data = read_run([SAMPLES / name], "kineto", IngestOptions(layout=Layout.parse(layout)))
             store.write_run(con, name, data)
     return path
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return sample_store(tmp_path_factory.mktemp("compare") / "samples.duckdb")
 
 
 def compare_json(*args: object) -> dict:

@@ -1,4 +1,6 @@
-"""`traceana compare`: estimate versus measured for one run, or a sweep of runs / measured CSV rows, and --fit."""
+"""`traceana compare`: estimate versus measured for one run, or a sweep of runs / measured CSV rows, and --fit; the
+estimate is traceana's (--estimate CFG) or any estimator's predictions file (--predicted FILE), through the same
+tables, statistics and seed 000 diagnosis."""
 
 from __future__ import annotations
 
@@ -23,10 +25,15 @@ BIG_SWEEP = 30  # rows: beyond this the text output lists only the worst rows (-
 
 
 def compare(
-    estimate: Annotated[Path, typer.Option("--estimate", help="Job YAML to estimate; its `runs:` list, if any, "
-                                           "makes a sweep (a run id each, with the overrides that run used).")],
-    runs: Annotated[list[str] | None, typer.Argument(help="Run ids (default: the config's runs:, else the latest "
-                                                     "run). Several make a sweep.", show_default=False)] = None,
+    estimate: Annotated[Path | None, typer.Option("--estimate", help="Job YAML to estimate; its `runs:` list, if "
+                                                  "any, makes a sweep (a run id each, with the overrides that run "
+                                                  "used).")] = None,
+    predicted: Annotated[Path | None, typer.Option("--predicted", help="Another estimator's predictions instead "
+                                                   "(CSV, JSON or Parquet: run, stage, COMP_ms ... TOTAL_ms, "
+                                                   "peak_memory_mb), stored as estimates <file>:<run>.")] = None,
+    runs: Annotated[list[str] | None, typer.Argument(help="Run ids (default: the config's runs:, the file's runs, "
+                                                     "else the latest run). Several make a sweep.",
+                                                     show_default=False)] = None,
     measured: Annotated[Path | None, typer.Option("--measured", help="CSV of configuration and measured columns "
                                                   "(e.g. ../shared/validation/*.csv): a sweep over its rows.")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write estimated vs measured (PNG).",
@@ -39,11 +46,21 @@ def compare(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """Estimate versus measured: per dimension and pipeline stage for one run; Pearson r, Spearman ρ and MAPE per
-    quantity over a sweep; --fit calibrates on half the rows and scores the other half."""
+    quantity over a sweep, and seed 000's diagnosis (a bias with one parallel size, inverted rank order, wrong
+    units); --fit calibrates on half the rows and scores the other half."""
     from traceana.estimator import config
     from traceana.model import sweep
 
     fit = fit or write_calibration is not None
+    if (estimate is None) == (predicted is None):
+        raise TraceanaError("give --estimate CFG or --predicted FILE (one of them)")
+    if predicted is not None:
+        if measured is not None or fit:
+            raise TraceanaError("--measured and --fit go with --estimate (they estimate configs); --predicted "
+                                "compares a file's numbers with stored runs")
+        _predicted(predicted, runs, db, plot, json)
+        return
+    assert estimate is not None
     if measured is not None and runs:
         raise TraceanaError("give run ids or --measured CSV, not both")
     if measured is not None:
@@ -95,20 +112,57 @@ def _one_run(cfg: config.Config, cfg_path: Path, run: str | None, db: Path, plot
         which = bd.which_step(con, run_id, None)
         fitted = _fit(sweep.traced_rows(con, [config.Run(run_id, cfg, {})])) if fit else None
         after = compare_run(con, run_id, run_estimate(compare_fit.apply(fitted.values, cfg))) if fitted else None
+    _show_run(result, cfg_path, "config", which, plot, json, fitted, after)
+    _finish(fitted, write_calibration, cfg, f"run {run_id}", plot)
+
+
+def _predicted(path: Path, runs: list[str] | None, db: Path, plot: Path | None, json: bool) -> None:
+    """--predicted: check the file against the store, store it as estimates, compare one run or sweep them all."""
+    from traceana.analyses import breakdown as bd
+    from traceana.model import predicted as pr
+
+    with store.connect(db, read_only=True) as con:
+        predictions = pr.load(con, path, runs)
+    pr.write(db, predictions)
+    typer.echo(f"stored {len(predictions.runs)} estimate(s) {predictions.estimate_id('RUN')} in {db} "
+               f"(tables estimate_runs, estimate_stages)", err=True)
+    with store.connect(db, read_only=True) as con:
+        if len(predictions.runs) > 1:
+            rows = pr.sweep_rows(con, predictions)
+        else:
+            (run_id,) = predictions.runs
+            result, which = pr.compare(con, predictions, run_id), bd.which_step(con, run_id, None)
+    if len(predictions.runs) > 1:
+        _sweep(rows, predictions.notes, None, f"runs vs {path.name}", plot, False, None, json, estimator="predicted")
+    else:
+        _show_run(result, path, "predicted", which, plot, json)
+        _finish(None, None, None, f"run {run_id}", plot)
+
+
+def _show_run(result: RunComparison, source: Path, key: str, which: str, plot: Path | None, json: bool,
+              fitted: compare_fit.Fit | None = None, after: RunComparison | None = None) -> None:
+    """One run's comparison with the estimate of ``source`` (named under ``key`` in --json): tables, plot, JSON."""
+    import polars as pl
+
+    from traceana.model import diagnose
+
     if plot is not None:
         from traceana.render.compare_plot import run_scatter
 
         what = "fitted estimate" if after else "estimate"
-        run_scatter(after or result, plot, f"{run_id}: {what} ({cfg_path.name}) vs measured, per stage",
+        run_scatter(after or result, plot, f"{result.run_id}: {what} ({source.name}) vs measured, per stage",
                     before=result if after else None)
+    diagnosis = diagnose.findings(result.by_dimension.select(
+        row=pl.lit(result.run_id), quantity=pl.col("dim") + "_ms", measured="measured_ms", estimated="estimated_ms",
+        est_over_measured="est_over_measured", error_pct="error_pct"))
     if json:
-        emit_json({"run_id": run_id, "config": str(cfg_path), **_frames(result), "notes": result.notes,
-                   **({"fit": _fit_json(fitted)} if fitted else {})})
+        emit_json({"run_id": result.run_id, key: str(source), **_frames(result), "notes": result.notes,
+                   "diagnosis": diagnosis.to_dicts(), **({"fit": _fit_json(fitted)} if fitted else {})})
     else:
-        _print_run(result, cfg_path, which)
+        _print_run(result, source, which)
+        _print_diagnosis(diagnosis)
         if fitted:
             _print_fit(fitted)
-    _finish(fitted, write_calibration, cfg, f"run {run_id}", plot)
 
 
 def _frames(result: RunComparison) -> dict[str, Any]:
@@ -123,9 +177,9 @@ def _frames(result: RunComparison) -> dict[str, Any]:
     }
 
 
-def _print_run(result: RunComparison, cfg_path: Path, which: str) -> None:
+def _print_run(result: RunComparison, source: Path, which: str) -> None:
     what = f"{which}; measured mean over ranks, max the worst rank"
-    emit(_labelled(result.by_dimension), title=f"{result.run_id} vs {cfg_path.name}: per dimension ({what})")
+    emit(_labelled(result.by_dimension), title=f"{result.run_id} vs {source.name}: per dimension ({what})")
     if result.by_stage is not None:
         emit(_labelled(result.by_stage), title="per pipeline stage (measured: mean and max over the stage's ranks)")
     if result.straggler is not None:
@@ -154,14 +208,15 @@ def _fit(rows: list[sweep.Row]) -> compare_fit.Fit:
         return compare_fit.fit(rows, advance)
 
 
-def _sweep(rows: list[sweep.Row], notes: list[str], base: config.Config, title: str, plot: Path | None, fit: bool,
-           write_calibration: Path | None, json: bool) -> None:
+def _sweep(rows: list[sweep.Row], notes: list[str], base: config.Config | None, title: str, plot: Path | None,
+           fit: bool, write_calibration: Path | None, json: bool, estimator: str = "traceana") -> None:
     import polars as pl
 
-    from traceana.model import compare_fit, sweep
+    from traceana.model import compare_fit, diagnose, sweep
 
     frame = sweep.rows_frame(rows)
-    stats = sweep.statistics(frame)
+    stats = sweep.statistics(frame, estimator)
+    diagnosis = diagnose.findings(frame, stats, rows, estimator)
     fitted = _fit(rows) if fit else None
     if plot is not None:
         from traceana.render.compare_plot import sweep_scatter
@@ -173,18 +228,27 @@ def _sweep(rows: list[sweep.Row], notes: list[str], base: config.Config, title: 
             sweep_scatter(frame, plot, f"{title}: {len(rows)} rows")
     if json:
         emit_json({"title": title, "rows": frame.to_dicts(), "statistics": stats.to_dicts(), "notes": notes,
-                   **({"fit": _fit_json(fitted)} if fitted else {})})
+                   "diagnosis": diagnosis.to_dicts(), **({"fit": _fit_json(fitted)} if fitted else {})})
     else:
         shown = frame if len(rows) <= BIG_SWEEP else frame.sort(pl.col("error_pct").abs(), descending=True,
                                                                 nulls_last=True).head(15)
         which = "" if shown is frame else f" (the 15 worst of {frame.height}; --json lists all)"
         emit(shown, title=f"{title}: estimated vs measured per row{which}")
         emit(stats, title="per quantity: Pearson r, Spearman ρ, mean absolute % error, worst row")
+        _print_diagnosis(diagnosis)
         if fitted:
             _print_fit(fitted)
         for note in notes:
             typer.echo(f"note: {note}", err=True)
     _finish(fitted, write_calibration, base, title, plot)
+
+
+def _print_diagnosis(diagnosis: pl.DataFrame) -> None:
+    """Findings as lines, not a table: each is a sentence."""
+    if diagnosis.height:
+        typer.echo("diagnosis (seed 000's checks: a bias with one parallel size, inverted rank order, units):")
+        for d in diagnosis.iter_rows(named=True):
+            typer.echo(f"  {d['estimator']} {d['quantity']}, {d['kind']}: {d['finding']}")
 
 
 def _print_fit(fitted: compare_fit.Fit) -> None:
@@ -210,11 +274,11 @@ def _fit_json(fitted: compare_fit.Fit) -> dict[str, Any]:
             "held_out": None if fitted.held_out is None else fitted.held_out.to_dicts()}
 
 
-def _finish(fitted: compare_fit.Fit | None, write_calibration: Path | None, base: config.Config, source: str,
-            plot: Path | None) -> None:
+def _finish(fitted: compare_fit.Fit | None, write_calibration: Path | None, base: config.Config | None,
+            source: str, plot: Path | None) -> None:
     from traceana.model import compare_fit
 
-    if fitted is not None and write_calibration is not None:
+    if fitted is not None and write_calibration is not None and base is not None:
         header = (f"calibration fitted by `traceana compare --fit` on {source}\nfit rows: "
                   f"{_listing(fitted.fit_rows)}\nheld out: {_listing(fitted.held_out_rows) or 'none'}")
         try:

@@ -106,9 +106,16 @@ def measured_quantities(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str
 def compare_run(con: duckdb.DuckDBPyConnection, run_id: str, est: Estimate) -> RunComparison:
     """Join estimate ``est`` with run ``run_id``'s measured breakdown (after :func:`check_matches`)."""
     check_matches(con, run_id, est.config)
+    return compare_stages(con, run_id, estimated_stages(est), est.config.parallel.layout.spec)
+
+
+def compare_stages(con: duckdb.DuckDBPyConnection, run_id: str, estimated: pl.DataFrame,
+                   layout: str | None = None) -> RunComparison:
+    """Join per-stage estimates (the frame of :func:`estimated_stages`, from any estimator: a column that is all
+    null was not estimated) with run ``run_id``'s measured breakdown; ``layout`` is the `--layout` spec to suggest
+    when the run has none."""
     notes: list[str] = []
     ranks = _by_rank(con, run_id)
-    estimated = estimated_stages(est)
     over_ranks = ranks.select(stage=pl.lit(None, pl.Int32), **_mean_and_max(DIMS))
     over_stages = estimated.select(stage=pl.lit(None, pl.Int32), **_mean_and_max(ESTIMATED))
     by_dimension = _join(_long(over_ranks, "measured", DIMS, "{}_mean_ms", "{}_max_ms"),
@@ -116,9 +123,9 @@ def compare_run(con: duckdb.DuckDBPyConnection, run_id: str, est: Estimate) -> R
 
     stages = bd.by_stage(con, run_id).rename({"pp": "stage"})
     if stages["stage"].null_count():
-        if est.config.parallel.pp > 1:
+        if estimated.height > 1:
             notes.append(f"run {run_id!r} has no layout, so its ranks have no pipeline stage: per-stage comparison "
-                         f"needs `traceana ingest --layout {est.config.parallel.layout.spec}`")
+                         f"needs `traceana ingest --layout {layout or 'SPEC'}`")
             stages = None
         else:
             stages = stages.with_columns(stage=pl.lit(0, pl.Int32))
@@ -126,7 +133,8 @@ def compare_run(con: duckdb.DuckDBPyConnection, run_id: str, est: Estimate) -> R
     if stages is not None:
         by_stage = _join(_long(stages, "measured", DIMS, "{}_mean_ms", "{}_max_ms"),
                          _long(estimated, "estimated", ESTIMATED, "{}_ms")).drop("estimated_max_ms")  # one per stage
-        straggler = _straggler(stages, estimated)
+        if estimated["COMP_ms"].is_not_null().all():
+            straggler = _straggler(stages, estimated)
     return RunComparison(run_id, by_dimension, by_stage, straggler, _memory(con, run_id, estimated), notes)
 
 
@@ -200,7 +208,7 @@ def _rank_peaks(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
 def _memory(con: duckdb.DuckDBPyConnection, run_id: str, estimated: pl.DataFrame) -> pl.DataFrame | None:
     """Peak allocated memory per stage (mean and max over its ranks' peaks) against the estimated peak."""
     peaks = _rank_peaks(con, run_id)
-    if peaks.is_empty():
+    if peaks.is_empty() or estimated[PEAK].is_null().all():
         return None
     per_stage = peaks.with_columns(pl.col("stage").fill_null(0)).group_by("stage").agg(
         measured_peak_MiB=pl.col(PEAK).mean(), measured_peak_max_MiB=pl.col(PEAK).max())

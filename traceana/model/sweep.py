@@ -37,6 +37,7 @@ from traceana.estimator import config as cfgmod
 from traceana.estimator.config import Config
 from traceana.estimator.estimate import estimate
 from traceana.estimator.memory import MIB
+from traceana.layout import Layout
 from traceana.model.compare import (
     DIMS,
     ESTIMATED,
@@ -87,13 +88,22 @@ _QUANTITY = re.compile(
 
 @dataclass(frozen=True)
 class Row:
-    """One configuration of a sweep and its numbers: quantity ('COMP_ms' ... 'TOTAL_ms', 'peak_memory_MiB')."""
+    """One configuration of a sweep and its numbers: quantity ('COMP_ms' ... 'TOTAL_ms', 'peak_memory_MiB').
+    A row of a predictions file (`compare --predicted`) has no config: ``predicted`` holds its estimate, and
+    ``layout`` the run's parallel sizes."""
 
     label: str
-    config: Config
+    config: Config | None
     measured: dict[str, float]
     reference: dict[str, float] = field(default_factory=dict)  # another estimator's predictions, same keys
     run_id: str | None = None  # the traced run it was measured on
+    predicted: dict[str, float] | None = None  # the estimate, when another estimator's file gives it
+    layout: Layout | None = None  # the run's layout, when there is no config
+
+    @property
+    def sizes(self) -> Layout | None:
+        """The parallel sizes of the row (tp, pp, dp, ep, cp)."""
+        return self.config.parallel.layout if self.config is not None else self.layout
 
 
 def normalize(name: str) -> str:
@@ -158,7 +168,7 @@ def traced_rows(con: duckdb.DuckDBPyConnection | None, runs: list[cfgmod.Run]) -
 
 def read_csv(path: Path, base: Config) -> tuple[list[Row], list[str]]:
     """Sweep rows from a measured CSV over ``base``; also notes (ignored columns)."""
-    frame = _read_frame(path)
+    frame = read_frame(path)
     labels = [c for c in frame.columns if normalize(c) in LABEL_COLUMNS]
     configs = {c: CONFIG_COLUMNS[normalize(c)] for c in frame.columns if normalize(c) in CONFIG_COLUMNS}
     values = {c: quantity(c) for c in frame.columns if quantity(c) is not None}
@@ -187,7 +197,8 @@ def read_csv(path: Path, base: Config) -> tuple[list[Row], list[str]]:
     return rows, notes
 
 
-def _read_frame(path: Path) -> pl.DataFrame:
+def read_frame(path: Path) -> pl.DataFrame:
+    """A CSV file as a frame; leading `#` lines without a comma are comments."""
     try:
         lines = path.read_text(encoding="utf-8-sig").splitlines()
     except OSError as exc:
@@ -270,7 +281,8 @@ def rows_frame(rows: list[Row], configs: list[Config] | None = None) -> pl.DataF
     measured as 0 and estimated as 0 (or not at all) is left out."""
     records = []
     for i, row in enumerate(rows):
-        est = estimated_quantities(estimate(configs[i] if configs else row.config))
+        est = row.predicted if row.predicted is not None else estimated_quantities(
+            estimate(configs[i] if configs else row.config))  # type: ignore[arg-type]  (a config when not predicted)
         for key, value in row.measured.items():
             if value == 0 and abs(est.get(key) or 0.0) <= NOISE_MS:
                 continue  # nothing measured, nothing predicted: no error to speak of
@@ -286,17 +298,17 @@ def rows_frame(rows: list[Row], configs: list[Config] | None = None) -> pl.DataF
                               reference_error_pct=reference["error_pct"])
 
 
-def statistics(frame: pl.DataFrame) -> pl.DataFrame:
-    """Per quantity and estimator (traceana, and reference where given): rows, Pearson r, Spearman ρ (null under
-    3 rows or for a constant side), MAPE % and the worst row by |error %|."""
+def statistics(frame: pl.DataFrame, estimator: str = "traceana") -> pl.DataFrame:
+    """Per quantity and estimator (``estimator``'s estimated column, and reference where given): rows, Pearson r,
+    Spearman ρ (null under 3 rows or for a constant side), MAPE % and the worst row by |error %|."""
     parts = []
-    for estimator, column, error in (("traceana", "estimated", "error_pct"),
+    for name, column, error in ((estimator, "estimated", "error_pct"),
                                      ("reference", "reference", "reference_error_pct")):
         if column not in frame.columns:
             continue
         scored = frame.filter(pl.col(column).is_not_null() & pl.col(error).is_not_null())
         parts.append(scored.group_by("quantity", maintain_order=True).agg(
-            estimator=pl.lit(estimator),
+            estimator=pl.lit(name),
             rows=pl.len(),
             pearson_r=pl.when(pl.len() >= 3).then(pl.corr("measured", column)),
             spearman_rho=pl.when(pl.len() >= 3).then(pl.corr("measured", column, method="spearman")),
