@@ -137,6 +137,18 @@ def layer_traffic(cfg: Config, index: int) -> Work:
     return Work(forward + cast.forward, 2 * forward + cast.backward, 0.0, again)
 
 
+def layer_kernels(cfg: Config, index: int) -> tuple[int, int]:
+    """Kernels one layer launches for one micro-batch, (forward, backward): each weight product once forward and
+    twice backward (input and weight gradients; a MoE layer's experts as one grouped product), the attention core
+    once forward and twice backward (its gradient and the softmax statistics), and per block the norm and the
+    residual add, plus the activation, each twice backward (a norm's input and weight gradients)."""
+    m = cfg.model
+    products = len(layer_gemms(cfg, index))
+    core = 1 if m.attention else 0
+    elementwise = 2 * (1 + core) + 1
+    return products + core + elementwise, 2 * (products + core + elementwise)
+
+
 def head(cfg: Config) -> Work:
     """The output projection to the vocabulary (split by TP); the embedding lookup costs no FLOPs."""
     return _matmul(2 * tokens(cfg) * cfg.model.hidden * cfg.model.vocab / cfg.parallel.tp)

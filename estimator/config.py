@@ -203,6 +203,8 @@ class Calibration:
     host_overlap: str = "micro_batch"        # the stretch host and device overlap over: a chunk's forward and backward
     # of a micro-batch (eager PyTorch), or each layer's pass on its own ("pass": the framework synchronizes)
     host_us_per_collective: float = 0.0      # host time of each TP / EP collective call
+    launch_us: float = 5.0                   # host time to launch one kernel (a profile gives its device's): the
+    # floor of a layer's host time when host_us_per_layer says less
     host_us_per_step: float = 0.0            # host work once a step outside the layers (optimizer step, zero_grad):
     # the device idles for what its own optimizer work does not cover
     idle_us_per_layer: float = 0.0           # the device's dead time per layer and micro-batch between kernels it has
@@ -328,6 +330,8 @@ def _with_profile(raw: dict[str, Any], source: str, where: Path) -> tuple[dict[s
         for key in ("gemm_us", "attention_us"):
             data.setdefault(key, tables.get(key, []))
     defaults = {section: data.pop(section, None) or {} for section in ("hardware", "calibration")}
+    if "launch_us" in data:  # the profile's launch cost is the calibration default it gives
+        defaults["calibration"].setdefault("launch_us", data["launch_us"])
     own = {name: defaults["calibration"].get(name, getattr(Calibration, name))
            for name in ("matmul_efficiency", "memory_efficiency")}
     profile = _build(Profile, {**data, **own}, str(path), "")
@@ -505,7 +509,8 @@ def validate(cfg: Config) -> None:
     if not 0 <= c.ep_bubble_overlap_ratio <= 1:
         _fail(cfg, f"calibration.ep_bubble_overlap_ratio={c.ep_bubble_overlap_ratio}: must be between 0 and 1")
     for name in ("safety_buffer_mb", "tp_shardable_overhead_mb", "step_overhead_ms", "host_us_per_layer",
-                 "host_us_per_collective", "host_us_per_backward_layer", "host_us_per_step", "idle_us_per_layer"):
+                 "host_us_per_collective", "host_us_per_backward_layer", "host_us_per_step", "idle_us_per_layer",
+                 "launch_us"):
         if (getattr(c, name) or 0) < 0:
             _fail(cfg, f"calibration.{name}={getattr(c, name)}: must be >= 0")
 

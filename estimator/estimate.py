@@ -158,12 +158,14 @@ def host_seconds(cfg: Config, index: int) -> Pass:
     """Host time to issue one layer's forward and backward for one micro-batch: calibration.host_us_per_layer for
     the forward and host_us_per_backward_layer for the backward (default twice the forward; a hardware profile
     gives measured ones), a forward more for a full recompute, plus host_us_per_collective for each TP / EP
-    collective call each way."""
+    collective call each way. Never less than launching the pass's kernels (compute.layer_kernels) at
+    calibration.launch_us each: a config that says nothing of its host still pays for its launches."""
     cal, p = cfg.calibration, cfg.parallel
     calls = 2 * (p.tp > 1) + 2 * (p.ep > 1 and cfg.model.is_moe(index))
-    forward = cal.host_us_per_layer + calls * cal.host_us_per_collective
-    backward = (2 * cal.host_us_per_layer if cal.host_us_per_backward_layer is None
-                else cal.host_us_per_backward_layer) + calls * cal.host_us_per_collective
+    kernels = compute.layer_kernels(cfg, index)
+    forward = max(cal.host_us_per_layer, kernels[0] * cal.launch_us) + calls * cal.host_us_per_collective
+    backward = max(2 * cal.host_us_per_layer if cal.host_us_per_backward_layer is None
+                   else cal.host_us_per_backward_layer, kernels[1] * cal.launch_us) + calls * cal.host_us_per_collective
     again = forward if cfg.schedule.recompute.kind_of(index) == "full" else 0.0
     return Pass(forward * 1e-6, (backward + again) * 1e-6)
 

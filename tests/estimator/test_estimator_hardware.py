@@ -22,7 +22,7 @@ from tests.conftest import SHARED, TRACES, run_cli
 from traceana.errors import TraceanaError
 from traceana.estimator import compute, hardware
 from traceana.estimator.config import from_dict, load
-from traceana.estimator.estimate import estimate, layer_cost
+from traceana.estimator.estimate import estimate, host_seconds, layer_cost
 from traceana.estimator.memory import GIB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,3 +229,17 @@ def test_a_measured_product_overrides_the_grid_near_it_and_nowhere_else() -> Non
         ratio ** (1 - math.log2(2896.3 / 2048)), rel=1e-9)  # half a doubling away: half the correction in log
     assert at[4096.0, 6144.0, 2048.0] == table[4096.0, 6144.0, 2048.0]
     assert at[8192.0, 8192.0, 8192.0] == table[8192.0, 8192.0, 8192.0]
+
+
+def test_kernel_launches_floor_the_host_time_of_a_config_without_host_numbers() -> None:
+    """No profile, no host_us_per_layer: a GPT layer still launches 10 kernels forward (QKV, attention output, fc1,
+    fc2, the attention core, two norms, two residual adds, the activation) and twice that backward, at
+    calibration.launch_us (5 µs) each; with the h200 profile its measured 16.2 µs, below the eager layer's 220."""
+    bare = from_dict({"model": GPT["model"], "parallel": GPT["parallel"],
+                      "hardware": {"peak_tflops_bf16": 989, "hbm_gb": 141}}, "bare.yaml")
+    assert compute.layer_kernels(bare, 0) == (10, 20)
+    host = host_seconds(bare, 0)
+    assert (host.forward, host.backward) == (pytest.approx(50e-6), pytest.approx(100e-6))
+    profiled = _gpt()
+    assert profiled.calibration.launch_us == 16.2
+    assert host_seconds(profiled, 0).forward == pytest.approx(220e-6)
