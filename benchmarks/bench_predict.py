@@ -51,13 +51,13 @@ def row(label: str, db: Path, run: str, cfg: Path, target: Path, truth: str | No
     predicted, bar = total_of(pred["step"], "predicted_B_ms"), total_of(pred["step"], "error_bar_ms")
     estimated = total_of(pred["step"], "estimated_B_ms")
     if truth is None:
-        print(f"{label:<40}{'(no run)':>11}{predicted:>10.1f}{bar:>8.1f}{'':>9}{estimated:>10.1f}{'':>9}{'':>8}"
+        print(f"{label:<46}{'(no run)':>11}{predicted:>10.1f}{bar:>8.1f}{'':>9}{estimated:>10.1f}{'':>9}{'':>8}"
               f"{seconds:>7.1f}")
         return
     measured = total_of(cli("compare", "--estimate", target, truth, "--json", "--db", db)["by_dimension"],
                         "measured_ms")
     miss = predicted - measured
-    print(f"{label:<40}{measured:>11.1f}{predicted:>10.1f}{bar:>8.1f}{100 * miss / measured:>+9.1f}"
+    print(f"{label:<46}{measured:>11.1f}{predicted:>10.1f}{bar:>8.1f}{100 * miss / measured:>+9.1f}"
           f"{estimated:>10.1f}{100 * (estimated - measured) / measured:>+9.1f}{'yes' if abs(miss) <= bar else 'no':>8}"
           f"{seconds:>7.1f}", flush=True)
 
@@ -75,7 +75,7 @@ def main() -> None:
     try:
         for name, (layout, _) in RECORDED.items():
             cli("ingest", ROOT / "sample_traces" / "traces" / name, "--layout", layout, "--db", db)
-        print(f"{'A -> B (step ms)':<40}{'measured B':>11}{'predict':>10}{'± bar':>8}{'err %':>9}{'estimate':>10}"
+        print(f"{'A -> B (step ms)':<46}{'measured B':>11}{'predict':>10}{'± bar':>8}{'err %':>9}{'estimate':>10}"
               f"{'err %':>9}{'covers':>8}{'s':>7}")
         pairs = [*SAMPLE_PAIRS, *[(b, a) for a, b in SAMPLE_PAIRS], *RECORDED_PAIRS]
         for a, b in pairs:
@@ -91,7 +91,7 @@ def main() -> None:
         for batch in (4, 16, 32):
             target = work / f"h200_gb{batch}.yaml"
             target.write_text(yaml.safe_dump({**base, "parallel": {**base["parallel"], "global_batch": batch}}))
-            row(f"{H200[:14]} gb8 -> gb{batch} (no measured run)", db, H200, H200_CFG, target, None)
+            row(f"{H200[:14]} gb8 -> gb{batch}", db, H200, H200_CFG, target, None)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
