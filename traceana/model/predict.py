@@ -105,14 +105,14 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
         for part, attr in SCALED.items():
             before, after = source_est(s, attr) * 1e3, getattr(est_b.stages[s], attr) * 1e3
             if before > 0:
-                ratio[part], how[part] = after / before, "trace × estimator ratio"
+                ratio[part], how[part] = after / before, "trace × estimator"
             elif after > 0:
-                ratio[part], how[part], pred[part] = None, "estimator (the run has none)", after
+                ratio[part], how[part], pred[part] = None, "estimator (run has none)", after
                 notes.append(f"{DIM_OF.get(part, part)} on stage {s}: the estimator has none for the run, so its "
                              f"{after:.3f} ms is the estimator's alone, no trace evidence")
                 continue
             elif part == "IDLE":  # the estimator models no host time here: host work is per layer pass
-                ratio[part], how[part] = passes, "trace × layer passes ratio"
+                ratio[part], how[part] = passes, "trace × layer passes"
             else:
                 ratio[part], how[part] = 1.0, "trace"
             pred[part] = src[part] * ratio[part]
@@ -140,7 +140,7 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
                          f"({total:.3f} ms), so its step is the parts and its PP_WAIT 0")
         pred["PP_WAIT"], pred["TOTAL"] = max(0.0, total - rest), max(total, rest)
         ratio["PP_WAIT"] = ratio["TOTAL"] = sim_b / sim_a
-        how["PP_WAIT"] = how["TOTAL"] = "trace × simulated schedule ratio"
+        how["PP_WAIT"] = how["TOTAL"] = "trace × schedule"
         for d in DIMS:
             cv = spread.get((s if same_stages else None, d), 0.0)
             out.append({"stage": s, "dim": d, "measured_A_ms": src[d], "ratio": ratio[d], "predicted_B_ms": pred[d],
@@ -231,7 +231,7 @@ def _memory(con: duckdb.DuckDBPyConnection, run_id: str, est_a: Estimate, est_b:
     miss = abs(est_a.peak_memory / MIB / measured - 1)
     predicted = measured * est_b.peak_memory / est_a.peak_memory
     return {"measured_A_MiB": measured, "predicted_B_MiB": predicted, "error_bar_MiB": miss * predicted,
-            "estimated_B_MiB": peak_b, "source": "trace × estimator ratio"}
+            "estimated_B_MiB": peak_b, "source": "trace × estimator"}
 
 
 INFORMED = {"model": ("seq_len",), "parallel": None, "schedule": None}  # None: every field is what predict is for
