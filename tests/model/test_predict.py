@@ -87,6 +87,17 @@ def test_each_part_is_the_measured_part_times_the_estimators_ratio(db: Path, a: 
             sum(work_a) + 2 * out["schedule"]["p2p_source_ms"] + max(tails), rel=1e-9)
 
 
+def test_the_run_itself_is_predicted_as_measured(db: Path) -> None:
+    # every ratio 1 and the schedule simulated twice alike: each stage's parts are its breakdown's
+    out = predict_json(db, TOY, CONFIGS / f"{TOY}.yaml", CONFIGS / f"{TOY}.yaml")
+    got = rows_of(out)
+    for stage in breakdown(db, TOY, "stage"):
+        for dim in ("COMP", "MP_WAIT", "DP_WAIT", "PP_WAIT", "IDLE", "TOTAL"):
+            assert got[stage["pp"], dim]["predicted_B_ms"] == pytest.approx(stage[f"{dim}_mean_ms"], rel=1e-9), dim
+    assert out["schedule"]["target_ms"] == pytest.approx(out["schedule"]["source_ms"], rel=1e-12)
+    assert not any(" → " in n and "no trace evidence" in n for n in out["notes"])
+
+
 def test_the_error_bar_is_the_replay_residual_and_the_runs_own_spread(db: Path) -> None:
     a, b = PAIRS[2]
     out = predict_json(db, a, CONFIGS / f"{a}.yaml", CONFIGS / f"{b}.yaml")
