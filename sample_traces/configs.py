@@ -28,7 +28,8 @@ _MLP = {"layers": 1, "hidden": 512, "ffn_hidden": 1024, "heads": 2, "vocab": 8, 
         "attention": False}
 # Pipeline stage s computes one GEMM 64x512x1024 and ships [mb, 1024]: hidden 1024 with ffn_hidden 256 gives a layer
 # whose MLP has the same FLOPs (2 x 1024 x 256 = 512 x 1024) and parameters (2 MiB) and whose activation is 1024 wide.
-# 64 tokens per pipeline = 8 sequences of 8; pp2_mb1 takes them as one micro-batch of 8, pp2_mb8 as 8 of 1.
+# 64 tokens per pipeline = 8 sequences of 8; pp2_mb1 takes them as one micro-batch of 8, pp2_mb4 as 4 of 2,
+# pp2_mb8 as 8 of 1.
 _PIPE = {"layers": 2, "hidden": 1024, "ffn_hidden": 256, "heads": 1, "vocab": 8, "seq_len": 8, "gated_mlp": False,
          "attention": False}
 _MOE = {"layers": 1, "hidden": 512, "ffn_hidden": 2048, "heads": 1, "vocab": 8, "seq_len": 64, "gated_mlp": False,
@@ -38,9 +39,13 @@ _MOE = {"layers": 1, "hidden": 512, "ffn_hidden": 2048, "heads": 1, "vocab": 8, 
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any], str, str]] = {
     "tp2dp2_mlp": (_MLP, {"micro_batch": 1, "global_batch": 2}, "1f1b",
                    "no embedding or head in the real model"),
+    "tp2dp2_mlp_b256": ({**_MLP, "seq_len": 256}, {"micro_batch": 1, "global_batch": 2}, "1f1b",
+                        "no embedding or head in the real model"),
     "tp2dp2_mlp_sp": (_MLP, {"micro_batch": 1, "global_batch": 2, "sequence_parallel": True}, "1f1b",
                       "no embedding or head; the real model AllGathers right after its ReduceScatter"),
     "pp2_mb1": (_PIPE, {"micro_batch": 8, "global_batch": 16}, "gpipe",
+                "each stage is one GEMM, not an MLP's two; no embedding or head"),
+    "pp2_mb4": (_PIPE, {"micro_batch": 2, "global_batch": 16}, "gpipe",
                 "each stage is one GEMM, not an MLP's two; no embedding or head"),
     "pp2_mb8": (_PIPE, {"micro_batch": 1, "global_batch": 16}, "gpipe",
                 "each stage is one GEMM, not an MLP's two; no embedding or head"),

@@ -3,8 +3,8 @@
 Global batch 64 per pipeline, fp32: stage 0 computes H = GELU(X W0^T) with W0 [1024, 512] and sends H [mb, 1024];
 stage 1 receives H as a fresh autograd leaf, computes Y = H W1^T with W1 [512, 1024] and an MSE loss, and sends
 dH back; stage 0 continues its own graph with it. Plain dist.send / dist.recv (blocking) over the PP group.
-Per rank per step: mb activation messages + mb gradient messages (pp2_mb1: 2, pp2_mb8: 16; 256 KiB in total each
-way), then 1 DP AllReduce of the stage's single 2 MiB weight gradient.
+Per rank per step: mb activation messages + mb gradient messages (pp2_mb1: 2, pp2_mb4: 8, pp2_mb8: 16; 256 KiB in
+total each way), then 1 DP AllReduce of the stage's single 2 MiB weight gradient.
 """
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ def build(ctx: Context, micro_batches: int) -> StepFn:
 
 def build_mb1(ctx: Context) -> StepFn:
     return build(ctx, micro_batches=1)
+
+
+def build_mb4(ctx: Context) -> StepFn:
+    return build(ctx, micro_batches=4)
 
 
 def build_mb8(ctx: Context) -> StepFn:

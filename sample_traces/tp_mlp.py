@@ -6,6 +6,7 @@ W1 is column-parallel (split on dim 0), W2 row-parallel (split on dim 1), so eac
 - tp2dp2_mlp_sp: partial -> sequence shard with ReduceScatter, then AllGather back to a replicated loss; the autograd
   duals add 1 AllGather + 1 ReduceScatter backward: 2 RS + 2 AG per step.
 Both then AllReduce the two weight-shard gradients (1 MiB each) over the DP group, one call per weight: 2 DP AllReduce.
+- tp2dp2_mlp_b256: tp2dp2_mlp on 256 tokens instead of 128 (twice the sequence): TP messages double, DP's do not.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from training import all_reduce_gradients, sgd
 D_MODEL, HIDDEN, BATCH = 512, 1024, 128
 
 
-def build(ctx: Context, sequence_parallel: bool) -> StepFn:
+def build(ctx: Context, sequence_parallel: bool, batch: int = BATCH) -> StepFn:
     tp_group, dp_group = ctx.groups["TP"], ctx.groups["DP"]
     tp_size, tp_rank = ctx.layout.tp, ctx.coords["tp"]
     weights = torch.Generator().manual_seed(0)  # same full weights on every rank, then sharded
@@ -45,7 +46,7 @@ def build(ctx: Context, sequence_parallel: bool) -> StepFn:
         raise RuntimeError(f"rank {ctx.rank}: sharded MLP differs from the full one by {error:.3g}")
 
     def step() -> None:
-        x = torch.randn(BATCH, D_MODEL, generator=data)
+        x = torch.randn(batch, D_MODEL, generator=data)
         forward(x).square().mean().backward()
         all_reduce_gradients([w1, w2], dp_group, bucket=False)
         sgd([w1, w2])
@@ -55,6 +56,10 @@ def build(ctx: Context, sequence_parallel: bool) -> StepFn:
 
 def build_allreduce(ctx: Context) -> StepFn:
     return build(ctx, sequence_parallel=False)
+
+
+def build_allreduce_b256(ctx: Context) -> StepFn:
+    return build(ctx, sequence_parallel=False, batch=256)
 
 
 def build_sequence_parallel(ctx: Context) -> StepFn:

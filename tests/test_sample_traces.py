@@ -26,10 +26,10 @@ KiB, F32 = 1024, 4
 Fingerprint = dict[tuple[str, str], tuple[int, int]]  # (op, dim) -> (collectives, bytes) per rank per step
 
 
-def _tp_mlp(c: dict[str, int]) -> Fingerprint:
-    # B=128 tokens, D=512, H=1024 split over TP=2. TP payload is the activation [B, D] (256 KiB); forward and
-    # backward one each. DP: the two weight shards [512, 512] (1 MiB each), one AllReduce per weight.
-    return {("AllReduce", "TP"): (2, 2 * 128 * 512 * F32), ("AllReduce", "DP"): (2, 2 * 512 * 512 * F32)}
+def _tp_mlp(tokens: int) -> Callable[[dict[str, int]], Fingerprint]:
+    # B tokens, D=512, H=1024 split over TP=2. TP payload is the activation [B, D] (256 KiB for 128 tokens); forward
+    # and backward one each. DP: the two weight shards [512, 512] (1 MiB each), one AllReduce per weight.
+    return lambda c: {("AllReduce", "TP"): (2, 2 * tokens * 512 * F32), ("AllReduce", "DP"): (2, 2 * 512 * 512 * F32)}
 
 
 def _tp_mlp_sp(c: dict[str, int]) -> Fingerprint:
@@ -70,7 +70,7 @@ def _toy8(c: dict[str, int]) -> Fingerprint:
 
 
 EXPERIMENTS: dict[str, tuple[str, Callable[[dict[str, int]], Fingerprint]]] = {
-    "tp2dp2_mlp": ("tp=2,dp=2", _tp_mlp),
+    "tp2dp2_mlp": ("tp=2,dp=2", _tp_mlp(128)),
     "tp2dp2_mlp_sp": ("tp=2,dp=2", _tp_mlp_sp),
     "pp2_mb1": ("pp=2,dp=2,order=tp-cp-ep-pp-dp", _pipeline(1)),
     "pp2_mb8": ("pp=2,dp=2,order=tp-cp-ep-pp-dp", _pipeline(8)),
@@ -78,11 +78,17 @@ EXPERIMENTS: dict[str, tuple[str, Callable[[dict[str, int]], Fingerprint]]] = {
     "moe_skewed": ("ep=2,dp=4", _moe([56, 8])),
     "toy8_tp2pp2dp2_1f1b": ("tp=2,pp=2,dp=2,order=tp-cp-ep-dp-pp", _toy8),
 }
+# Recorded later for predict's pairs (sample_traces/README.md); the seven above are what compare and replay cover.
+ADDED: dict[str, tuple[str, Callable[[dict[str, int]], Fingerprint]]] = {
+    "tp2dp2_mlp_b256": ("tp=2,dp=2", _tp_mlp(256)),
+    "pp2_mb4": ("pp=2,dp=2,order=tp-cp-ep-pp-dp", _pipeline(4)),
+}
+RECORDED = {**EXPERIMENTS, **ADDED}
 STEPS = (2, 3)  # the profiler schedule records ProfilerStep#2 and #3
 
 
 def expected(name: str) -> dict[tuple[int, int], Fingerprint]:
-    spec, fingerprint = EXPERIMENTS[name]
+    spec, fingerprint = RECORDED[name]
     layout = Layout.parse(spec)
     return {(rank, step): fingerprint(layout.coords(rank)) for rank in range(layout.world_size) for step in STEPS}
 
@@ -96,7 +102,7 @@ def _nelems(dims: list[int]) -> int:
 
 def raw_fingerprint(name: str) -> dict[tuple[int, int], Fingerprint]:
     """Per (rank, step) fingerprint read straight from the JSON files and the recorded thread -> group map."""
-    layout = Layout.parse(EXPERIMENTS[name][0])
+    layout = Layout.parse(RECORDED[name][0])
     threads = json.loads((SAMPLES / f"{name}.pg_threads.json").read_text())
     result: dict[tuple[int, int], Counter[tuple[str, str]]] = {}
     volume: Counter[tuple[int, int, str, str]] = Counter()
@@ -130,7 +136,7 @@ def raw_fingerprint(name: str) -> dict[tuple[int, int], Fingerprint]:
     return {key: {k: (n, volume[(*key, *k)]) for k, n in counts.items()} for key, counts in result.items()}
 
 
-@pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.parametrize("name", RECORDED)
 def test_traces_hold_the_fingerprint_the_model_code_predicts(name: str) -> None:
     assert raw_fingerprint(name) == expected(name)
 
@@ -150,12 +156,12 @@ def test_skewed_routing_puts_seven_times_the_tokens_on_the_hot_experts() -> None
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("samples") / "t.duckdb"
-    for name, (spec, _) in EXPERIMENTS.items():
+    for name, (spec, _) in RECORDED.items():
         run_cli("ingest", SAMPLES / name, "--layout", spec, "--db", path)
     return path
 
 
-@pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.parametrize("name", RECORDED)
 def test_ingested_collectives_match_the_fingerprint(db: Path, name: str) -> None:
     with duckdb.connect(str(db), read_only=True) as con:
         rows = con.execute("""
@@ -171,9 +177,9 @@ def test_ingested_collectives_match_the_fingerprint(db: Path, name: str) -> None
     assert measured == expected(name)
 
 
-@pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.parametrize("name", RECORDED)
 def test_estimator_config_describes_the_experiment(name: str) -> None:
     """configs/<name>.yaml loads and has the run's layout, so `compare` can join it with the ingested run."""
     config = pytest.importorskip("traceana.estimator.config")
     cfg = config.load(SAMPLES.parent / "configs" / f"{name}.yaml")
-    assert cfg.parallel.layout.groups == Layout.parse(EXPERIMENTS[name][0]).groups
+    assert cfg.parallel.layout.groups == Layout.parse(RECORDED[name][0]).groups

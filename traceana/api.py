@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import duckdb
 import polars as pl
@@ -20,6 +20,9 @@ import polars as pl
 from traceana import store
 from traceana.analyses import breakdown as bd
 from traceana.errors import TraceanaError
+
+if TYPE_CHECKING:
+    from traceana.model.predict import Prediction
 
 T = TypeVar("T")
 
@@ -120,6 +123,17 @@ class Traces:
 
         parsed = [whatif.parse(c) for c in changes]
         return self.read(run, lambda con, rid: whatif.whatif_step(con, rid, parsed, step)[2])
+
+    def predict(self, config: str | Path, to: str | Path, run: str | None = None) -> Prediction:
+        """Another configuration ``to`` (estimator YAML) of the job that ran, predicted from the run, which ``config``
+        describes, as `traceana predict --json`: ``.step`` and ``.stages`` (per dim measured_A_ms, ratio,
+        predicted_B_ms, error_bar_ms, estimated_B_ms, source), ``.memory``, ``.schedule`` and ``.notes`` (what the
+        trace could not inform)."""
+        from traceana.estimator.config import load
+        from traceana.model.predict import predict
+
+        source, target = load(config), load(to)
+        return self.read(run, lambda con, rid: predict(con, rid, source, target))
 
     def advise(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
         """Findings ranked by predicted gain, as `traceana advise --json`: finding, evidence, change,

@@ -1,5 +1,5 @@
-"""The trace-anchored prediction commands (DESIGN §8): replay, whatif, advise. Thin: open the store, call
-traceana/model/replay.py, whatif.py or advise.py, print or plot."""
+"""The trace-anchored prediction commands (DESIGN §8): replay, whatif, predict, advise. Thin: open the store, call
+traceana/model/replay.py, whatif.py, predict.py or advise.py, print or plot."""
 
 from __future__ import annotations
 
@@ -123,3 +123,47 @@ def advise(
                "less its error bar")
     for row in frame.iter_rows(named=True):
         typer.echo(f"- {row['finding']}: {row['evidence']} ({row['graph']})")
+
+
+def predict(
+    run: RunArgument = None,
+    config: Annotated[Path, typer.Option("--config", help="The estimator YAML that describes RUN (its layout, "
+                                         "micro-batches, schedule).")] = ...,
+    to: Annotated[Path, typer.Option("--to", help="The estimator YAML of the configuration to predict.")] = ...,
+    json: JsonOption = False,
+    db: DbOption = Path(store.DEFAULT_DB),
+) -> None:
+    """Predict another configuration of the same job from the measured run: each measured part times the
+    estimator's ratio, the pipeline by the target's schedule; per dim the run, the prediction with its error bar,
+    and the estimator alone, with notes on what the trace could not inform."""
+    import polars as pl
+
+    from traceana.estimator.config import load
+    from traceana.model import predict as model
+    from traceana.model.compare import NOISE_MS
+
+    source, target = load(config), load(to)
+    with store.connect(db, read_only=True) as con:
+        rid = store.resolve_run(con, run)
+        with progress(None, "predicting") as advance:
+            result = model.predict(con, rid, source, target)
+            advance("done")
+    if json:
+        emit_json({"run_id": rid, "config": str(config), "target": str(to), "step": result.step.to_dicts(),
+                   "stages": result.stages.to_dicts(), "memory": result.memory, "schedule": result.schedule,
+                   "notes": result.notes})
+        return
+    numbers = ("measured_A_ms", "predicted_B_ms", "estimated_B_ms")
+    shown = (pl.col("dim").is_in(("COMP", "TOTAL"))
+             | pl.any_horizontal(pl.col(numbers).fill_null(0).abs() > NOISE_MS))  # dims zero on every side left out
+    columns = ("dim", *numbers[:2], "error_bar_ms", "estimated_B_ms", "source")
+    emit(result.step.filter(shown).select(columns),
+         title=f"{rid} ({config.name}) → {to.name}: typical step, mean over stages (ms)")
+    if target.parallel.pp > 1:
+        emit(result.stages.filter(shown).select("stage", *columns[:-1]), title="per pipeline stage (ms)")
+    mem = result.memory
+    bar = f" ± {mem['error_bar_MiB']:,.1f}" if mem["error_bar_MiB"] is not None else ""
+    typer.echo(f"peak memory: predicted {mem['predicted_B_MiB']:,.1f}{bar} MiB ({mem['source']}), "
+               f"estimator {mem['estimated_B_MiB']:,.1f} MiB")
+    for line in result.notes:
+        typer.echo(f"note: {line}")

@@ -1,0 +1,101 @@
+"""`traceana predict` on real pairs: the step of run B predicted from run A, against B's measured step and against
+`estimate` of B from scratch. Pairs: the sample traces' (sample_traces/traces, both directions), the two recorded
+for predict (pp2_mb4, tp2dp2_mlp_b256), and the shared H200 traces (another model; other batch sizes, which have no
+measured truth). Each `predict` is its own process, timed. Measured B is compare's mean over ranks of the typical
+step (the same number as `traceana breakdown --json`), the estimate compare's. Nothing here is fitted: the
+prediction's error bar is measured on A alone. Run:
+    .venv/bin/python benchmarks/bench_predict.py [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.test_sample_traces import RECORDED  # noqa: E402  the layouts the samples are ingested with
+
+TRACEANA = [sys.executable, "-m", "traceana"]
+CONFIGS = ROOT / "sample_traces" / "configs"
+KINETO = ROOT.parent / "shared" / "traces" / "kineto"
+H200 = "h200_hostbound_h512_L12_s256_gb8"
+H200_CFG = ROOT / "examples" / "h200_hostbound_h512_L12.yaml"
+SAMPLE_PAIRS = [("pp2_mb1", "pp2_mb8"), ("tp2dp2_mlp", "tp2dp2_mlp_sp"), ("moe_balanced", "moe_skewed")]
+RECORDED_PAIRS = [("pp2_mb1", "pp2_mb4"), ("pp2_mb4", "pp2_mb8"), ("tp2dp2_mlp", "tp2dp2_mlp_b256")]
+
+
+def cli(*args: object) -> dict:
+    out = subprocess.run([*TRACEANA, *map(str, args)], capture_output=True, text=True, check=True).stdout
+    return json.loads(out) if out.lstrip().startswith(("{", "[")) else {}
+
+
+def total_of(rows: list[dict], key: str) -> float:
+    return next(r[key] for r in rows if r["dim"] == "TOTAL")
+
+
+def row(label: str, db: Path, run: str, cfg: Path, target: Path, truth: str | None) -> None:
+    started = time.perf_counter()
+    pred = cli("predict", run, "--config", cfg, "--to", target, "--json", "--db", db)
+    seconds = time.perf_counter() - started
+    predicted, bar = total_of(pred["step"], "predicted_B_ms"), total_of(pred["step"], "error_bar_ms")
+    estimated = total_of(pred["step"], "estimated_B_ms")
+    if truth is None:
+        print(f"{label:<46}{'(no run)':>11}{predicted:>10.1f}{bar:>8.1f}{'':>9}{estimated:>10.1f}{'':>9}{'':>8}"
+              f"{seconds:>7.1f}")
+        return
+    measured = total_of(cli("compare", "--estimate", target, truth, "--json", "--db", db)["by_dimension"],
+                        "measured_ms")
+    miss = predicted - measured
+    print(f"{label:<46}{measured:>11.1f}{predicted:>10.1f}{bar:>8.1f}{100 * miss / measured:>+9.1f}"
+          f"{estimated:>10.1f}{100 * (estimated - measured) / measured:>+9.1f}{'yes' if abs(miss) <= bar else 'no':>8}"
+          f"{seconds:>7.1f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path)
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="traceana-predict-"))
+    work.mkdir(parents=True, exist_ok=True)
+    db = work / "pairs.duckdb"
+    db.unlink(missing_ok=True)
+    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+          f"load average {os.getloadavg()[0]:.1f} at start")
+    try:
+        for name, (layout, _) in RECORDED.items():
+            cli("ingest", ROOT / "sample_traces" / "traces" / name, "--layout", layout, "--db", db)
+        print(f"{'A -> B (step ms)':<46}{'measured B':>11}{'predict':>10}{'± bar':>8}{'err %':>9}{'estimate':>10}"
+              f"{'err %':>9}{'covers':>8}{'s':>7}")
+        pairs = [*SAMPLE_PAIRS, *[(b, a) for a, b in SAMPLE_PAIRS], *RECORDED_PAIRS]
+        for a, b in pairs:
+            row(f"{a} -> {b}", db, a, CONFIGS / f"{a}.yaml", CONFIGS / f"{b}.yaml", b)
+        if not (KINETO / f"{H200}.json.gz").exists():
+            print(f"(skipped the H200 rows: {KINETO} is not there)")
+            return
+        cli("ingest", KINETO / f"{H200}.json.gz", "--db", db)
+        cli("ingest", KINETO / "h200_gpt_h2048_L8_s1024_gb4.json.gz", "--db", db)
+        row(f"{H200[:14]} -> h2048_L8 (another model)", db, H200, H200_CFG,
+            ROOT / "examples" / "h200_gpt_h2048_L8.yaml", "h200_gpt_h2048_L8_s1024_gb4")
+        base = yaml.safe_load(H200_CFG.read_text())
+        for batch in (4, 16, 32):
+            target = work / f"h200_gb{batch}.yaml"
+            target.write_text(yaml.safe_dump({**base, "parallel": {**base["parallel"], "global_batch": batch}}))
+            row(f"{H200[:14]} gb8 -> gb{batch}", db, H200, H200_CFG, target, None)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

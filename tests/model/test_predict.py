@@ -1,0 +1,195 @@
+"""`traceana predict` on the sample pairs (real gloo CPU runs): every predicted part recomputed by hand from
+`traceana breakdown --json` of the source run and the estimator's stage fields, the pipeline's step by hand for
+GPipe with one micro-batch, the error bar from `traceana replay --json`, the miss against the target run's own
+`traceana breakdown --json`; bad input as one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.conftest import SAMPLES, run_cli
+from tests.test_sample_traces import RECORDED
+from traceana import store
+from traceana.api import Traces
+from traceana.estimator import config
+from traceana.estimator.estimate import estimate
+from traceana.ingest.dispatch import IngestOptions, read_run
+from traceana.layout import Layout
+
+CONFIGS = SAMPLES.parent / "configs"
+PAIRS = [("pp2_mb1", "pp2_mb8"), ("tp2dp2_mlp", "tp2dp2_mlp_sp"), ("moe_balanced", "moe_skewed")]
+SCALED = {"COMP": "comp", "MP_WAIT": "mp_wait", "CP_WAIT": "cp_wait", "EP_WAIT": "ep_wait", "DP_WAIT": "dp_wait"}
+TOY = "toy8_tp2pp2dp2_1f1b"  # the one sample that recorded memory
+WORK = ("COMP", "MP_WAIT", "CP_WAIT", "EP_WAIT", "OTHER_WAIT", "IDLE")
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pairs' runs, ingested with their layouts as `traceana ingest DIR --layout SPEC` stores them."""
+    path = tmp_path_factory.mktemp("predict") / "pairs.duckdb"
+    with store.connect(path) as con:
+        for name in sorted({n for pair in PAIRS for n in pair} | {TOY}):
+            options = IngestOptions(layout=Layout.parse(RECORDED[name][0]))
+            store.write_run(con, name, read_run([SAMPLES / name], "kineto", options))
+    return path
+
+
+def predict_json(db: Path, run: str, cfg: Path, target: Path) -> dict:
+    return json.loads(run_cli("predict", run, "--config", cfg, "--to", target, "--json", "--db", db).stdout)
+
+
+def breakdown(db: Path, run: str, by: str) -> list[dict]:
+    return json.loads(run_cli("breakdown", run, "--by", by, "--json", "--db", db).stdout)
+
+
+def rows_of(out: dict, part: str = "stages") -> dict[tuple[int, str], dict]:
+    return {(r.get("stage", 0), r["dim"]): r for r in out[part]}
+
+
+@pytest.mark.parametrize(("a", "b"), PAIRS)
+def test_each_part_is_the_measured_part_times_the_estimators_ratio(db: Path, a: str, b: str) -> None:
+    out = predict_json(db, a, CONFIGS / f"{a}.yaml", CONFIGS / f"{b}.yaml")
+    got = rows_of(out)
+    cfg_a, cfg_b = config.load(CONFIGS / f"{a}.yaml"), config.load(CONFIGS / f"{b}.yaml")
+    est_a, est_b = estimate(cfg_a), estimate(cfg_b)
+    work_a, tails = [], []
+    for stage in breakdown(db, a, "stage"):
+        s = stage["pp"] or 0
+        mean = {d: stage[f"{d}_mean_ms"] for d in (*WORK, "DP_WAIT", "PP_WAIT", "TOTAL")}
+        for dim, attr in SCALED.items():
+            before, after = getattr(est_a.stages[s], attr), getattr(est_b.stages[s], attr)
+            expected = mean[dim] * after / before if before else mean[dim]  # the CPU configs model every dim used
+            assert got[s, dim]["measured_A_ms"] == pytest.approx(mean[dim], rel=1e-9)
+            assert got[s, dim]["predicted_B_ms"] == pytest.approx(expected, rel=1e-9), dim
+            assert got[s, dim]["estimated_B_ms"] == pytest.approx(after * 1e3, rel=1e-9)
+        # the CPU configs model no host time, so IDLE goes with the layer passes the host issues
+        passes = cfg_b.micro_batches * est_b.stages[s].layers / (cfg_a.micro_batches * est_a.stages[s].layers)
+        assert got[s, "IDLE"]["predicted_B_ms"] == pytest.approx(mean["IDLE"] * passes, rel=1e-9)
+        # the step scaled as the simulated schedule scales; PP_WAIT what it leaves over the other parts (none, and
+        # the step no shorter than they are, where the parts alone exceed it)
+        scaled = mean["TOTAL"] * out["schedule"]["target_ms"] / out["schedule"]["source_ms"]
+        rest = sum(got[s, d]["predicted_B_ms"] for d in (*WORK, "DP_WAIT"))
+        assert got[s, "PP_WAIT"]["predicted_B_ms"] == pytest.approx(max(0.0, scaled - rest), rel=1e-9, abs=1e-12)
+        assert got[s, "TOTAL"]["predicted_B_ms"] == pytest.approx(max(scaled, rest), rel=1e-9)
+        work_a.append(sum(mean[d] for d in WORK) / cfg_a.micro_batches)
+        tails.append(mean["DP_WAIT"])
+    if cfg_a.parallel.pp == 1:  # one stage, one micro-batch: the step is the parts, as measured
+        assert out["schedule"]["source_ms"] == pytest.approx(sum(work_a) + max(tails), rel=1e-9)
+    else:  # GPipe with one micro-batch runs serially: both stages' work and two transfers, then the DP tail
+        assert cfg_a.schedule.kind == "gpipe" and cfg_a.micro_batches == 1
+        assert out["schedule"]["source_ms"] == pytest.approx(
+            sum(work_a) + 2 * out["schedule"]["p2p_source_ms"] + max(tails), rel=1e-9)
+
+
+def test_the_run_itself_is_predicted_as_measured(db: Path) -> None:
+    # every ratio 1 and the schedule simulated twice alike: each stage's parts are its breakdown's
+    out = predict_json(db, TOY, CONFIGS / f"{TOY}.yaml", CONFIGS / f"{TOY}.yaml")
+    got = rows_of(out)
+    for stage in breakdown(db, TOY, "stage"):
+        for dim in ("COMP", "MP_WAIT", "DP_WAIT", "PP_WAIT", "IDLE", "TOTAL"):
+            assert got[stage["pp"], dim]["predicted_B_ms"] == pytest.approx(stage[f"{dim}_mean_ms"], rel=1e-9), dim
+    assert out["schedule"]["target_ms"] == pytest.approx(out["schedule"]["source_ms"], rel=1e-12)
+    assert not any(" → " in n and "no trace evidence" in n for n in out["notes"])
+
+
+def test_the_error_bar_is_the_replay_residual_and_the_runs_own_spread(db: Path) -> None:
+    a, b = PAIRS[2]
+    out = predict_json(db, a, CONFIGS / f"{a}.yaml", CONFIGS / f"{b}.yaml")
+    rank_steps = json.loads(run_cli("replay", a, "--json", "--db", db).stdout)["rank_steps"]
+    rms = math.sqrt(np.mean([r["error_pct"] ** 2 for r in rank_steps]))
+    for (stage, dim), row in rows_of(out).items():
+        values = np.array([r[f"{dim}_ms"] for r in rank_steps if (r["stage"] or 0) == stage])
+        cv = values.std(ddof=1) / values.mean() if values.mean() else 0.0
+        assert row["error_bar_ms"] == pytest.approx(abs(row["predicted_B_ms"]) * math.hypot(rms / 100, cv),
+                                                    rel=1e-6), dim
+    assert any(f"replay residual {rms:.1f}%" in n for n in out["notes"])
+
+
+def test_the_sample_pairs_against_the_target_runs_breakdown(db: Path) -> None:
+    """The validation, against `traceana breakdown B --json` (mean over ranks of the typical step). The miss on
+    every pair is in the README; what holds: on pp2 and moe the prediction is nearer than the estimate from
+    scratch, and pp2's miss lies within the error bar (tp2dp2_mlp -> _sp is the counterexample: gloo runs a
+    ReduceScatter as a whole AllReduce, which no ratio of the estimator's says)."""
+    misses = {}
+    for a, b in PAIRS:
+        step = rows_of(predict_json(db, a, CONFIGS / f"{a}.yaml", CONFIGS / f"{b}.yaml"), "step")[0, "TOTAL"]
+        measured = np.mean([r["TOTAL_ms"] for r in breakdown(db, b, "rank")])
+        scratch = estimate(config.load(CONFIGS / f"{b}.yaml")).step_s * 1e3
+        assert step["estimated_B_ms"] == pytest.approx(scratch, rel=1e-9)
+        misses[a] = (step["predicted_B_ms"] - measured, scratch - measured, step["error_bar_ms"])
+    for run in ("pp2_mb1", "moe_balanced"):
+        predicted, scratch, _ = misses[run]
+        assert abs(predicted) < abs(scratch), run
+    predicted, _, bar = misses["pp2_mb1"]
+    assert 0 < abs(predicted) <= bar
+
+
+def test_memory_is_the_measured_peak_times_the_estimators_ratio(db: Path, tmp_path: Path) -> None:
+    raw = yaml.safe_load((CONFIGS / f"{TOY}.yaml").read_text())
+    raw["parallel"]["global_batch"] *= 2  # 8 micro-batches instead of 4
+    target = tmp_path / "toy8_mb8.yaml"
+    target.write_text(yaml.safe_dump(raw))
+    out = predict_json(db, TOY, CONFIGS / f"{TOY}.yaml", target)
+    peaks = json.loads(run_cli("memory", TOY, "--json", "--db", db).stdout)
+    measured = max(r["peak_allocated_bytes"] for r in peaks) / 2**20
+    est_a, est_b = estimate(config.load(CONFIGS / f"{TOY}.yaml")), estimate(config.load(target))
+    memory = out["memory"]
+    assert memory["measured_A_MiB"] == pytest.approx(measured, rel=1e-9)
+    assert memory["predicted_B_MiB"] == pytest.approx(measured * est_b.peak_memory / est_a.peak_memory, rel=1e-9)
+    miss = abs(est_a.peak_memory / 2**20 / measured - 1)  # the estimator's own miss on the run's peak
+    assert memory["error_bar_MiB"] == pytest.approx(miss * memory["predicted_B_MiB"], rel=1e-9) and miss > 0
+    # no memory samples: the estimator's peak, said so
+    out = predict_json(db, "pp2_mb1", CONFIGS / "pp2_mb1.yaml", CONFIGS / "pp2_mb8.yaml")
+    assert out["memory"]["source"] == "estimator" and out["memory"]["error_bar_MiB"] is None
+    assert "memory: the run sampled no memory, so the peak is the estimator's alone" in out["notes"]
+
+
+def test_what_the_trace_cannot_inform_is_noted(db: Path, tmp_path: Path) -> None:
+    # another model: twice the layers of the MoE block
+    raw = yaml.safe_load((CONFIGS / "moe_balanced.yaml").read_text())
+    raw["model"]["layers"] = 2
+    target = tmp_path / "moe_2layers.yaml"
+    target.write_text(yaml.safe_dump(raw))
+    out = predict_json(db, "moe_balanced", CONFIGS / "moe_balanced.yaml", target)
+    assert "model.layers 1 → 2: per-layer times scaled by the estimator's FLOP ratio, no trace evidence" in out["notes"]
+    # a dim the run did not use: tensor parallel inside each pipeline stage of pp2_mb1
+    raw = yaml.safe_load((CONFIGS / "pp2_mb1.yaml").read_text())
+    raw["parallel"].update(tp=2, dp=1)
+    raw["model"]["heads"] = 2  # tp must divide the heads (the stages have no attention either way)
+    target = tmp_path / "pp2_tp2.yaml"
+    target.write_text(yaml.safe_dump(raw))
+    out = predict_json(db, "pp2_mb1", CONFIGS / "pp2_mb1.yaml", target)
+    tp = rows_of(out)[0, "MP_WAIT"]
+    assert tp["source"] == "estimator (run has none)" and tp["predicted_B_ms"] == tp["estimated_B_ms"] > 0
+    assert any(n.startswith("TP on stage 0: the estimator has none for the run") for n in out["notes"])
+
+
+def test_bad_input_is_one_line_and_exit_2(db: Path, tmp_path: Path) -> None:
+    before = db.read_bytes()
+    wrong = run_cli("predict", "pp2_mb1", "--config", CONFIGS / "tp2dp2_mlp.yaml", "--to", CONFIGS / "pp2_mb8.yaml",
+                    "--db", db, check=False)
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1
+    assert wrong.stderr.startswith(f"error: {CONFIGS / 'tp2dp2_mlp.yaml'}: parallel.pp=1 but run 'pp2_mb1'")
+    missing = tmp_path / "nope.yaml"
+    gone = run_cli("predict", "pp2_mb1", "--config", CONFIGS / "pp2_mb1.yaml", "--to", missing, "--db", db,
+                   check=False)
+    assert gone.returncode == 2 and gone.stderr == f"error: {missing}: cannot read (No such file or directory)\n"
+    assert db.read_bytes() == before
+
+
+def test_the_api_returns_what_the_command_prints(db: Path) -> None:
+    a, b = PAIRS[1]
+    got = Traces(db, run=a).predict(CONFIGS / f"{a}.yaml", CONFIGS / f"{b}.yaml")
+    out = predict_json(db, a, CONFIGS / f"{a}.yaml", CONFIGS / f"{b}.yaml")
+    # two processes: DuckDB's parallel aggregates may differ in the last bits, and the notes print 3 decimals
+    for mine, printed in zip(got.step.to_dicts(), out["step"], strict=True):
+        assert (mine["dim"], mine["source"]) == (printed["dim"], printed["source"])
+        numbers = [k for k, v in printed.items() if isinstance(v, float)]
+        assert [mine[k] for k in numbers] == pytest.approx([printed[k] for k in numbers], rel=1e-9, abs=1e-12)
+    assert len(got.notes) == len(out["notes"])

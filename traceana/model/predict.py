@@ -1,0 +1,254 @@
+"""Predict another configuration of the same job from its measured run (DESIGN §8, `traceana predict`).
+
+The measured run is the anchor; the estimator only says how each piece changes. Per pipeline stage, over the typical
+step (the breakdown views' mean over steps after the first, over the stage's ranks):
+
+- COMP, MP_WAIT, CP_WAIT, EP_WAIT, DP_WAIT: measured in the run, times the estimator's ratio target / source for that
+  piece (compute from the shapes; a dim's exposed communication from its volumes and alpha-beta times). So the
+  bandwidth each dim achieved, and the share of its communication left exposed, are the run's own: only the change
+  in work comes from the estimator.
+- IDLE (time no device activity covers: host gaps, launch latency): measured, times the estimator's ratio of the
+  device's wait for the host where it models host time (calibration.host_us_per_layer, a hardware profile), else
+  times the ratio of layer passes the host issues (micro-batches x layers on the stage), its unit of host work.
+- PP_WAIT and TOTAL: the pipeline is replayed by the estimator's schedule simulator (estimator/pipeline.py) for
+  both configurations, fed with the measured per-micro-batch stage times (scaled for the target) and the run's
+  measured point-to-point transfer time; the step then is the measured TOTAL times simulated target / simulated
+  source, so what the schedule model misses on the measured run (a constant factor) carries over rather than being
+  dropped. PP_WAIT is what the step leaves over the stage's other parts.
+- Memory: the measured peak times the estimator's peak ratio, else the estimator's peak.
+
+The error bar of each number, in quadrature: the run's replay residual (RMS over rank-steps of `traceana replay`'s
+error against the measured TOTAL: how well the trace explains its own timing) and the spread (standard deviation
+over mean) of the measured piece over the stage's rank-steps, the first step too (how much one measurement of it
+can be off). It is measured on the source run alone, never fitted on the pairs that score it
+(benchmarks/bench_predict.py). A change the trace cannot inform (another model, hardware, precision or
+calibration; a dim the run did not use) is named in the notes with what was assumed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+import duckdb
+import polars as pl
+
+from traceana.analyses import breakdown as bd
+from traceana.errors import TraceanaError
+from traceana.estimator import pipeline
+from traceana.estimator.config import Config
+from traceana.estimator.estimate import Estimate, estimate
+from traceana.estimator.memory import MIB
+from traceana.estimator.stages import device_of_chunk
+from traceana.model import compare
+
+SCALED = {"COMP": "comp", "MP_WAIT": "mp_wait", "CP_WAIT": "cp_wait", "EP_WAIT": "ep_wait", "DP_WAIT": "dp_wait",
+          "IDLE": "idle"}
+WORK = ("COMP", "MP_WAIT", "CP_WAIT", "EP_WAIT", "OTHER_WAIT", "IDLE")  # per micro-batch work, fed to the schedule
+DIMS = ("COMP", "MP_WAIT", "CP_WAIT", "EP_WAIT", "DP_WAIT", "PP_WAIT", "OTHER_WAIT", "IDLE", "TOTAL")
+DIM_OF = {"MP_WAIT": "TP", "CP_WAIT": "CP", "EP_WAIT": "EP", "DP_WAIT": "DP"}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """``stages``: per target stage and dim, ms: measured_A (the run), ratio, predicted_B, error_bar, estimated_B
+    (the estimator alone) and what the prediction rests on (``source``). ``step``: the same over stages (mean, as
+    compare reports a run). ``memory``: peak MiB measured, predicted with its error bar, and estimated."""
+
+    run_id: str
+    config: str
+    target: str
+    stages: pl.DataFrame
+    step: pl.DataFrame
+    memory: dict[str, float | str | None]
+    schedule: dict[str, float]  # the simulated steps and the point-to-point transfer each was fed, ms
+    notes: list[str]
+
+
+def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Config) -> Prediction:
+    """Predict ``target`` from run ``run_id``, which ``cfg`` must describe (compare.check_matches)."""
+    compare.check_matches(con, run_id, cfg)
+    measured = bd.by_stage(con, run_id).rename({"pp": "stage"})
+    if measured.is_empty():
+        raise TraceanaError(f"run {run_id!r} has no device events, so nothing measured to predict from")
+    if measured["stage"].null_count():
+        if cfg.parallel.pp > 1:
+            raise TraceanaError(f"run {run_id!r} has no pipeline stages: ingest it with --layout "
+                                f"{cfg.parallel.layout.spec} to predict from it")
+        measured = measured.with_columns(stage=pl.lit(0, pl.Int32))
+    est_a, est_b = estimate(cfg), estimate(target)
+    notes = _assumptions(cfg, target)
+    spread = _spread(con, run_id)
+    replay_pct = _replay_residual(con, run_id, notes)
+
+    a = {int(r["stage"]): {d: r[f"{d}_mean_ms"] for d in DIMS} for r in measured.iter_rows(named=True)}
+    same_stages = cfg.parallel.pp == target.parallel.pp
+    if not same_stages:
+        mean = {d: sum(s[d] for s in a.values()) / len(a) for d in DIMS}
+        notes.append(f"parallel.pp {cfg.parallel.pp} → {target.parallel.pp}: each target stage starts from the "
+                     "run's mean over its stages")
+
+    def source_of(stage: int) -> dict[str, float]:
+        return a[stage] if same_stages else mean
+
+    def source_est(stage: int, attr: str) -> float:
+        """The source estimate's value for a target stage (its mean over stages when pp changes)."""
+        if same_stages:
+            return getattr(est_a.stages[stage], attr)
+        return sum(getattr(s, attr) for s in est_a.stages) / len(est_a.stages)
+
+    rows, work_a, work_b, tails_a, tails_b = [], [], [], [], []
+    for s in range(target.parallel.pp):
+        src, pred, ratio, how = source_of(s), {}, {}, {}
+        passes_a = cfg.micro_batches * source_est(s, "layers")
+        passes = target.micro_batches * est_b.stages[s].layers / passes_a if passes_a else 1.0
+        for part, attr in SCALED.items():
+            before, after = source_est(s, attr) * 1e3, getattr(est_b.stages[s], attr) * 1e3
+            if before > 0:
+                ratio[part], how[part] = after / before, "trace × estimator"
+            elif after > 0:
+                ratio[part], how[part], pred[part] = None, "estimator (run has none)", after
+                notes.append(f"{DIM_OF.get(part, part)} on stage {s}: the estimator has none for the run, so its "
+                             f"{after:.3f} ms is the estimator's alone, no trace evidence")
+                continue
+            elif part == "IDLE":  # the estimator models no host time here: host work is per layer pass
+                ratio[part], how[part] = passes, "trace × layer passes"
+            else:
+                ratio[part], how[part] = 1.0, "trace"
+            pred[part] = src[part] * ratio[part]
+        ratio["OTHER_WAIT"], pred["OTHER_WAIT"], how["OTHER_WAIT"] = 1.0, src["OTHER_WAIT"], "trace"
+        if src["OTHER_WAIT"] > 0:
+            notes.append(f"stage {s}: {src['OTHER_WAIT']:.3f} ms of communication of unknown dim (OTHER_WAIT) kept "
+                         "as measured: no estimator ratio names it")
+        work_a.append(sum(src[d] for d in WORK) / cfg.micro_batches)
+        work_b.append(sum(pred[d] for d in WORK) / target.micro_batches)
+        tails_a.append(src["DP_WAIT"])
+        tails_b.append(pred["DP_WAIT"])
+        rows.append((s, src, pred, ratio, how))
+
+    p2p_a = _p2p_ms(con, run_id, est_a)
+    p2p_b = p2p_a * est_b.p2p_s / est_a.p2p_s if est_a.p2p_s else est_b.p2p_s * 1e3
+    sim_a = _schedule(cfg, est_a, work_a if same_stages else [sum(work_a) / len(work_a)] * cfg.parallel.pp, p2p_a,
+                      tails_a)
+    sim_b = _schedule(target, est_b, work_b, p2p_b, tails_b)
+    out = []
+    for s, src, pred, ratio, how in rows:
+        total = src["TOTAL"] * sim_b / sim_a
+        rest = sum(pred[d] for d in DIMS if d not in ("PP_WAIT", "TOTAL"))
+        if rest > total:
+            notes.append(f"stage {s}: its predicted parts ({rest:.3f} ms) exceed the step the schedule scales to "
+                         f"({total:.3f} ms), so its step is the parts and its PP_WAIT 0")
+        pred["PP_WAIT"], pred["TOTAL"] = max(0.0, total - rest), max(total, rest)
+        ratio["PP_WAIT"] = ratio["TOTAL"] = sim_b / sim_a
+        how["PP_WAIT"] = how["TOTAL"] = "trace × schedule"
+        for d in DIMS:
+            cv = spread.get((s if same_stages else None, d), 0.0)
+            out.append({"stage": s, "dim": d, "measured_A_ms": src[d], "ratio": ratio[d], "predicted_B_ms": pred[d],
+                        "error_bar_ms": abs(pred[d]) * math.hypot(replay_pct / 100, cv),
+                        "estimated_B_ms": _estimated(est_b.stages[s], d), "source": how[d]})
+    stages = pl.DataFrame(out, schema_overrides={"ratio": pl.Float64, "estimated_B_ms": pl.Float64})
+    step = (stages.group_by("dim", maintain_order=True)
+            .agg(pl.col("measured_A_ms", "ratio", "predicted_B_ms", "error_bar_ms", "estimated_B_ms").mean(),
+                 pl.col("source").unique(maintain_order=True).str.join("; ")))
+    notes.append(f"pipeline: {cfg.schedule.kind} with {cfg.micro_batches} micro-batches simulated at {sim_a:.3f} ms "
+                 f"from the run's stage times, {target.schedule.kind} with {target.micro_batches} at {sim_b:.3f} "
+                 f"ms; point-to-point {p2p_a:.3f} → {p2p_b:.3f} ms per transfer")
+    schedule = {"source_ms": sim_a, "target_ms": sim_b, "p2p_source_ms": p2p_a, "p2p_target_ms": p2p_b}
+    return Prediction(run_id, cfg.source, target.source, stages, step, _memory(con, run_id, est_a, est_b, notes),
+                      schedule, notes)
+
+
+def _estimated(stage: object, dim: str) -> float | None:
+    attr = compare.ESTIMATED.get(dim)
+    return getattr(stage, attr) * 1e3 if attr else None
+
+
+def _schedule(cfg: Config, est: Estimate, work_ms: list[float], p2p_ms: float, tails_ms: list[float]) -> float:
+    """The step by the estimator's schedule: each stage's per-micro-batch work (ms) split into forward, backward and
+    weight gradient as the estimator splits that stage's, simulated, plus the longest data-parallel tail."""
+    p = cfg.parallel
+    vpp = 2 if cfg.schedule.kind == "zb-v" else p.vpp
+    order = pipeline.segment_cost_index(cfg.schedule.kind, p.pp, vpp)
+    costs = [c.stage_cost() for c in est.costs]
+    shares = [0.0] * p.pp
+    for k, c in enumerate(costs):
+        shares[device_of_chunk(cfg, k)] += c.forward_s + c.backward_s + c.wgrad_s
+    segments: list[pipeline.StageCost] = [pipeline.StageCost(0, 0, 0)] * len(order)
+    for k, i in enumerate(order):
+        device = device_of_chunk(cfg, k)
+        scale = work_ms[device] / 1e3 / shares[device] if shares[device] else 0.0
+        segments[i] = replace(costs[k], forward_s=costs[k].forward_s * scale, backward_s=costs[k].backward_s * scale,
+                              wgrad_s=costs[k].wgrad_s * scale)
+    result = pipeline.simulate(cfg.schedule.kind, segments, cfg.micro_batches, p2p_ms / 1e3, vpp,
+                               cfg.calibration.ep_bubble_overlap_ratio)
+    return result.makespan_s * 1e3 + max(tails_ms)
+
+
+def _p2p_ms(con: duckdb.DuckDBPyConnection, run_id: str, est: Estimate) -> float:
+    """The run's pipeline transfer time: mean over its PP instances of the time from the last arrival to the end
+    (the transfer, without the wait); the estimator's when the run has none."""
+    got = con.execute("SELECT avg(last_end_ns - last_start_ns) / 1e6 FROM collective_instances "
+                      "WHERE run_id = ? AND dim = 'PP' AND ranks_seen > 1", [run_id]).fetchall()[0][0]
+    return float(got) if got is not None else est.p2p_s * 1e3
+
+
+def _spread(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[tuple[int | None, str], float]:
+    """Per (stage, part), and (None, part) over the whole run: stddev / mean of the part over every rank-step
+    (the first step too: it is the run's own evidence of how much one step varies from the next)."""
+    parts = ", ".join(f"coalesce(stddev_samp({d}_ns) / nullif(avg({d}_ns), 0), 0) AS {d}" for d in DIMS)
+    frame = con.sql(f"SELECT coalesce(pp, 0) AS stage, {parts} FROM rank_step_breakdown WHERE run_id = $run "
+                    "GROUP BY GROUPING SETS ((coalesce(pp, 0)), ())", params={"run": run_id}).pl()
+    return {(None if r["stage"] is None else int(r["stage"]), d): float(r[d])
+            for r in frame.iter_rows(named=True) for d in DIMS}
+
+
+def _replay_residual(con: duckdb.DuckDBPyConnection, run_id: str, notes: list[str]) -> float:
+    """RMS over the run's rank-steps of the replay's TOTAL error, %; 0 with a note when the run cannot be
+    replayed (the error bar is then the spread alone)."""
+    from traceana.model.replay import replay_run
+
+    try:
+        errors = replay_run(con, run_id)[1]["error_pct"].drop_nulls()
+    except TraceanaError as exc:
+        notes.append(f"error bar: the spread of each measured part alone; no replay residual ({exc})")
+        return 0.0
+    rms = float((errors ** 2).mean() ** 0.5) if len(errors) else 0.0
+    notes.append(f"error bar: replay residual {rms:.1f}% (RMS over rank-steps) with the spread of each measured part "
+                 "over the stage's ranks and steps")
+    return rms
+
+
+def _memory(con: duckdb.DuckDBPyConnection, run_id: str, est_a: Estimate, est_b: Estimate,
+            notes: list[str]) -> dict[str, float | str | None]:
+    """Peak MiB: the run's largest rank peak times the estimator's ratio, else the estimator's; the error bar is
+    the estimator's own miss on the run's peak, scaled to the prediction."""
+    peak_b = est_b.peak_memory / MIB
+    measured = compare.measured_quantities(con, run_id).get(compare.PEAK)
+    if measured is None:
+        notes.append("memory: the run sampled no memory, so the peak is the estimator's alone")
+        return {"measured_A_MiB": None, "predicted_B_MiB": peak_b, "error_bar_MiB": None,
+                "estimated_B_MiB": peak_b, "source": "estimator"}
+    miss = abs(est_a.peak_memory / MIB / measured - 1)
+    predicted = measured * est_b.peak_memory / est_a.peak_memory
+    return {"measured_A_MiB": measured, "predicted_B_MiB": predicted, "error_bar_MiB": miss * predicted,
+            "estimated_B_MiB": peak_b, "source": "trace × estimator"}
+
+
+INFORMED = {"model": ("seq_len",), "parallel": None, "schedule": None}  # None: every field is what predict is for
+
+
+def _assumptions(cfg: Config, target: Config) -> list[str]:
+    """A note per changed setting the trace cannot inform: the model's shapes (but the sequence length), the
+    hardware, precision and calibration; the ratio then is the estimator's alone."""
+    notes = []
+    for section in ("model", "hardware", "precision", "calibration", "parallel", "schedule"):
+        before, after = getattr(cfg, section), getattr(target, section)
+        informed = INFORMED.get(section, ())
+        for f in fields(before):
+            x, y = getattr(before, f.name), getattr(after, f.name)
+            if x == y or informed is None or f.name in informed:
+                continue
+            what = ("per-layer times scaled by the estimator's FLOP ratio" if section == "model"
+                    else "times scaled by the estimator's ratio")
+            notes.append(f"{section}.{f.name} {x} → {y}: {what}, no trace evidence")
+    return notes
