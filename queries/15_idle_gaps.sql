@@ -27,14 +27,16 @@ gaps AS (
                                        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS gap FROM idle)
     GROUP BY run_id, rank, step, gap
 ),
-active AS (
-    SELECT run_id, rank, event_id, start_ns, launch_ns FROM device_events
+starts AS (  -- a gap ends where work starts: the events starting at each instant (the lowest id for a tie)
+    SELECT run_id, rank, start_ns, min(event_id) AS event_id, arg_min(launch_ns, event_id) AS launch_ns
+    FROM device_events
     WHERE category IN ('compute', 'memcpy', 'memset', 'comm') AND end_ns > start_ns
+    GROUP BY run_id, rank, start_ns
 ),
 next_event AS (
     SELECT g.*, a.event_id AS next_event_id, a.launch_ns AS next_launch_ns
     FROM gaps g
-    ASOF LEFT JOIN active a ON a.run_id = g.run_id AND a.rank = g.rank AND a.start_ns >= g.end_ns
+    LEFT JOIN starts a ON a.run_id = g.run_id AND a.rank = g.rank AND a.start_ns = g.end_ns
 )
 SELECT n.run_id, n.rank, n.step, n.start_ns, n.end_ns,
        CASE WHEN n.start_ns = w.start_ns OR n.end_ns = w.end_ns THEN 'step_boundary'

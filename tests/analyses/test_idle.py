@@ -93,6 +93,10 @@ def test_every_idle_ns_has_one_cause(con: duckdb.DuckDBPyConnection) -> None:
                        "FROM rank_step_breakdown b LEFT JOIN idle_gaps g USING (run_id, rank, step) "
                        "GROUP BY ALL").fetchall()
     assert rows and all(idle == gaps for *_, idle, gaps in rows)
+    # a gap inside its window ends where an event starts: the view joins on that instant (queries/15_idle_gaps.sql)
+    (orphans,) = con.execute("SELECT count(*) FROM idle_gaps g JOIN step_windows w USING (run_id, rank, step) "
+                             "WHERE g.end_ns < w.end_ns AND g.next_event_id IS NULL").fetchall()[0]
+    assert orphans == 0
 
 
 def test_ascend_sync_tasks_and_no_launch_records(con: duckdb.DuckDBPyConnection, db: Path,
