@@ -4,6 +4,7 @@ bounds, advise's first findings, and every bad --change as a one-line error with
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -200,18 +201,29 @@ def test_a_step_the_run_lacks_is_a_one_line_error(db: Path, command: list[str]) 
 
 SYNTH_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "synth_gpt_tp2pp2.yaml"
 SYNTH_RUNS = {"base": [], "slow_rank": ["--straggler-rank", "5", "--slowdown", "2"],
-              "slow_stage": ["--straggler-stage", "0", "--slowdown", "1.5"], "tp_halved": ["--comm-scale", "TP=2"]}
+              "slow_stage": ["--straggler-stage", "0", "--slowdown", "2"], "tp_halved": ["--comm-scale", "TP=2"]}
 
 
 @pytest.fixture(scope="module")
 def synthesized(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """16-rank GPT runs (tp2 dp4 pp2, 1F1B) synthesized with the same seed: as planned, with rank 5's compute twice as
-    long, with stage 0's 1.5x as long, and with TP transfers twice as long (half the TP bandwidth)."""
+    long, with stage 0's twice as long, with TP transfers twice as long (half the TP bandwidth), and the truth for
+    ``stage=0:median``: stage 0 slowed to the other stage's mean COMP (stage 1 carries the output layer and the loss,
+    so that balance point is not the plan)."""
     root = tmp_path_factory.mktemp("synth")
     db = root / "synth.duckdb"
-    for run, options in SYNTH_RUNS.items():
+    runs = dict(SYNTH_RUNS)
+    for run, options in runs.items():
         run_cli("synth", SYNTH_CONFIG, root / run, "--ranks", 16, "--steps", 3, "--seed", 1, *options)
         run_cli("ingest", root / run / "traces", "--db", db, "--run-id", run, "--layout", "tp=2,dp=4,pp=2")
+    truth = json.loads((root / "base" / "truth.json").read_text())
+    stage = {r["rank"]: r["pp"] for r in truth["ranks"]}
+    comp = pl.DataFrame(truth["steps"]).with_columns(pl.col("rank").replace_strict(stage).alias("pp"))
+    means = dict(comp.group_by("pp").agg(pl.col("COMP_ns").mean()).iter_rows())
+    run_cli("synth", SYNTH_CONFIG, root / "stage_balanced", "--ranks", 16, "--steps", 3, "--seed", 1,
+            "--straggler-stage", 0, "--slowdown", means[1] / means[0])
+    run_cli("ingest", root / "stage_balanced" / "traces", "--db", db, "--run-id", "stage_balanced", "--layout",
+            "tp=2,dp=4,pp=2")
     return db
 
 
@@ -221,7 +233,7 @@ def _step_ms(frame: pl.DataFrame, column: str) -> dict[int, float]:
 
 
 @pytest.mark.parametrize(("run", "change", "truth"), [
-    ("slow_rank", "rank=5:median", "base"), ("slow_stage", "stage=0:median", "base"),
+    ("slow_rank", "rank=5:median", "base"), ("slow_stage", "stage=0:median", "stage_balanced"),
     ("base", "dim=TP:2", "tp_halved"), ("tp_halved", "dim=TP:0.5", "base"),
 ])
 def test_whatif_predicts_the_run_synthesized_without_the_change(synthesized: Path, run: str, change: str,
@@ -251,7 +263,7 @@ def test_advise_names_the_slow_stage_of_a_synthesized_run_first(synthesized: Pat
         _, found = advise.findings(con, "slow_stage")
     first = found.row(0, named=True)
     assert first["finding"] == "straggler stage 0" and first["change"] == "stage=0:median"
-    truth = _step_ms(_replayed(synthesized, "base"), "TOTAL_ms")[1]
+    truth = _step_ms(_replayed(synthesized, "stage_balanced"), "TOTAL_ms")[1]
     assert abs(first["predicted_step_ms"] - truth) <= 0.03 * truth  # what the stage would take, balanced
 
 

@@ -1,0 +1,86 @@
+"""Time every analysis against the breakdown on the same real runs: the shared traces and the bundled samples.
+
+Each run is ingested into one temporary store; then each analysis reads it through the Python API (what the
+commands call), best of ``--repeat`` tries, and the table prints its seconds and its ratio to `breakdown` on the
+same run. The aim (issue 23): every analysis within 2x the breakdown's time.
+
+    .venv/bin/python benchmarks/bench_analyses.py [--repeat 3] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from traceana.api import Traces
+from traceana.errors import TraceanaError
+from traceana.ingest.dispatch import IngestOptions, read_run
+from traceana.layout import Layout
+from traceana.store import connect, database
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT.parent / "shared" / "traces"
+RUNS = {  # name -> (paths, layout)
+    "h200_hostbound": ([TRACES / "kineto" / "h200_hostbound_h512_L12_s256_gb8.json.gz"], None),
+    "h200_gpt": ([TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz"], None),
+    "hta_rank0of16": ([TRACES / "kineto" / "hta_rank0of16_a2a_rs_ag.json.gz"], None),
+    "hta_rank3of8": ([TRACES / "kineto" / "hta_rank3of8_6steps.json.gz"], None),
+    "nsys_h100_2proc": ([TRACES / "nsys" / "nsysai_h100_2proc_nsys2026.2.sqlite"], None),
+    "ascend_level1": ([TRACES / "ascend" / "torch_npu_2rank_level1"], None),
+    "toy8": ([ROOT / "sample_traces" / "traces" / "toy8_tp2pp2dp2_1f1b"], "tp=2,pp=2,dp=2,order=tp-cp-ep-dp-pp"),
+}
+
+
+def analyses(api: Traces, run: str) -> dict[str, Callable[[], object]]:
+    return {
+        "breakdown": lambda: api.breakdown(run=run),
+        "stragglers": lambda: api.stragglers(run=run),
+        "critical_path": lambda: api.critical_path(run=run),
+        "comm": lambda: api.comm(run=run),
+        "kernels": lambda: api.kernels(run=run),
+        "idle": lambda: api.idle(run=run),
+        "memory": lambda: api.memory(run=run),
+    }
+
+
+def best(call: Callable[[], object], repeat: int) -> float | None:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        try:
+            call()
+        except TraceanaError:  # e.g. a run without memory samples
+            return None
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", nargs="*", default=list(RUNS))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "bench.duckdb"
+        for name in args.only:
+            paths, layout = RUNS[name]
+            options = IngestOptions(layout=Layout.parse(layout)) if layout else IngestOptions()
+            data = read_run(paths, "auto", options)
+            with connect(db) as con:
+                database.write_run(con, name, data)
+        api = Traces(db)
+        names = list(analyses(api, args.only[0]))
+        print(f"{'run':18s} {'events':>8s} " + " ".join(f"{n:>14s}" for n in names))
+        for name in args.only:
+            (events,) = api.sql(f"SELECT count(*) AS n FROM device_events WHERE run_id = '{name}'")["n"]
+            timed = {n: best(call, args.repeat) for n, call in analyses(api, name).items()}
+            base = timed["breakdown"] or 1e-9
+            cells = [f"{t:6.3f}s {t / base:4.1f}x" if t is not None else f"{'-':>14s}" for t in timed.values()]
+            print(f"{name:18s} {events:8d} " + " ".join(f"{c:>14s}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
