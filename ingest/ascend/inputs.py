@@ -18,6 +18,7 @@ from traceana.errors import TraceanaError
 from traceana.ingest.validate import MAX_TIME_NS, checked_rank
 
 OUTPUT = "ASCEND_PROFILER_OUTPUT"
+KERNEL_DETAILS = "kernel_details.csv"  # a text export's device tasks: read when trace_view.json was left out
 _DB = re.compile(r"^(?:ascend_(?:pytorch|mindspore)_profiler(?:_(\d+))?|msprof_\d+)\.db$")
 _MSPROF_JSON = re.compile(r"^msprof_(?:slice_\d+_)?(\d{14})\.json$")
 _RANK_FOLDER = re.compile(r"_ascend_(?:pt|ms)$")
@@ -27,7 +28,7 @@ _RANK_FOLDER = re.compile(r"_ascend_(?:pt|ms)$")
 class RankInput:
     """Where one rank's data lies, and what its folder says before the data is read."""
 
-    kind: str  # 'db' or 'timeline'
+    kind: str  # 'db', 'timeline' or 'kernels' (kernel_details.csv: a text export without its timeline)
     files: list[Path]
     origin: Path  # the rank folder, PROF_* folder or file the user's input resolved to
     rank: int | None = None
@@ -115,14 +116,17 @@ def _rank_folder(folder: Path) -> RankInput:
     if not output.is_dir():
         raise TraceanaError(f"{folder}: no {OUTPUT} folder (the profiler's analysis did not run or did not finish)")
     databases = sorted(p for p in output.iterdir() if _DB.match(p.name))
+    communication = output / "communication.json"
+    communication = communication if communication.is_file() else None
     if databases:
         source = RankInput("db", databases[:1], folder)
     elif (output / "trace_view.json").is_file():
-        communication = output / "communication.json"
-        source = RankInput("timeline", [output / "trace_view.json"], folder,
-                         communication=communication if communication.is_file() else None)
+        source = RankInput("timeline", [output / "trace_view.json"], folder, communication=communication)
+    elif (output / KERNEL_DETAILS).is_file():
+        source = RankInput("kernels", [output / KERNEL_DETAILS], folder, communication=communication)
     else:
-        raise TraceanaError(f"{output}: neither a profiler database (ascend_*_profiler_*.db) nor trace_view.json")
+        raise TraceanaError(f"{output}: no profiler database (ascend_*_profiler_*.db), trace_view.json or "
+                            f"{KERNEL_DETAILS}")
     return _folder_context(source, folder)
 
 
