@@ -1,6 +1,7 @@
 """Where each rank's Ascend profiler data lies: torch_npu *_ascend_pt and MindSpore *_ascend_ms folders (alone or
-gathered in a cluster folder), raw msprof PROF_* folders, or the files themselves (trace_view.json, msprof_*.json
-and its msprof_slice_* parts, *.db exports). A folder holding both exports is read from its database.
+gathered in a cluster folder), raw msprof PROF_* folders, folders of database exports or of an msprof timeline, or
+the files themselves (trace_view.json, msprof_*.json and its msprof_slice_* parts, *.db exports). A rank folder
+holding both exports is read from its database; a text export without trace_view.json from kernel_details.csv.
 
 What a folder says before its data is read also comes from here: the rank (profiler_info_{rank}.json, a PROF
 device's rank_id, a database file's name), when collection ended (several folders of one rank: the newest wins,
@@ -63,7 +64,8 @@ def is_ascend(path: Path) -> bool:
     if path.is_dir():
         if path.name == OUTPUT or _is_rank_folder(path) or _is_prof_folder(path):
             return True
-        return any(_is_rank_folder(child) or _is_prof_folder(child) for child in path.iterdir())
+        return any(_is_rank_folder(child) or _is_prof_folder(child) or _DB.match(child.name)
+                   or _MSPROF_JSON.match(child.name) for child in path.iterdir())
     if _DB.match(path.name):
         return True
     return path.suffix == ".json" and (path.name == "trace_view.json" or bool(_MSPROF_JSON.match(path.name))
@@ -189,9 +191,14 @@ def _sources(path: Path) -> list[RankInput]:
     if _is_prof_folder(path):
         return [_prof_folder(path)]
     children = sorted(p for p in path.iterdir() if _is_rank_folder(p) or _is_prof_folder(p))
-    if not children:
-        raise TraceanaError(f"{path}: no Ascend profiler output here (no *_ascend_pt / *_ascend_ms / PROF_* folder)")
-    return [s for child in children for s in _sources(child)]
+    if children:
+        return [s for child in children for s in _sources(child)]
+    # a folder of database exports (one per rank), or of msprof's timeline (mindstudio_profiler_output)
+    databases, timeline = sorted(p for p in path.iterdir() if _DB.match(p.name)), _msprof_timeline(path)
+    if not databases and not timeline:
+        raise TraceanaError(f"{path}: no Ascend profiler output here (no *_ascend_pt / *_ascend_ms / PROF_* folder, "
+                            "database export or msprof timeline)")
+    return [_file(p) for p in databases] or [_file(timeline[0])]
 
 
 def _newest_per_rank(sources: list[RankInput], notes: list[str]) -> list[RankInput]:
