@@ -30,14 +30,15 @@ _HCCL = "HCCL"  # the Accelerator Core of an HCCL op's row
 
 # Not sniffed (a short row misleads the sniffer); rejected rows are recorded, not fatal.
 _CSV = "header = true, all_varchar = true, delim = ',', quote = '\"', escape = '\"', store_rejects = true"
-# A time no clock produces (past 2^62 ns) or a duration past 2^61 ns is NULL here, so start + duration cannot
-# overflow; validation then leaves the row out with a note. Newer files end each start with a TAB.
+# Both read exactly as decimals (a duration may have a fourth decimal: half a ns, rounded away from zero). A time no
+# clock produces (past 2^62 ns) or a duration past 2^61 ns is NULL here, so start + duration cannot overflow;
+# validation then leaves the row out with a note. Newer files end each start with a TAB.
 _ROWS_SQL = f"""
 SELECT start_ns, start_ns + dur_ns AS end_ns, "Name" AS name, "Accelerator Core" AS core,
        TRY_CAST("Stream ID" AS BIGINT) AS stream, TRY_CAST("Step Id" AS INTEGER) AS step
 FROM read_csv('{{path}}', {_CSV}),
      LATERAL (SELECT TRY_CAST(TRY_CAST(trim("Start Time(us)") AS DECIMAL(20, 3)) * 1000 AS BIGINT) AS start_raw,
-                     TRY_CAST(round(TRY_CAST(trim("Duration(us)") AS DOUBLE) * 1000) AS BIGINT) AS dur_raw),
+                     TRY_CAST(round(TRY_CAST(trim("Duration(us)") AS DECIMAL(24, 6)) * 1000) AS BIGINT) AS dur_raw),
      LATERAL (SELECT CASE WHEN start_raw BETWEEN 0 AND {2**62} THEN start_raw END AS start_ns,
                      CASE WHEN dur_raw BETWEEN 0 AND {2**61} THEN dur_raw END AS dur_ns)
 """
