@@ -25,7 +25,8 @@ from traceana.ingest.ascend.memory import memory_from_csv
 from traceana.ingest.ascend.tasks import RankTrace, hcom_columns, rank_events, with_task_categories
 from traceana.ingest.rules import Rule
 
-_COLUMNS = ("Step Id", "Stream ID", "Name", "Accelerator Core", "Start Time(us)", "Duration(us)")
+_COLUMNS = ("Name", "Accelerator Core", "Start Time(us)", "Duration(us)")
+_OPTIONAL = {"step": "Step Id", "stream": "Stream ID"}  # profiler level 0 writes no Stream ID
 _HCCL = "HCCL"  # the Accelerator Core of an HCCL op's row
 
 # Not sniffed (a short row misleads the sniffer); rejected rows are recorded, not fatal.
@@ -35,7 +36,7 @@ _CSV = "header = true, all_varchar = true, delim = ',', quote = '\"', escape = '
 # validation then leaves the row out with a note. Newer files end each start with a TAB.
 _ROWS_SQL = f"""
 SELECT start_ns, start_ns + dur_ns AS end_ns, "Name" AS name, "Accelerator Core" AS core,
-       TRY_CAST("Stream ID" AS BIGINT) AS stream, TRY_CAST("Step Id" AS INTEGER) AS step
+       TRY_CAST({{stream}} AS BIGINT) AS stream, TRY_CAST({{step}} AS INTEGER) AS step
 FROM read_csv('{{path}}', {_CSV}),
      LATERAL (SELECT TRY_CAST(TRY_CAST(trim("Start Time(us)") AS DECIMAL(20, 3)) * 1000 AS BIGINT) AS start_raw,
                      TRY_CAST(round(TRY_CAST(trim("Duration(us)") AS DECIMAL(24, 6)) * 1000) AS BIGINT) AS dur_raw),
@@ -52,7 +53,8 @@ def _rows(path: Path, notes: list[str]) -> pl.DataFrame:
         header = [r[0] for r in con.sql(f"DESCRIBE SELECT * FROM read_csv('{source}', {_CSV})").fetchall()]
         if lacking := [c for c in _COLUMNS if c not in header]:
             raise TraceanaError(f"{path}: lacks the column{'s' * (len(lacking) > 1)} {', '.join(lacking)}")
-        rows = con.sql(_ROWS_SQL.format(path=source)).pl()
+        optional = {key: f'"{column}"' if column in header else "NULL" for key, column in _OPTIONAL.items()}
+        rows = con.sql(_ROWS_SQL.format(path=source, **optional)).pl()
         rejected = con.execute("SELECT count(*), min(line), any_value(error_message) FROM reject_errors").fetchone()
     except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
         raise TraceanaError(f"{path}: not a readable CSV ({str(exc).strip().splitlines()[0][:160]})") from None

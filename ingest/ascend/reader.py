@@ -1,5 +1,6 @@
-"""Ascend profiler output (torch_npu, MindSpore, msprof) as one run: read each rank's input (database export or
-timeline JSON), number the ranks, tell hosts apart, and link HCCL ops to their communicators and dimensions.
+"""Ascend profiler output (torch_npu, MindSpore, msprof) as one run: read each rank's input (database export,
+timeline JSON, or kernel_details.csv where the timeline was left out), number the ranks, tell hosts apart, and
+link HCCL ops to their communicators and dimensions.
 
 Ranks come from the folder (profiler_info_{rank}.json, a PROF device's rank_id), the database's RANK_DEVICE_MAP,
 a database file's name, else device or input order. Text exports carry no host name: ranks whose profiler
@@ -166,8 +167,8 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     notes: list[str] = []
     inputs = find_inputs(paths, notes)
     if without := sum(source.kind == "kernels" for source in inputs):
-        notes.append(f"{without} of {len(inputs)} ranks have no trace_view.json: read from kernel_details.csv and "
-                     "communication.json, so there is no host side (CPU ops, launches, step markers"
+        notes.append(f"{without} of {len(inputs)} ranks have no trace_view.json: read from kernel_details.csv (and "
+                     "communication.json where there is one), so there is no host side (CPU ops, launches, step markers"
                      f"{': --step-marker is not applied' if options.step_marker else ''}), no memcpy or event tasks "
                      "(no syncs) and no HCCL plane tasks; each step spans its first to last device task")
     files = [f for source in inputs for f in source.files]

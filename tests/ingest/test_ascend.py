@@ -356,6 +356,9 @@ def test_layout_gives_group_dims(runs: dict[str, RunData]) -> None:
     (lambda d: _database_version(d, None), "COMPUTE_TASK_INFO lacks"),
     (lambda d: [_copy_rank(rank_folder("torch_npu_2rank_level1", 0), d / f"{n}_ascend_pt", drop_end_info=True)
                 for n in ("a", "b")], "rank 0 is also claimed by"),
+    (lambda d: _kernel_details_renamed(d, "Duration(us)", "Duration"), "kernel_details.csv: lacks the column "
+                                                                       "Duration(us)"),
+    (lambda d: (d / "r_ascend_pt" / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True), "no profiler database"),
 ])
 def test_bad_input_is_one_line(tmp_path: Path, make, expected: str) -> None:
     make(tmp_path)
@@ -363,6 +366,15 @@ def test_bad_input_is_one_line(tmp_path: Path, make, expected: str) -> None:
         ingest(tmp_path)
     message = str(error.value)
     assert expected in message and "\n" not in message and str(tmp_path) in message
+
+
+def _kernel_details_renamed(folder: Path, column: str, name: str) -> None:
+    """A level-0 rank folder without trace_view.json whose kernel_details.csv names ``column`` otherwise."""
+    output = folder / "r_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    output.mkdir(parents=True)
+    text = (rank_folder("torch_npu_2rank_level0", 0) / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv").read_text()
+    header, rest = text.split("\n", 1)
+    (output / "kernel_details.csv").write_text(header.replace(column, name) + "\n" + rest)
 
 
 def _truncated_trace(folder: Path) -> None:
@@ -440,7 +452,8 @@ def test_text_export_without_trace_view_ops_equal_communication_json(rank: int) 
 
 
 def test_text_export_without_trace_view_tasks_equal_kernel_details() -> None:
-    """Its device tasks are kernel_details.csv's non-HCCL rows (read here by the csv module), each start to the ns;
+    """Its device tasks are kernel_details.csv's non-HCCL rows (read here by the csv module), each start to the ns
+    and on its stream;
     rank 0's row 17 has a field too few (the file's maintainers cut it) and is left out with a note, as are the
     HCCL rows communication.json stands for, whose times disagree with it on rank 0 (by 2.8 µs to 1.12 ms)."""
     data = ingest(ASCEND / NO_TRACE_VIEW)
@@ -450,11 +463,11 @@ def test_text_export_without_trace_view_tasks_equal_kernel_details() -> None:
             header, *rows = list(csv.reader(handle))
         whole = [dict(zip(header, r, strict=True)) for r in rows if len(r) == len(header)]
         assert len(rows) - len(whole) == short
-        tasks = sorted((r["Name"], exact_ns(r["Start Time(us)"].strip())) for r in whole
+        tasks = sorted((r["Name"], exact_ns(r["Start Time(us)"].strip()), int(r["Stream ID"])) for r in whole
                        if r["Accelerator Core"] != "HCCL")
         events = raw_clock(data, data.table("device_events").filter(
             (pl.col("rank") == rank) & (pl.col("category") == "compute")))
-        assert sorted(events.select("name", "start_ns").rows()) == tasks and len(tasks) == (16, 20)[rank]
+        assert sorted(events.select("name", "start_ns", "stream").rows()) == tasks and len(tasks) == (16, 20)[rank]
     notes = [n.split("ASCEND_PROFILER_OUTPUT/")[-1] for n in data.notes]
     assert "kernel_details.csv: 1 rows left out, the CSV reader rejects them (line 17: Expected Number of " \
            "Columns: 32 Found: 31)" in notes
