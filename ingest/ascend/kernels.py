@@ -24,6 +24,7 @@ from traceana.ingest.ascend.groups import communication_keys
 from traceana.ingest.ascend.memory import memory_from_csv
 from traceana.ingest.ascend.tasks import RankTrace, hcom_columns, rank_events, with_task_categories
 from traceana.ingest.rules import Rule
+from traceana.ingest.run_data import SCHEMAS
 
 _COLUMNS = ("Name", "Accelerator Core", "Start Time(us)", "Duration(us)")
 _OPTIONAL = {"step": "Step Id", "stream": "Stream ID"}  # profiler level 0 writes no Stream ID
@@ -86,8 +87,8 @@ def read_kernel_details(path: Path, communication: Path | None, rules: list[Rule
     """Parse one rank's kernel_details.csv (and communication.json beside it, when the export has one)."""
     notes: list[str] = []
     rows = _rows(path, notes)
-    hccl = rows.filter(pl.col("core") == _HCCL)
-    tasks = with_task_categories(rows.filter(pl.col("core") != _HCCL), rules)
+    is_op = pl.col("core").eq_missing(_HCCL)
+    hccl, tasks = rows.filter(is_op), with_task_categories(rows.filter(~is_op), rules)
     if communication is not None:
         ops = _ops(communication, path, hccl, notes)
     else:
@@ -96,8 +97,7 @@ def read_kernel_details(path: Path, communication: Path | None, rules: list[Rule
                                          count=pl.lit(None, pl.Int64())))
     steps = (pl.concat([tasks.select("step", "start_ns", "end_ns"), ops.select("step", "start_ns", "end_ns")])
              .drop_nulls().group_by("step").agg(pl.col("start_ns").min(), pl.col("end_ns").max()).sort("step"))
-    annotations = pl.DataFrame(schema={"start_ns": pl.Int64(), "end_ns": pl.Int64(), "name": pl.String(),
-                                       "domain": pl.String(), "kind": pl.String(), "args": pl.String()})
+    annotations = pl.DataFrame(schema={c: t for c, t in SCHEMAS["annotations"].items() if c != "rank"})  # none
     return RankTrace(source=path, events=rank_events(tasks, hcom), annotations=annotations, steps=steps,
                      memory=memory_from_csv(path.parent / "memory_record.csv", notes), notes=notes,
                      tool_version="text export without trace_view.json")
