@@ -9,6 +9,7 @@ their task type says so. Kernel-typed TASK rows without operator info are contai
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import polars as pl
@@ -38,10 +39,14 @@ _REQUIRED = {
     "TASK": ("startNs", "endNs", "globalTaskId", "streamId", "taskType"),
     "COMPUTE_TASK_INFO": ("name", "globalTaskId"),
 }
+# Tables read where present, by their columns rather than the schema version (msprof's COMMUNICATION_OP has no
+# dataType or count): the columns a row cannot do without (a table lacking them is an unknown schema, or skipped
+# when it holds no row), and the columns read as NULL where a version lacks them.
 _OPTIONAL = {
-    "COMMUNICATION_OP": ("opName", "startNs", "endNs", "groupName", "dataType", "count"),
-    "COMMUNICATION_TASK_INFO": ("globalTaskId", "name", "taskType", "planeId", "groupName", "srcRank", "dstRank",
-                                "transportType", "size", "linkType", "notifyId"),
+    "COMMUNICATION_OP": (("opName", "startNs", "endNs"), ("groupName", "dataType", "count", "opId")),
+    "COMMUNICATION_TASK_INFO": (("globalTaskId", "taskType"),
+                                ("name", "planeId", "groupName", "srcRank", "dstRank", "transportType", "size",
+                                 "linkType", "notifyId", "opId")),
 }
 
 _COMPUTE_SQL = """
@@ -50,13 +55,13 @@ FROM TASK t JOIN COMPUTE_TASK_INFO c ON c.globalTaskId = t.globalTaskId JOIN STR
 """
 _RUNTIME_SQL = """
 SELECT t.startNs AS start_ns, t.endNs AS end_ns, s.value AS name, {stream} AS stream
-FROM TASK t JOIN STRING_IDS s ON s.id = t.taskType
+FROM TASK t LEFT JOIN STRING_IDS s ON s.id = t.taskType
 WHERE t.globalTaskId NOT IN (SELECT globalTaskId FROM COMPUTE_TASK_INFO) {not_comm_task}
 """
 _HCOM_SQL = """
 SELECT o.startNs AS start_ns, o.endNs AS end_ns, n.value AS name, 'comm' AS category, NULL AS stream,
        {dtype} AS hccl_dtype, {count} AS count, g.value AS comm
-FROM COMMUNICATION_OP o JOIN STRING_IDS n ON n.id = o.opName LEFT JOIN STRING_IDS g ON g.id = o.groupName
+FROM COMMUNICATION_OP o JOIN STRING_IDS n ON n.id = o.opName LEFT JOIN STRING_IDS g ON g.id = {group}
 {dtype_join}
 """
 _HCCL_TASK_SQL = """
@@ -64,14 +69,23 @@ SELECT t.startNs AS start_ns, t.endNs AS end_ns, ty.value AS name, g.value AS "g
        op.value AS op, ty.value AS task_type, {src} AS src_rank, {dst} AS dst_rank, {transport} AS transport,
        {link} AS link_type, {size} AS size_bytes,
        CASE WHEN t.endNs > t.startNs THEN CAST({size} AS REAL) / (t.endNs - t.startNs) END AS bandwidth_GBps,
-       CAST(c.notifyId AS TEXT) AS notify_id, {stream} AS stream
+       CAST({notify} AS TEXT) AS notify_id, {stream} AS stream
 FROM COMMUNICATION_TASK_INFO c JOIN TASK t ON t.globalTaskId = c.globalTaskId
-LEFT JOIN STRING_IDS ty ON ty.id = c.taskType LEFT JOIN STRING_IDS g ON g.id = c.groupName
-LEFT JOIN STRING_IDS op ON op.id = c.name {joins}
+LEFT JOIN STRING_IDS ty ON ty.id = c.taskType LEFT JOIN STRING_IDS g ON g.id = {group_task}
+LEFT JOIN STRING_IDS op ON op.id = {op_name} {joins}
 """
-# Ids that may hold the profiler's "none" (uint32 -1) are read through unknown_id: NULL, not an overflow.
-_IDS = {"stream": unknown_id("t.streamId"), "count": unknown_id("o.count"), "plane": unknown_id("c.planeId", 32),
-        "src": unknown_id("c.srcRank", 32), "dst": unknown_id("c.dstRank", 32), "size": unknown_id("c.size")}
+
+
+def _ids(db: _Database) -> dict[str, str]:
+    """The SQL of the columns the queries above read, NULL where this database's version lacks the column. Ids
+    that may hold the profiler's "none" (uint32 -1) are read through unknown_id: NULL, not an overflow."""
+    op, task = partial(db.col, "COMMUNICATION_OP", "o"), partial(db.col, "COMMUNICATION_TASK_INFO", "c")
+    return {"stream": unknown_id("t.streamId"), "count": unknown_id(op("count")), "group": op("groupName"),
+            "plane": unknown_id(task("planeId"), 32), "src": unknown_id(task("srcRank"), 32),
+            "dst": unknown_id(task("dstRank"), 32), "size": unknown_id(task("size")), "notify": task("notifyId"),
+            "group_task": task("groupName"), "op_name": task("name")}
+
+
 _CPU_OPS_SQL = """
 SELECT CAST(p.startNs AS INTEGER) AS start_ns, CAST(p.endNs AS INTEGER) AS end_ns, s.value AS name,
        'Python' AS domain, 'cpu_op' AS kind, NULL AS args
@@ -86,9 +100,18 @@ class _Database(ProfilerSqlite):
         super().__init__(path, "the database")
         self.open_arrow()
 
+    def col(self, table: str, alias: str, column: str) -> str:
+        """``alias.column``, or NULL where ``table`` lacks that column."""
+        return f"{alias}.{column}" if self.has(table, (column,)) else "NULL"
+
+    def readable(self, table: str) -> bool:
+        """One of the _OPTIONAL tables, present with the columns its rows need (_check_schema refuses one that
+        lacks them and holds rows)."""
+        return self.has(table, _OPTIONAL[table][0])
+
     def enum(self, table: str, column: str) -> tuple[str, str]:
         """(value expression, join) resolving ``column`` through ENUM table ``table`` when the database has it."""
-        if not self.has(table, ("id", "name")):
+        if column == "NULL" or not self.has(table, ("id", "name")):
             return f"CAST({column} AS TEXT)", ""
         alias = f"e_{table.lower()}"
         return f"{alias}.name", f" LEFT JOIN {table} {alias} ON {alias}.id = {column}"
@@ -103,10 +126,11 @@ def _check_schema(db: _Database) -> str:
         if found and str(version).split(".")[0] != SCHEMA_MAJOR:
             raise TraceanaError(f"{db.path}: database schema version {version} is not supported "
                                 f"(traceana reads {SCHEMA_MAJOR}.x)")
-    for table, columns in {**_REQUIRED, **{t: c for t, c in _OPTIONAL.items() if t in db.tables}}.items():
+    needed = {**_REQUIRED, **{t: c[0] for t, c in _OPTIONAL.items() if t in db.tables}}
+    for table, columns in needed.items():
         lacking = sorted(set(columns) - set(db.columns(table)))
         problem = f"no {table} table" if table not in db.tables else f"{table} lacks {', '.join(lacking)}"
-        if lacking:
+        if lacking and (table in _REQUIRED or db.scalar(f'SELECT count(*) FROM "{table}"')):
             raise TraceanaError(f"{db.path}: unknown Ascend database schema (version {version}): {problem}")
     return version
 
@@ -122,16 +146,23 @@ _ANNOTATION = {"start_ns": pl.Int64(), "end_ns": pl.Int64(), "name": pl.String()
 
 
 def _events(db: _Database, rules: list[Rule]) -> pl.DataFrame:
-    compute = db.query(_COMPUTE_SQL.format(**_IDS), _EVENT, "TASK/COMPUTE_TASK_INFO")
+    ids = _ids(db)
+    compute = db.query(_COMPUTE_SQL.format(**ids), _EVENT, "TASK/COMPUTE_TASK_INFO")
     comm_task = "AND t.globalTaskId NOT IN (SELECT globalTaskId FROM COMMUNICATION_TASK_INFO)" \
-        if db.has("COMMUNICATION_TASK_INFO") else ""
-    runtime = db.query(_RUNTIME_SQL.format(**_IDS, not_comm_task=comm_task), _EVENT, "TASK").filter(
-        pl.col("name").is_in([k for k, v in RUNTIME_TASKS.items() if v]))  # kernel-typed containers are dropped
-    tasks = with_task_categories(pl.concat([compute, runtime]), rules)
+        if db.readable("COMMUNICATION_TASK_INFO") else ""
+    other = db.query(_RUNTIME_SQL.format(**ids, not_comm_task=comm_task), _EVENT, "TASK")
+    runtime = pl.col("name").is_in([k for k, v in RUNTIME_TASKS.items() if v])
+    left = other.filter(~runtime.fill_null(False))  # kernel-typed containers the text export omits too
+    if left.height:
+        types = left.group_by("name").len().sort("len", "name", descending=[True, False]).head(3).rows()
+        db.notes.append(f"{db.path}: {left.height} TASK rows left out, neither compute (COMPUTE_TASK_INFO), HCCL "
+                        f"(COMMUNICATION_TASK_INFO) nor a runtime task ({', '.join(f'{t} {n}' for t, n in types)}"
+                        f"{' ...' if left['name'].n_unique() > 3 else ''})")
+    tasks = with_task_categories(pl.concat([compute, other.filter(runtime)]), rules)
     hcom = pl.DataFrame(schema=_HCOM)
-    if db.has("COMMUNICATION_OP"):
-        dtype, join = db.enum("ENUM_HCCL_DATA_TYPE", "o.dataType")
-        hcom = db.query(_HCOM_SQL.format(**_IDS, dtype=dtype, dtype_join=join), _HCOM, "COMMUNICATION_OP")
+    if db.readable("COMMUNICATION_OP"):
+        dtype, join = db.enum("ENUM_HCCL_DATA_TYPE", db.col("COMMUNICATION_OP", "o", "dataType"))
+        hcom = db.query(_HCOM_SQL.format(**ids, dtype=dtype, dtype_join=join), _HCOM, "COMMUNICATION_OP")
     return rank_events(tasks, hcom_columns(hcom))
 
 
@@ -143,13 +174,31 @@ def _annotations(db: _Database) -> pl.DataFrame:
         if db.has("PYTORCH_API", ("type",)) and db.has("ENUM_API_TYPE", ("id", "name")):
             op_type = "WHERE p.type IN (SELECT id FROM ENUM_API_TYPE WHERE name = 'op')"
         annotations = db.query(_CPU_OPS_SQL.format(op_type=op_type), _ANNOTATION, "PYTORCH_API")
-    if db.has("COMMUNICATION_TASK_INFO"):
-        transport, join_t = db.enum("ENUM_HCCL_TRANSPORT_TYPE", "c.transportType")
-        link, join_l = db.enum("ENUM_HCCL_LINK_TYPE", "c.linkType")
-        sql = _HCCL_TASK_SQL.format(**_IDS, transport=transport, link=link, joins=join_t + join_l)
+    if db.readable("COMMUNICATION_TASK_INFO"):
+        transport, join_t = db.enum("ENUM_HCCL_TRANSPORT_TYPE", db.col("COMMUNICATION_TASK_INFO", "c", "transportType"))
+        link, join_l = db.enum("ENUM_HCCL_LINK_TYPE", db.col("COMMUNICATION_TASK_INFO", "c", "linkType"))
+        sql = _HCCL_TASK_SQL.format(**_ids(db), transport=transport, link=link, joins=join_t + join_l)
         tasks = db.query(sql, _HCCL_TASK, "COMMUNICATION_TASK_INFO")
         annotations = pl.concat([annotations, hccl_task_annotations(tasks)])
+        if orphans := _tasks_without_op(db):
+            db.notes.append(f"{db.path}: {orphans} HCCL tasks belong to no COMMUNICATION_OP row (the table holds "
+                            f"{db.scalar('SELECT count(*) FROM COMMUNICATION_OP') or 0}); they are kept as "
+                            "hccl_task annotations, their time is not communication in the breakdown")
     return annotations
+
+
+def _tasks_without_op(db: _Database) -> int:
+    """HCCL tasks (COMMUNICATION_TASK_INFO joined to TASK) whose opId names no COMMUNICATION_OP row."""
+    if not db.has("COMMUNICATION_TASK_INFO", ("opId",)):
+        return 0
+    if db.has("COMMUNICATION_OP", ("opId",)):
+        where = "WHERE c.opId NOT IN (SELECT opId FROM COMMUNICATION_OP WHERE opId IS NOT NULL)"
+    elif "COMMUNICATION_OP" not in db.tables:
+        where = ""
+    else:
+        return 0  # ops without ids: which task is whose cannot be told
+    return int(db.scalar(f"SELECT count(*) FROM COMMUNICATION_TASK_INFO c JOIN TASK t USING (globalTaskId) {where}")
+               or 0)
 
 
 def _metadata(db: _Database) -> dict:
@@ -176,14 +225,23 @@ def _memory(db: _Database) -> pl.DataFrame:
         return NO_MEMORY
 
 
-def _dangling_names(db: _Database) -> str | None:
-    """How many compute tasks and HCCL ops name a STRING_IDS id that is not there, or None when all resolve."""
-    counts = [(what, db.rows(f"SELECT count(*) FROM {table} x LEFT JOIN STRING_IDS s ON s.id = x.{column} "
-                             "WHERE s.id IS NULL")[0][0])
-              for what, table, column in (("compute tasks", "COMPUTE_TASK_INFO", "name"),
-                                          ("HCCL ops", "COMMUNICATION_OP", "opName")) if db.has(table, (column,))]
-    found = [f"{n} {what}" for what, n in counts if n]
-    return " and ".join(found) + " name no STRING_IDS row" if found else None
+_LINKS = (  # (what the rows are, their table, the column naming a row of another table, that table, its key)
+    ("compute tasks", "COMPUTE_TASK_INFO", "name", "STRING_IDS", "id"),
+    ("HCCL ops", "COMMUNICATION_OP", "opName", "STRING_IDS", "id"),
+    ("COMPUTE_TASK_INFO rows", "COMPUTE_TASK_INFO", "globalTaskId", "TASK", "globalTaskId"),
+    ("COMMUNICATION_TASK_INFO rows", "COMMUNICATION_TASK_INFO", "globalTaskId", "TASK", "globalTaskId"),
+)
+
+
+def _dangling(db: _Database) -> list[str]:
+    """How many rows name a row their export lacks (a missing or cut-down table), which the joins leave out."""
+    found: dict[str, list[str]] = {}
+    for what, table, column, target, key in _LINKS:
+        if db.has(table, (column,)) and target in db.tables:
+            count = db.rows(f"SELECT count(*) FROM {table} x LEFT JOIN {target} y ON y.{key} = x.{column} "
+                            f"WHERE y.{key} IS NULL")[0][0]
+            found.setdefault(target, []).extend([f"{count} {what}"] if count else [])
+    return [f"{' and '.join(rows)} name no {target} row" for target, rows in found.items() if rows]
 
 
 def read_database(path: Path, rules: list[Rule], step_marker: str | None) -> RankTrace:
@@ -209,8 +267,8 @@ def _rank_trace(db: _Database, rules: list[Rule], step_marker: str | None) -> Ra
     trace = RankTrace(source=path, events=_events(db, rules), annotations=annotations, steps=steps,
                       pid=db.rows(f"SELECT min({unknown_id('globalPid')}) FROM TASK")[0][0], metadata=_metadata(db),
                       tool_version=f"database schema {version}")
-    if dangling := _dangling_names(db):
-        trace.notes.append(f"{path}: {dangling} (a missing or cut-down STRING_IDS table); they are left out")
+    if dangling := _dangling(db):
+        trace.notes.append(f"{path}: {'; '.join(dangling)} (a missing or cut-down table); they are left out")
     if db.has("MEMORY_RECORD", ("component", "timestamp", "totalAllocated", "totalReserved")):
         trace.memory = _memory(db)
     trace.notes.extend(db.notes)
@@ -223,6 +281,12 @@ def _rank_trace(db: _Database, rules: list[Rule], step_marker: str | None) -> Ra
             rank = checked_rank(found[0][0], str(path), "RANK_DEVICE_MAP.rankId")  # -1: a run without ranks
             if rank is not None:
                 trace.rank, trace.rank_source = rank, "RANK_DEVICE_MAP"
+    if trace.device is None and db.has("TASK", ("deviceId",)):  # msprof writes no RANK_DEVICE_MAP
+        devices = [d for (d,) in db.rows(f"SELECT DISTINCT {unknown_id('deviceId', 32)} FROM TASK") if d is not None]
+        if len(devices) > 1:
+            raise TraceanaError(f"{path}: holds the tasks of {len(devices)} devices (TASK.deviceId); export and "
+                                "ingest one database per device (rank)")
+        trace.device = devices[0] if devices else None
     if db.has("HOST_INFO", ("hostName", "hostUid")):
         hosts = db.rows("SELECT hostName, hostUid FROM HOST_INFO")
         trace.host = f"{hosts[0][0]}#{hosts[0][1]}" if hosts else None  # the uid tells apart hosts of one name

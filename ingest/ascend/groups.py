@@ -10,6 +10,8 @@ are only the hash's last digits and can collide, so they are never used to pick 
 from __future__ import annotations
 
 import json
+import re
+from decimal import Decimal
 from pathlib import Path
 
 import polars as pl
@@ -47,21 +49,41 @@ def metadata_groups(metadata: list[dict]) -> pl.DataFrame:
 
 
 def communication_keys(path: Path) -> pl.DataFrame:
-    """op_name, group_hash and start_ns of every op in a communication.json (all steps, p2p and collective)."""
+    """Every op of a communication.json (all steps, p2p and collective): op_name, group_hash, step (None under the
+    key "step" of a run without steps), start_ns and end_ns (Start Timestamp(us) + Elapse Time(ms); NULL where
+    the entry lacks either)."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(), parse_float=Decimal)  # the times as written: a float loses ~100 ns
     except (OSError, ValueError) as exc:
         raise TraceanaError(f"{path}: not readable as JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise TraceanaError(f"{path}: holds {type(data).__name__} JSON, not an object of steps")
     rows = []
-    for step in data.values():
+    for step_key, step in data.items():
+        number = re.fullmatch(r"step(\d{1,9})", step_key)
         for kind in ("p2p", "collective"):
-            for key, info in (step.get(kind) or {}).items():
+            for key, info in _entries(_entries(step).get(kind)).items():
                 op, sep, group_hash = key.rpartition("@")
-                if sep and group_hash.isdigit():
-                    start_us = (info.get("Communication Time Info") or {}).get("Start Timestamp(us)")
-                    rows.append((op, int(group_hash), round(start_us * 1000) if start_us is not None else None))
-    return pl.DataFrame(rows, schema={"op_name": pl.String(), "group_hash": pl.UInt64(), "start_ns": pl.Int64()},
-                        orient="row")
+                if sep and group_hash.isdigit() and int(group_hash) < 2**64:
+                    times = _entries(_entries(info).get("Communication Time Info"))
+                    start, elapse = _number(times.get("Start Timestamp(us)")), _number(times.get("Elapse Time(ms)"))
+                    start_ns = round(start * 1000) if start is not None else None
+                    rows.append((op, int(group_hash), int(number.group(1)) if number else None, start_ns,
+                                 start_ns + round(elapse * 10**6) if start_ns is not None and elapse is not None
+                                 else None))
+    return pl.DataFrame(rows, orient="row", schema={"op_name": pl.String(), "group_hash": pl.UInt64(),
+                                                    "step": pl.Int32(), "start_ns": pl.Int64(), "end_ns": pl.Int64()})
+
+
+def _entries(value: object) -> dict:
+    """A JSON object of the file, or nothing where another type stands (its ops are then not there to count)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _number(value: object) -> Decimal | None:
+    """A JSON number that a time can be made of (not a bool, NaN or past 2^52), else None."""
+    ok = isinstance(value, int | Decimal) and not isinstance(value, bool) and Decimal(value).is_finite()
+    return Decimal(value) if ok and abs(value) < 2 ** 52 else None
 
 
 def link_by_hash(ops: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
@@ -70,9 +92,10 @@ def link_by_hash(ops: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
     Names repeat across groups whose hashes end in the same 3 digits, so an op takes the entry of its own name
     whose start (a float in µs there) is nearest to its own, within 50 µs.
     """
-    keyed = keys.drop_nulls("start_ns").rename({"op_name": "name"}).sort("start_ns")
+    keyed = keys.select("op_name", "group_hash", "start_ns").drop_nulls("start_ns").rename({"op_name": "name"})
     return ops.drop("group_hash").sort("start_ns").join_asof(
-        keyed, on="start_ns", by="name", strategy="nearest", tolerance=50_000, check_sortedness=False)
+        keyed.sort("start_ns"), on="start_ns", by="name", strategy="nearest", tolerance=50_000,
+        check_sortedness=False)
 
 
 def layout_from_metadata(metadata: list[dict]) -> Layout | None:

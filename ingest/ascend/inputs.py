@@ -1,6 +1,7 @@
 """Where each rank's Ascend profiler data lies: torch_npu *_ascend_pt and MindSpore *_ascend_ms folders (alone or
-gathered in a cluster folder), raw msprof PROF_* folders, or the files themselves (trace_view.json, msprof_*.json
-and its msprof_slice_* parts, *.db exports). A folder holding both exports is read from its database.
+gathered in a cluster folder), raw msprof PROF_* folders, folders of database exports or of an msprof timeline, or
+the files themselves (trace_view.json, msprof_*.json and its msprof_slice_* parts, *.db exports). A rank folder
+holding both exports is read from its database; a text export without trace_view.json from kernel_details.csv.
 
 What a folder says before its data is read also comes from here: the rank (profiler_info_{rank}.json, a PROF
 device's rank_id, a database file's name), when collection ended (several folders of one rank: the newest wins,
@@ -18,6 +19,7 @@ from traceana.errors import TraceanaError
 from traceana.ingest.validate import MAX_TIME_NS, checked_rank
 
 OUTPUT = "ASCEND_PROFILER_OUTPUT"
+KERNEL_DETAILS = "kernel_details.csv"  # a text export's device tasks: read when trace_view.json was left out
 _DB = re.compile(r"^(?:ascend_(?:pytorch|mindspore)_profiler(?:_(\d+))?|msprof_\d+)\.db$")
 _MSPROF_JSON = re.compile(r"^msprof_(?:slice_\d+_)?(\d{14})\.json$")
 _RANK_FOLDER = re.compile(r"_ascend_(?:pt|ms)$")
@@ -27,7 +29,7 @@ _RANK_FOLDER = re.compile(r"_ascend_(?:pt|ms)$")
 class RankInput:
     """Where one rank's data lies, and what its folder says before the data is read."""
 
-    kind: str  # 'db' or 'timeline'
+    kind: str  # 'db', 'timeline' or 'kernels' (kernel_details.csv: a text export without its timeline)
     files: list[Path]
     origin: Path  # the rank folder, PROF_* folder or file the user's input resolved to
     rank: int | None = None
@@ -62,7 +64,8 @@ def is_ascend(path: Path) -> bool:
     if path.is_dir():
         if path.name == OUTPUT or _is_rank_folder(path) or _is_prof_folder(path):
             return True
-        return any(_is_rank_folder(child) or _is_prof_folder(child) for child in path.iterdir())
+        return any(_is_rank_folder(child) or _is_prof_folder(child) or _DB.match(child.name)
+                   or _MSPROF_JSON.match(child.name) for child in path.iterdir())
     if _DB.match(path.name):
         return True
     return path.suffix == ".json" and (path.name == "trace_view.json" or bool(_MSPROF_JSON.match(path.name))
@@ -115,14 +118,17 @@ def _rank_folder(folder: Path) -> RankInput:
     if not output.is_dir():
         raise TraceanaError(f"{folder}: no {OUTPUT} folder (the profiler's analysis did not run or did not finish)")
     databases = sorted(p for p in output.iterdir() if _DB.match(p.name))
+    communication = output / "communication.json"
+    communication = communication if communication.is_file() else None
     if databases:
         source = RankInput("db", databases[:1], folder)
     elif (output / "trace_view.json").is_file():
-        communication = output / "communication.json"
-        source = RankInput("timeline", [output / "trace_view.json"], folder,
-                         communication=communication if communication.is_file() else None)
+        source = RankInput("timeline", [output / "trace_view.json"], folder, communication=communication)
+    elif (output / KERNEL_DETAILS).is_file():
+        source = RankInput("kernels", [output / KERNEL_DETAILS], folder, communication=communication)
     else:
-        raise TraceanaError(f"{output}: neither a profiler database (ascend_*_profiler_*.db) nor trace_view.json")
+        raise TraceanaError(f"{output}: no profiler database (ascend_*_profiler_*.db), trace_view.json or "
+                            f"{KERNEL_DETAILS}")
     return _folder_context(source, folder)
 
 
@@ -185,9 +191,14 @@ def _sources(path: Path) -> list[RankInput]:
     if _is_prof_folder(path):
         return [_prof_folder(path)]
     children = sorted(p for p in path.iterdir() if _is_rank_folder(p) or _is_prof_folder(p))
-    if not children:
-        raise TraceanaError(f"{path}: no Ascend profiler output here (no *_ascend_pt / *_ascend_ms / PROF_* folder)")
-    return [s for child in children for s in _sources(child)]
+    if children:
+        return [s for child in children for s in _sources(child)]
+    # a folder of database exports (one per rank), or of msprof's timeline (mindstudio_profiler_output)
+    databases, timeline = sorted(p for p in path.iterdir() if _DB.match(p.name)), _msprof_timeline(path)
+    if not databases and not timeline:
+        raise TraceanaError(f"{path}: no Ascend profiler output here (no *_ascend_pt / *_ascend_ms / PROF_* folder, "
+                            "database export or msprof timeline)")
+    return [_file(p) for p in databases] or [_file(timeline[0])]
 
 
 def _newest_per_rank(sources: list[RankInput], notes: list[str]) -> list[RankInput]:

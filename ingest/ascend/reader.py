@@ -1,5 +1,6 @@
-"""Ascend profiler output (torch_npu, MindSpore, msprof) as one run: read each rank's input (database export or
-timeline JSON), number the ranks, tell hosts apart, and link HCCL ops to their communicators and dimensions.
+"""Ascend profiler output (torch_npu, MindSpore, msprof) as one run: read each rank's input (database export,
+timeline JSON, or kernel_details.csv where the timeline was left out), number the ranks, tell hosts apart, and
+link HCCL ops to their communicators and dimensions.
 
 Ranks come from the folder (profiler_info_{rank}.json, a PROF device's rank_id), the database's RANK_DEVICE_MAP,
 a database file's name, else device or input order. Text exports carry no host name: ranks whose profiler
@@ -32,6 +33,7 @@ from traceana.ingest.ascend.groups import (
     metadata_groups,
 )
 from traceana.ingest.ascend.inputs import RankInput, find_inputs, is_ascend
+from traceana.ingest.ascend.kernels import read_kernel_details
 from traceana.ingest.ascend.syncs import rank_syncs
 from traceana.ingest.ascend.tasks import RankTrace
 from traceana.ingest.ascend.timeline import read_timeline
@@ -57,6 +59,8 @@ def _read_rank(source: RankInput, rules: list[Rule], marker: str | None) -> Rank
     """One rank's trace, with what its folder said (rank, level, metadata, op@hash links) folded in."""
     if source.kind == "db":
         trace = read_database(source.files[0], rules, marker)
+    elif source.kind == "kernels":
+        trace = read_kernel_details(source.files[0], source.communication, rules)
     else:
         trace = read_timeline(source.files, rules, marker)
     trace.source = source.origin
@@ -66,7 +70,7 @@ def _read_rank(source: RankInput, rules: list[Rule], marker: str | None) -> Rank
     trace.tool_version = ", ".join(filter(None, [f"profiler {source.level}" if source.level else None,
                                                  trace.tool_version])) or None
     trace.metadata = checked_metadata({**trace.metadata, **source.metadata})
-    if source.communication is not None:
+    if source.communication is not None and source.kind == "timeline":
         trace.events = link_by_hash(trace.events, communication_keys(source.communication))
     return trace
 
@@ -162,6 +166,11 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     ``options.jobs`` workers), then ranks, hosts and communicators across the folders' small parts."""
     notes: list[str] = []
     inputs = find_inputs(paths, notes)
+    if without := sum(source.kind == "kernels" for source in inputs):
+        notes.append(f"{without} of {len(inputs)} ranks have no trace_view.json: read from kernel_details.csv (and "
+                     "communication.json where there is one), so there is no host side (CPU ops, launches, step markers"
+                     f"{': --step-marker is not applied' if options.step_marker else ''}), no memcpy or event tasks "
+                     "(no syncs) and no HCCL plane tasks; each step spans its first to last device task")
     files = [f for source in inputs for f in source.files]
     options.progress.files(files)
     with new_spill(options.spill_near) as spill:

@@ -2,17 +2,21 @@
 
 - Exactness: TOTAL = COMP + Σ*_WAIT + IDLE on every row, every rank with device events has rows, no part negative.
 - Second route for GPU traces: the Kineto JSON read with the standard library (kernel / gpu_memcpy / gpu_memset
-  events, NCCL kernels by name) and the unions computed by sorting and merging in Python, per step window.
+  events, NCCL kernels by name) and the unions computed by sorting and merging in Python, per step window; the same
+  for the Ascend text export without trace_view.json from its kernel_details.csv and communication.json (the other
+  Ascend runs are checked against the profiler's own summaries in tests/ingest/test_ascend_step_trace.py).
 - The sample runs' cross-checks from issue 5 (seed 002's experiments): the skewed MoE run's cold ranks wait on the
   hot ones, who arrive last at the all-to-alls; the pipeline's PP_WAIT with 1 and 8 micro-batches.
 """
 
 from __future__ import annotations
 
+import csv
 import gzip
 import importlib.util
 import json
 from collections.abc import Iterator
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import duckdb
@@ -21,7 +25,6 @@ import pytest
 from tests.conftest import SAMPLES, TRACES
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
-from traceana.errors import TraceanaError
 from traceana.ingest.dispatch import FORMATS, IngestOptions, read_run
 from traceana.layout import Layout
 
@@ -37,18 +40,7 @@ def _runs() -> list[Run]:
     return [r for r in runs if importlib.util.find_spec(FORMATS[r[1]]) is not None]  # ingesters that exist
 
 
-# Shared traces of kinds traceana refuses today (the Ascend text export without trace_view.json, a CANN msprof
-# database): issue 23 builds their readers. Until then each must be refused with one line, and the other runs' checks
-# stand; once one ingests, test_kinds_not_read_yet_are_refused fails and the run joins RUNS.
-NOT_READ_YET = {"gpt3_2rank_text_no_trace_view", "msprof_db_8npu"}
-RUNS = {r[0]: r for r in _runs() if r[0] not in NOT_READ_YET}
-
-
-@pytest.mark.parametrize("run", [r for r in _runs() if r[0] in NOT_READ_YET], ids=lambda r: r[0])
-def test_kinds_not_read_yet_are_refused(run: Run, tmp_path: Path) -> None:
-    _, fmt, paths, _ = run
-    with pytest.raises(TraceanaError, match=r"^/.*: "):
-        read_run(paths, fmt, IngestOptions(cache_dir=tmp_path / "cache"))
+RUNS = {r[0]: r for r in _runs()}
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +129,32 @@ def test_pipeline_wait_with_1_and_8_micro_batches(con: duckdb.DuckDBPyConnection
     # (1.4 ms per message, 16 per rank), COMP 14.4 ms of 58.0 ms: more waiting, not less.
     mb1, mb8 = (_typical(con, name, "PP_WAIT_ns") for name in ("pp2_mb1", "pp2_mb8"))
     assert sum(mb8.values()) > 2 * sum(mb1.values())
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_ascend_export_without_trace_view_against_its_files(con: duckdb.DuckDBPyConnection, rank: int) -> None:
+    """Second route for the text export without trace_view.json: the compute rows of kernel_details.csv (csv module;
+    a row of too few fields left out, as the reader does) and the ops of communication.json (json module), unions
+    by sorting and merging, over the step's span from its first to its last task. Exact to the ns.
+    (Its kernel_details.csv was cut to ~22 rows, so step_trace_time.csv is not the reference here.)"""
+    output = TRACES / "ascend" / "gpt3_2rank_text_no_trace_view" / f"rank{rank}_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    with open(output / "kernel_details.csv", newline="") as handle:
+        header, *rows = list(csv.reader(handle))
+    compute = []
+    for row in (dict(zip(header, r, strict=True)) for r in rows if len(r) == len(header)):
+        if row["Accelerator Core"] != "HCCL":
+            start = int(Decimal(row["Start Time(us)"].strip()) * 1000)
+            duration = (Decimal(row["Duration(us)"]) * 1000).to_integral_value(ROUND_HALF_UP)  # 5798.5 ns: 5799
+            compute.append((start, start + int(duration)))
+    comm = []
+    for step in json.loads((output / "communication.json").read_text(), parse_float=Decimal).values():
+        for ops in step.values():
+            for times in (info["Communication Time Info"] for key, info in ops.items() if "@" in key):
+                start = int(times["Start Timestamp(us)"] * 1000)
+                comm.append((start, start + round(times["Elapse Time(ms)"] * 10**6)))
+    window = min(a for a, _ in compute + comm), max(b for _, b in compute + comm)
+    busy, active = _union_ns(compute), _union_ns(compute + comm)
+    found = con.execute(f"SELECT COMP_ns, {WAITS}, IDLE_ns, OVERLAPPED_ns, TOTAL_ns FROM rank_step_breakdown "
+                        "WHERE run_id = 'gpt3_2rank_text_no_trace_view' AND rank = ?", [rank]).fetchall()
+    assert found == [(busy, active - busy, window[1] - window[0] - active, busy + _union_ns(comm) - active,
+                      window[1] - window[0])]

@@ -34,6 +34,7 @@ RUNS: dict[str, list[Path]] = {
     "hta_sampled_2of128": sorted(_KINETO.glob("hta_sampled_rank*.json.gz")),
     **{p.name: [p] for p in sorted((TRACES / "nsys").glob("*.sqlite"))},
     **{p.name: [p] for p in sorted((TRACES / "ascend").glob("torch_npu_*"))},
+    **{name: [TRACES / "ascend" / name] for name in ("gpt3_2rank_text_no_trace_view", "msprof_db_8npu")},
     "trace_view_1rank_old_pid_scheme": [TRACES / "ascend" / "trace_view_1rank_old_pid_scheme.json"],
     **{f"samples/{p.name}": [p] for p in sorted(SAMPLES.iterdir()) if p.is_dir()},
     "samples/nsys": sorted((SAMPLES.parent / "nsys").glob("*.nsys-rep")),  # exported by nsys into the cache
@@ -44,7 +45,8 @@ def digests(data: RunData) -> dict[str, list]:
     """The run's own fields, and per table: [rows, md5 of its rows as text, sorted]; columns in the store's order
     (RunData.table), the ranks' source files by name (the checkout's path is not the trace's content)."""
     con = duckdb.connect()
-    notes = [re.sub(r"exported with nsys to \S+", "exported with nsys", n) for n in data.notes]  # path-free
+    notes = [re.sub(r"exported with nsys to \S+", "exported with nsys", n).replace(str(TRACES), "TRACES")
+             for n in data.notes]  # path-free
     out: dict[str, list] = {"run": [data.source_format, data.world_size, data.tool_version, data.rank_source, notes]}
     for name in TABLES:
         table = data.table(name)
