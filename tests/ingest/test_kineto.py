@@ -84,7 +84,7 @@ def test_sendrecv_kernels_under_all_to_all_are_alltoall(db: Path, run: str) -> N
     expected = _kernels_under(f"{run}.json.gz", "nccl:all_to_all")
     assert expected > 0
     rows = query(db, "SELECT count(*) FROM collectives WHERE run_id = ? AND op = 'AllToAll' "
-                     "AND kernel_op = 'SendRecv' AND evidence = 'cpu-op'", run)
+                     "AND kernel_op = 'SendRecv' AND evidence = 'op-only'", run)
     assert rows == [(expected,)]
 
 
