@@ -58,13 +58,14 @@ class Traces:
         return self.read(run, lambda con, rid: con.sql(
             "SELECT * EXCLUDE (run_id) FROM step_windows WHERE run_id = ? ORDER BY step, rank", params=[rid]).pl())
 
-    def breakdown(self, by: str = "rank", step: int | None = None, run: str | None = None) -> pl.DataFrame:
+    def breakdown(self, by: str = "rank", step: int | str | None = None, run: str | None = None) -> pl.DataFrame:
         """Where step time went (ms): per rank, or per pipeline stage (mean and max over its ranks); ``step`` None
-        is the typical step (mean over steps after the first)."""
+        is the typical step (mean over steps after the first), "median" the step whose TOTAL is their median."""
         if by not in ("rank", "stage"):
             raise TraceanaError(f"by={by!r}: choose 'rank' or 'stage'")
         reader = bd.by_rank if by == "rank" else bd.by_stage
-        return self.read(run, lambda con, rid: reader(con, rid, step))
+        return self.read(run, lambda con, rid: reader(con, rid, bd.median_step(con, rid) if step == "median"
+                                                      else step))  # type: ignore[arg-type]
 
     def stragglers(self, run: str | None = None) -> pl.DataFrame:
         """Per rank (ms): typical COMP against its stage's median, the straggler stage, lateness it caused."""
