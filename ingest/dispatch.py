@@ -17,6 +17,7 @@ from traceana.ingest.clocks import align_hosts, align_ranks
 from traceana.ingest.executor import RayCluster
 from traceana.ingest.groups.communicators import attribute, group_dims
 from traceana.ingest.groups.instances import number_instances
+from traceana.ingest.groups.stated import settle_layout
 from traceana.ingest.rules import Rule, load_rules
 from traceana.ingest.run_data import RunData
 from traceana.ingest.validate import validate
@@ -104,11 +105,15 @@ def finish(data: RunData, layout: Layout | None) -> RunData:
     """Coordinates, group dimensions, collective groups and dims (communicators.attribute), instance numbers: the
     steps every format shares.
 
-    ``layout`` is the user's; without it, a layout the trace itself states is used."""
-    layout = data.layout = layout or data.layout
-    ranks = data.table("ranks").with_columns(pl.col("clock_offset_ns").fill_null(0))
+    ``layout`` is the user's, refused where the trace's own groups contradict it; without it, the layout the trace
+    states (MindSpeed distributed_args) or its groups imply (:mod:`traceana.ingest.groups.stated`) is used."""
     if layout is not None:
         layout.check_world_size(data.world_size, data.sources[0])
+    layout, notes = settle_layout(data.table("process_groups"), data.world_size, layout, data.layout,
+                                  data.sources[0])
+    data.layout, data.notes = layout, data.notes + notes
+    ranks = data.table("ranks").with_columns(pl.col("clock_offset_ns").fill_null(0))
+    if layout is not None:
         coords = pl.DataFrame([{"rank": r, **layout.coords(r)} for r in ranks["rank"].to_list()],
                               schema={"rank": pl.Int32(), **{d: pl.Int32() for d in ("tp", "cp", "ep", "dp", "pp")}})
         ranks = ranks.drop("tp", "cp", "ep", "dp", "pp").join(coords, on="rank", how="left").select(ranks.columns)
@@ -119,7 +124,7 @@ def finish(data: RunData, layout: Layout | None) -> RunData:
     if stated is not None and "group_size" in stated.columns:  # kept for the fingerprints, not stored
         coll = coll.with_columns(stated["group_size"].cast(pl.Int64))
     coll, data.frames["process_groups"], notes = attribute(coll, data.device_times(), groups, layout,
-                                                           data.world_size)
+                                                           data.world_size, data.source_format)
     data.frames["collectives"] = number_instances(coll)
     data.notes += notes
     align_hosts(data)

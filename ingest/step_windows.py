@@ -56,10 +56,18 @@ class StepLinks:
     unlaunched: int = 0
     annotated: bool = False
     unlinked: list[int] = field(default_factory=list)
+    launched_ns: int = 0      # device time of events whose step is known (launch or device-side range)
+    misplaced_ns: int = 0     # ... of it outside its own step's window
+    worst: float = 0.0        # the largest share of one rank-step's launched time outside its window
+    outside_ns: int = 0       # device time outside every window of its rank (before the first, after the last)
+    outside_events: int = 0   # events with some time there
 
     def __add__(self, other: StepLinks) -> StepLinks:
         return StepLinks(self.linked or other.linked, self.unlaunched + other.unlaunched,
-                         self.annotated or other.annotated, self.unlinked + other.unlinked)
+                         self.annotated or other.annotated, self.unlinked + other.unlinked,
+                         self.launched_ns + other.launched_ns, self.misplaced_ns + other.misplaced_ns,
+                         max(self.worst, other.worst), self.outside_ns + other.outside_ns,
+                         self.outside_events + other.outside_events)
 
     def notes(self) -> list[str]:
         out = []
@@ -71,6 +79,12 @@ class StepLinks:
                 note += f"; {self.unlaunched} events without a launch record placed by {by}their stream's previous " \
                         "event"
             out.append(note)
+            if self.launched_ns:
+                out.append(f"{100 * self.misplaced_ns / self.launched_ns:.1f}% of the device time the steps launched "
+                           f"runs outside its own step's window (worst rank-step {100 * self.worst:.1f}%)")
+            if self.outside_events:
+                out.append(f"{self.outside_events} device events ({self.outside_ns / 1e6:,.3f} ms) lie outside every "
+                           "step window, before the first or after the last: no step counts them")
         if self.unlinked:
             out.append(f"no launch records on rank(s) {', '.join(map(str, sorted(set(self.unlinked))))}: steps "
                        "there are the step markers' CPU ranges")
@@ -91,8 +105,26 @@ def step_windows_of(events: pl.DataFrame, markers: pl.DataFrame) -> tuple[pl.Dat
     windows = device_step_windows(events.filter(pl.col("rank").is_in(linked.implode())))
     rest = markers.filter(~pl.col("rank").is_in(linked.implode()))
     links = StepLinks(not linked.is_empty(), launched.null_count(), annotated.is_not_null().any(),
-                      rest["rank"].unique().to_list())
+                      rest["rank"].unique().to_list(), *_misplaced(events, windows))
     return pl.concat([windows, rest.select(windows.columns)], how="vertical_relaxed"), links
+
+
+def _misplaced(events: pl.DataFrame, windows: pl.DataFrame) -> tuple[int, int, float, int, int]:
+    """(launched_ns, misplaced_ns, worst share, outside_ns, outside_events) of :class:`StepLinks`: how much of the
+    time each step launched its windows leave to a neighbour, and how much no window holds (DESIGN §4)."""
+    work = events.filter(pl.col("end_ns") > pl.col("start_ns")).select("rank", "step", "start_ns", "end_ns")
+    own = work.join(windows.select("rank", pl.col("step").cast(work.schema["step"]), pl.col("start_ns").alias("w0"),
+                                   pl.col("end_ns").alias("w1")), on=["rank", "step"])
+    inside = (pl.min_horizontal("end_ns", "w1") - pl.max_horizontal("start_ns", "w0")).clip(lower_bound=0)
+    per_step = own.group_by("rank", "step").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("ran"),
+                                                inside.sum().alias("inside"))
+    span = windows.group_by("rank").agg(pl.col("start_ns").min().alias("lo"), pl.col("end_ns").max().alias("hi"))
+    edges = work.join(span, on="rank").select(
+        ((pl.min_horizontal("end_ns", "lo") - pl.col("start_ns")).clip(lower_bound=0)
+         + (pl.col("end_ns") - pl.max_horizontal("start_ns", "hi")).clip(lower_bound=0)).alias("out"))
+    ran, kept = int(per_step["ran"].sum() or 0), int(per_step["inside"].sum() or 0)
+    worst = per_step.select(((pl.col("ran") - pl.col("inside")) / pl.col("ran")).max()).item() or 0.0
+    return ran, ran - kept, float(worst), int(edges["out"].sum() or 0), int((edges["out"] > 0).sum())
 
 
 def device_step_windows(events: pl.DataFrame) -> pl.DataFrame:

@@ -98,6 +98,7 @@ def test_analyses_equal_the_commands_json(db: Path) -> None:
     for by, key in (("segments", "segments"), ("rank", "by_rank"), ("stage", "by_stage"), ("kind", "by_kind")):
         same(traces.critical_path(by=by), path[key])
     same(traces.critical_path(step=2, by="kind"), cli("critical-path", "--step", 2)["by_kind"])
+    same(traces.critical_path(by="communication"), [path["communication"]])
     comm = cli("comm")
     same(traces.comm(), comm["by_op"])
     same(traces.comm_matrix(), comm["matrix"])

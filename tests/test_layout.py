@@ -74,3 +74,12 @@ def test_bad_layouts(spec: str, message: str) -> None:
 def test_world_size_contradiction() -> None:
     with pytest.raises(TraceanaError, match="trace has 6 ranks but layout"):
         Layout.parse("tp=2,dp=2").check_world_size(6, "run.json")
+
+
+@pytest.mark.parametrize(("spec", "fix"), [("ep=8", "add dp=8"), ("tp=2,ep=8", "add dp=8"),
+                                           ("tp=2,ep=3,dp=2", "make dp a multiple of 3")])
+def test_an_ep_alone_says_which_dp_it_needs(spec: str, fix: str) -> None:
+    """ep adds no ranks (it splits tp*cp*dp), so the error says the dp that makes it fit, not only the rule."""
+    with pytest.raises(TraceanaError, match=rf"does not divide tp\*cp\*dp=\d+: .*, so {fix}$"):
+        Layout.parse(spec)
+    Layout.parse(f"{spec.replace(',dp=2', '')},dp={8 if 'dp=8' in fix else 6}")  # the fix it names is accepted

@@ -16,10 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
+import polars as pl
 import pytest
 
 from tests.conftest import SAMPLES, run_cli
+from tests.ingest.test_ingest_tables import digests
 from traceana.ingest.comm_names import canonical_op
+from traceana.ingest.dispatch import IngestOptions, read_run
+from traceana.ingest.groups.stated import fitting_layouts, settle_layout, stated_roles
 from traceana.layout import Layout
 
 KiB, F32 = 1024, 4
@@ -183,3 +187,61 @@ def test_estimator_config_describes_the_experiment(name: str) -> None:
     config = pytest.importorskip("traceana.estimator.config")
     cfg = config.load(SAMPLES.parent / "configs" / f"{name}.yaml")
     assert cfg.parallel.layout.groups == Layout.parse(RECORDED[name][0]).groups
+
+
+def _pg_config(name: str) -> dict[str, set[tuple[int, ...]]]:
+    """Group name -> rank sets, from every rank's distributedInfo.pg_config in the raw JSON."""
+    found: dict[str, set[tuple[int, ...]]] = {}
+    for path in sorted((SAMPLES / name).glob("rank*.json.gz")):
+        with gzip.open(path) as handle:
+            for group in json.load(handle)["distributedInfo"]["pg_config"]:
+                found.setdefault(group["pg_desc"], set()).add(tuple(group["ranks"]))
+    return found
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_without_layout_the_trace_s_groups_give_the_same_run(name: str) -> None:
+    """Issue 23 §2: the layout derived from pg_config gives every table (coordinates, groups and their dims,
+    collectives with their evidence and instances, ...) exactly as the README's --layout command does; the
+    derived layout's groups of each role are the raw pg_config's rank sets of that name."""
+    spec = EXPERIMENTS[name][0]
+    derived = read_run([SAMPLES / name], "auto", IngestOptions())
+    given = read_run([SAMPLES / name], "auto", IngestOptions(layout=Layout.parse(spec)))
+    assert derived.layout is not None and derived.layout.groups == Layout.parse(spec).groups
+    assert {k: v for k, v in digests(derived).items() if k != "run"} == \
+           {k: v for k, v in digests(given).items() if k != "run"}
+    assert [n for n in derived.notes if n not in given.notes] == [
+        n for n in derived.notes if n.startswith(f"layout {derived.layout.spec} from the trace's own groups")]
+    kinds = {"tp": "TP", "dp": "DP", "pp": "PP", "ep": "EP", "edp": "DP-EP"}
+    for desc, sets in _pg_config(name).items():
+        if desc in kinds:
+            assert sets <= {tuple(g) for g in derived.layout.groups[kinds[desc]]}, desc
+    coords = derived.table("ranks").sort("rank").select("tp", "cp", "ep", "dp", "pp").rows()
+    assert coords == [tuple(Layout.parse(spec).coords(r).values()) for r in range(len(coords))]
+
+
+def test_a_layout_the_trace_s_groups_contradict_is_refused(tmp_path: Path) -> None:
+    """tp=4,pp=2 has the right size for the TP2·PP2·DP2 sample but its TP groups are [0..3]: pg_config's 'tp'
+    group [0, 1] says otherwise, so ingest stops, naming that group and the layout that fits, and writes nothing."""
+    db = tmp_path / "t.duckdb"
+    result = run_cli("ingest", SAMPLES / "toy8_tp2pp2dp2_1f1b", "--layout", "tp=4,pp=2", "--db", db, check=False)
+    assert result.returncode == 2 and not db.exists()
+    assert (0, 1) in _pg_config("toy8_tp2pp2dp2_1f1b")["tp"]
+    (line,) = result.stderr.strip().splitlines()
+    assert "--layout tp=4,cp=1,ep=1,dp=1,pp=2" in line and "group 'tp' (ranks [0, 1]) is not a TP group" in line
+    assert "its TP group of rank 0: [0, 1, 2, 3]" in line
+    assert line.endswith("the trace's groups fit tp=2,cp=1,ep=1,dp=2,pp=2,order=tp-cp-ep-dp-pp")
+
+
+def test_groups_that_leave_the_layout_open_list_the_layouts_they_fit() -> None:
+    """toy8's tp and dp groups without its pp groups: the two ranks they leave may be cp or pp, in any place of
+    the order that keeps tp [0, 1] and dp [0, 2]: every such layout is listed and none is picked."""
+    groups = read_run([SAMPLES / "toy8_tp2pp2dp2_1f1b"], "auto", IngestOptions(layout=Layout.parse(
+        EXPERIMENTS["toy8_tp2pp2dp2_1f1b"][0]))).table("process_groups").filter(pl.col("name") != "pp")
+    layout, notes = settle_layout(groups, 8, None, None, "toy8")
+    fits = fitting_layouts(stated_roles(groups), 8)
+    assert layout is None and fits is not None
+    assert [f.spec for f in fits] == ["tp=2,cp=1,ep=1,dp=2,pp=2,order=tp-cp-ep-dp-pp",
+                                      "tp=2,cp=2,ep=1,dp=2,pp=1,order=tp-dp-ep-cp-pp"]
+    assert notes == [f"the trace's groups (tp, dp) fit 2 layouts: {fits[0].spec}; {fits[1].spec}; pass --layout "
+                     "to pick one (no coordinates until then)"]

@@ -61,13 +61,14 @@ class Traces:
         return self.read(run, lambda con, rid: con.sql(
             "SELECT * EXCLUDE (run_id) FROM step_windows WHERE run_id = ? ORDER BY step, rank", params=[rid]).pl())
 
-    def breakdown(self, by: str = "rank", step: int | None = None, run: str | None = None) -> pl.DataFrame:
+    def breakdown(self, by: str = "rank", step: int | str | None = None, run: str | None = None) -> pl.DataFrame:
         """Where step time went (ms): per rank, or per pipeline stage (mean and max over its ranks); ``step`` None
-        is the typical step (mean over steps after the first)."""
+        is the typical step (mean over steps after the first), "median" the step whose TOTAL is their median."""
         if by not in ("rank", "stage"):
             raise TraceanaError(f"by={by!r}: choose 'rank' or 'stage'")
         reader = bd.by_rank if by == "rank" else bd.by_stage
-        return self.read(run, lambda con, rid: reader(con, rid, step))
+        return self.read(run, lambda con, rid: reader(con, rid, bd.median_step(con, rid) if step == "median"
+                                                      else step))  # type: ignore[arg-type]
 
     def stragglers(self, run: str | None = None) -> pl.DataFrame:
         """Per rank (ms): typical COMP against its stage's median, the straggler stage, lateness it caused."""
@@ -100,14 +101,23 @@ class Traces:
 
     def critical_path(self, step: int | None = None, by: str = "segments", run: str | None = None) -> pl.DataFrame:
         """The cross-rank critical path of ``step`` (None: the second step), as `traceana critical-path --json`:
-        its segments (``by="segments"``: rank, stage, kind, dim, name, start_ms, duration_ms, share_pct) or their
-        totals ``by`` "rank", "stage" or "kind"."""
+        its segments (``by="segments"``: rank, stage, kind, dim, name, start_ms, duration_ms, share_pct), their
+        totals ``by`` "rank", "stage" or "kind", or ``by="communication"``: one row, comm_ms split into exposed_ms
+        and overlapped_ms (under compute on another stream)."""
         from traceana.analyses import critical_path as cp
 
-        keys = {"segments": "segments", "rank": "by_rank", "stage": "by_stage", "kind": "by_kind"}
+        keys = {"segments": "segments", "rank": "by_rank", "stage": "by_stage", "kind": "by_kind",
+                "communication": "communication"}
         if by not in keys:
             raise TraceanaError(f"by={by!r}: choose {', '.join(map(repr, keys))}")
-        return self.read(run, lambda con, rid: cp.report(cp.of_step(con, rid, step)[2])[keys[by]])
+
+        def read(con: duckdb.DuckDBPyConnection, rid: str) -> pl.DataFrame:
+            found, _, segments = cp.of_step(con, rid, step)
+            if by == "communication":
+                return pl.DataFrame([cp.communication(con, rid, found, segments)])
+            return cp.report(segments)[keys[by]]
+
+        return self.read(run, read)
 
     def replay(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
         """Each rank-step replayed from the run's dependency graph (every step, or ``step``), as `traceana replay

@@ -109,10 +109,12 @@ class Layout:
                 size = getattr(self, dim)
                 raise TraceanaError(f"layout order {self.order!r} does not name {dim}, whose size is {size}")
         stage = self.tp * self.cp * self.dp
-        if stage % (self.expert_tp * self.ep):
-            raise TraceanaError(
-                f"layout {self.spec}: ep={self.ep} x etp={self.expert_tp} does not divide tp*cp*dp={stage}"
-            )
+        expert = self.expert_tp * self.ep
+        if stage % expert:  # ep adds no ranks: it splits a stage's tp*cp*dp ranks, so they must be given too
+            dp = expert // math.gcd(self.tp * self.cp, expert)
+            fix = f"add dp={dp}" if self.dp == 1 else f"make dp a multiple of {dp}"
+            raise TraceanaError(f"layout {self.spec}: ep={self.ep} x etp={self.expert_tp} does not divide "
+                                f"tp*cp*dp={stage}: expert parallelism splits the ranks of the other dims, so {fix}")
 
     @property
     def expert_tp(self) -> int:

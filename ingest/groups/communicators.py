@@ -5,7 +5,8 @@ own CUDA stream per device, gloo on the group's own worker threads, HCCL under i
 collectives of one (rank, stream) share one group. Evidence, strongest first; a weaker one never overrides a
 stronger one (a collective that already has a group keeps it):
 
-1. ``pg-args`` / ``cpu-op`` / ``comm-name``: the trace names the group (kernel or CPU-op args, pg_config, HCCL).
+1. ``pg-args`` / ``cpu-op`` / ``comm-name``: the trace names the group (kernel or CPU-op args, pg_config, HCCL);
+   ``op-only``: a CPU op names the operation but no group (a later route may still find it).
 2. ``stream``: a communicator where some collectives name their group lends that group to the others.
 3. ``timing-match``: with several ranks and a layout, each remaining communicator is matched across ranks against
    every group the layout generates (:mod:`traceana.ingest.groups.matching`); the winning rank set gives the dim.
@@ -48,11 +49,11 @@ _GROUP_SCHEMA = {"pg": pl.String(), "dim": pl.String(), "ranks": pl.List(pl.Int3
 
 
 def attribute(coll: pl.DataFrame, events: pl.DataFrame, groups: pl.DataFrame, layout: Layout | None,
-              world_size: int) -> tuple[pl.DataFrame, pl.DataFrame, list[str]]:
+              world_size: int, source_format: str) -> tuple[pl.DataFrame, pl.DataFrame, list[str]]:
     """(collectives, process_groups, notes): every collective's group and dim by the strongest evidence at hand.
 
     ``coll`` has pg and dim (from the trace's groups) and may carry ``group_size``; ``events`` holds the device
-    events (rank, event_id, stream, start_ns, end_ns)."""
+    events (rank, event_id, stream, start_ns, end_ns); ``source_format`` decides which advice the notes give."""
     if coll.is_empty():
         return coll, groups.with_columns(pl.lit(None, pl.String()).alias("streams")), []
     if "group_size" not in coll.columns:
@@ -71,7 +72,7 @@ def attribute(coll: pl.DataFrame, events: pl.DataFrame, groups: pl.DataFrame, la
     work = _pair_peers(_op_dims(work, groups, layout), groups)
     groups = groups.join(_streams(work), on="pg", how="left")
     out = work.sort("_row").select(coll.columns)
-    return out, groups, _unknown_note(work, layout, world_size)
+    return out, groups, _unknown_note(work, layout, world_size, source_format)
 
 
 def _from_stream(work: pl.DataFrame) -> pl.DataFrame:
@@ -200,7 +201,7 @@ def _streams(work: pl.DataFrame) -> pl.DataFrame:
         pl.format("{}:{}", "rank", "stream").str.join(" ").alias("streams"))
 
 
-def _unknown_note(work: pl.DataFrame, layout: Layout | None, world_size: int) -> list[str]:
+def _unknown_note(work: pl.DataFrame, layout: Layout | None, world_size: int, source_format: str) -> list[str]:
     """One note: how many collectives, and what share of communication time, have no dim, and what would help."""
     busy = (pl.col("end_ns") - pl.col("start_ns")).fill_null(0)
     unknown = work.filter(pl.col("dim") == "UNKNOWN")
@@ -214,7 +215,8 @@ def _unknown_note(work: pl.DataFrame, layout: Layout | None, world_size: int) ->
         helps.append("pass --layout")
     if ingested < world_size:
         helps.append(f"ingest all {world_size} ranks (this run has {ingested})")
-    helps.append("record with a PyTorch that writes pg_config and Process Group args (2.2 or newer)")
+    if source_format == "kineto":  # only torch.profiler writes pg_config; nsys and Ascend name groups otherwise
+        helps.append("record with a PyTorch that writes pg_config and Process Group args (2.2 or newer)")
     if layout is not None and ingested == world_size:
         helps.append("check that --layout is the job's (no layout group matched these communicators)")
     return [f"{unknown.height} of {work.height} collectives ({share:.0%} of communication time) have no dim: "

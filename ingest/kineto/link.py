@@ -85,7 +85,8 @@ def device_frames(con: duckdb.DuckDBPyConnection, rules: list[Rule]) -> tuple[pl
     name_op = pl.coalesce(pl.col("rule_op"), pl.col("kernel_op").replace({"Generic": None}))
     comm = comm.with_columns(
         pl.when(args_op.is_not_null()).then(pl.lit("pg-args"))
-        .when(launcher_op.is_not_null()).then(pl.lit("cpu-op"))
+        .when(launcher_op.is_not_null() & pl.col("l_pg_name").is_not_null()).then(pl.lit("cpu-op"))
+        .when(launcher_op.is_not_null()).then(pl.lit("op-only"))  # the CPU op names the op, not the group
         .otherwise(pl.lit("name-rule")).alias("evidence"),
         pl.coalesce(args_op, launcher_op, name_op, pl.lit("Unknown")).alias("op"),
         pl.coalesce("in_nelems", "l_in_nelems").alias("nelems"),

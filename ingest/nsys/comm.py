@@ -97,6 +97,6 @@ def collective_ops(comm: pl.DataFrame, launches: pl.DataFrame | None, ranges: pl
         "kernel_op",
         "dtype",
         pl.when(pl.col("nvtx_op").is_not_null()).then(pl.lit("nvtx"))
-        .when(pl.col("cpu_op").is_not_null()).then(pl.lit("cpu-op"))
+        .when(pl.col("cpu_op").is_not_null()).then(pl.lit("op-only"))  # PyTorch's range names no group
         .otherwise(pl.lit("name-rule")).alias("evidence"),
     )

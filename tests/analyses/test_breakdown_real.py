@@ -15,14 +15,16 @@ import csv
 import gzip
 import importlib.util
 import json
+import statistics
 from collections.abc import Iterator
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import duckdb
+import polars as pl
 import pytest
 
-from tests.conftest import SAMPLES, TRACES
+from tests.conftest import SAMPLES, TRACES, run_cli
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.ingest.dispatch import FORMATS, IngestOptions, read_run
@@ -158,3 +160,53 @@ def test_ascend_export_without_trace_view_against_its_files(con: duckdb.DuckDBPy
                         "WHERE run_id = 'gpt3_2rank_text_no_trace_view' AND rank = ?", [rank]).fetchall()
     assert found == [(busy, active - busy, window[1] - window[0] - active, busy + _union_ns(comm) - active,
                       window[1] - window[0])]
+
+
+def test_median_step_and_no_outliers_on_the_six_step_trace(con: duckdb.DuckDBPyConnection) -> None:
+    """Issue 23 §3(b) on hta_rank3of8_6steps: ordered by window length (step_windows: each step's TOTAL), the
+    steady steps are 1011, 1012, 1010, 1013, 1014, so the median step is 1010. No step is an outlier: the widest
+    swing against the median of the other steps is OTHER_WAIT's in step 1013, 32% (18.83 ms against 14.31 ms)."""
+    from traceana.analyses import breakdown as bd
+
+    run = "hta_rank3of8_6steps.json.gz"
+    windows = con.execute("SELECT step, end_ns - start_ns FROM step_windows WHERE run_id = ? AND step > 1009 "
+                          "ORDER BY end_ns - start_ns, step", [run]).fetchall()
+    assert [w[0] for w in windows] == [1011, 1012, 1010, 1013, 1014]
+    assert bd.median_step(con, run) == 1010
+    frame = bd.steady_steps(con, run)
+    assert frame["step"].to_list() == list(range(1010, 1015)) and bd.outliers(frame) == []
+    waits = frame["OTHER_WAIT_ns"].to_list()
+    swings = [abs(w - statistics.median(waits[:i] + waits[i + 1:])) / statistics.median(waits[:i] + waits[i + 1:])
+              for i, w in enumerate(waits)]
+    assert max(swings) == swings[3] and round(swings[3], 2) == 0.32 < bd.OUTLIER_SHARE
+
+
+
+def test_a_step_with_twice_the_wait_is_flagged(con: duckdb.DuckDBPyConnection) -> None:
+    """The issue's V100 DDP case: the last ProfilerStep ran twice the all-reduce of the others (119 vs 59.5 ms of
+    DP_WAIT), lifting the mean by a quarter with nothing said. hta_rank3of8_6steps' real steady steps with the last
+    one's wait doubled that way (and its TOTAL longer by as much): that step alone is flagged, in that column alone
+    (TOTAL grows 22%, under half)."""
+    from traceana.analyses import breakdown as bd
+
+    frame = bd.steady_steps(con, "hta_rank3of8_6steps.json.gz")
+    extra = frame["OTHER_WAIT_ns"][-1]
+    doubled = frame.with_columns(
+        pl.when(pl.col("step") == 1014).then(pl.col(c) + extra).otherwise(pl.col(c)).alias(c)
+        for c in ("TOTAL_ns", "OTHER_WAIT_ns"))
+    usual = statistics.median(frame["OTHER_WAIT_ns"][:-1].to_list())
+    assert bd.outliers(doubled) == [(1014, "OTHER_WAIT", 2 * extra, usual)]
+
+
+def test_breakdown_step_median_on_the_command_line(con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
+    """`breakdown --step median` is step 1010 of hta_rank3of8_6steps, with that step's window as TOTAL."""
+    run = "hta_rank3of8_6steps.json.gz"
+    window = con.execute("SELECT end_ns - start_ns FROM step_windows WHERE run_id = ? AND step = 1010",
+                         [run]).fetchall()[0][0]
+    db = tmp_path / "m.duckdb"
+    run_cli("ingest", TRACES / "kineto" / run, "--db", db)
+    (row,) = json.loads(run_cli("breakdown", "--step", "median", "--json", "--db", db).stdout)
+    assert row["TOTAL_ms"] == window / 1e6
+    assert "step 1010, the median step" in run_cli("breakdown", "--step", "median", "--db", db).stdout
+    bad = run_cli("breakdown", "--step", "middle", "--db", db, check=False)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --step 'middle': give a step number or 'median'"

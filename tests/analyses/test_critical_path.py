@@ -114,6 +114,12 @@ def test_command_json_table_and_plot(con: duckdb.DuckDBPyConnection, tmp_path: P
     shares = {r["rank"]: r["share_pct"] for r in payload["by_rank"]}
     assert shares == {1: 57.5, 2: 30.0, 3: 12.5}  # 1150, 600 and 250 of the walk's 2000 ns
     assert sum(r["share_pct"] for r in payload["by_kind"]) == pytest.approx(100)
+    on_path = sum(r["duration_ms"] for r in payload["by_kind"] if r["kind"] == "comm")
+    assert payload["communication"]["comm_ms"] == pytest.approx(on_path) and on_path > 0
+    text = runner.invoke(app, ["critical-path", "--db", str(db), "--step", "1"]).output
+    split = payload["communication"]
+    assert (f"communication on the path: {split['comm_ms']:,.3f} ms, {split['exposed_ms']:,.3f} ms of it exposed "
+            f"and {split['overlapped_ms']:,.3f} ms under compute") in text
     png = tmp_path / "cp.png"
     result = runner.invoke(app, ["critical-path", "--db", str(db), "--plot", str(png)])
     assert result.exit_code == 0 and "hop by hop" in result.output and png.stat().st_size > 10_000
@@ -209,3 +215,26 @@ def _p2p_kernels(path: Path) -> dict[str, list[tuple[int, int]]]:
             start = round(float(event["ts"]) * 1000)
             found[name].append((start, start + round(float(event["dur"]) * 1000)))
     return {name: sorted(spans) for name, spans in found.items()}
+
+
+def test_path_communication_splits_into_exposed_and_overlapped(con: duckdb.DuckDBPyConnection) -> None:
+    """Issue 23 §3(c) on hta_rank3of8_6steps: one rank, so the path's exposed communication is exactly the time the
+    raw JSON's NCCL kernels run with no other kernel, memcpy or memset (|union(all)| - |union(non-NCCL)| in each
+    window) and the breakdown's ΣWAIT; what runs under compute is overlapped, at most the breakdown's OVERLAPPED."""
+    name = "hta_rank3of8_6steps"
+    with gzip.open(REAL[name]) as handle:
+        raw = json.load(handle)
+    base = int(raw.get("baseTimeNanoseconds") or 0)
+    events = [(base + round(e["ts"] * 1000), base + round(e["ts"] * 1000) + round(e.get("dur", 0) * 1000),
+               e["name"].startswith("nccl")) for e in raw["traceEvents"]
+              if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    rows = con.execute("SELECT w.step, w.start_ns, w.end_ns, b.OTHER_WAIT_ns, b.OVERLAPPED_ns FROM step_windows w "
+                       "JOIN rank_step_breakdown b USING (run_id, rank, step) WHERE run_id = ?", [name]).fetchall()
+    assert len(rows) == 6
+    for step, w0, w1, wait, overlapped in rows:
+        clipped = [(max(a, w0), min(b, w1), nccl) for a, b, nccl in events if a < w1 and b > w0 and b > a]
+        exposed = _union_ns([(a, b) for a, b, _ in clipped]) - _union_ns([(a, b) for a, b, n in clipped if not n])
+        split = cp.communication(con, name, step, path_of(con, name, step))
+        assert round(split["exposed_ms"] * 1e6) == exposed == wait, step
+        assert 0 < split["overlapped_ms"] * 1e6 <= overlapped
+        assert split["comm_ms"] == pytest.approx(split["exposed_ms"] + split["overlapped_ms"], abs=1e-9)

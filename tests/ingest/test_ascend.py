@@ -27,6 +27,7 @@ from traceana.ingest.ascend.groups import double_hash, layout_from_metadata, met
 from traceana.ingest.ascend.tasks import hcom_columns
 from traceana.ingest.dispatch import IngestOptions, detect, read_run
 from traceana.ingest.groups.communicators import group_dims
+from traceana.ingest.groups.stated import fitting_layouts, settle_layout, stated_roles
 from traceana.ingest.run_data import RunData
 from traceana.layout import Layout
 
@@ -535,3 +536,22 @@ def test_database_columns_a_version_lacks_are_unknown(tmp_path: Path, runs: dict
 def test_database_table_lacking_what_its_rows_need_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TraceanaError, match=r"COMMUNICATION_OP lacks startNs$"):
         ingest(_without_columns(tmp_path, "COMMUNICATION_OP", "startNs"))
+
+
+def test_metadata_groups_give_the_layout_distributed_args_states() -> None:
+    """Issue 23 §2 on the 8-rank MindSpeed metadata: parallel_group_info alone (rank 0's tp [0, 1], dp [0, 2],
+    pp [0, 4], one-rank cp and exp, tp_exp, dp_modulo_exp, dp_cp, tp_cp, mp) fits exactly one layout, the one its
+    distributed_args records; a layout with pp before dp is refused, naming the dp group."""
+    metadata = json.loads((ASCEND / "metadata" / "profiler_metadata_8rank_tp2_pp2_dp2.json").read_text())
+    groups = metadata_groups([metadata]).with_columns(pl.lit("trace").alias("source"))
+    stated = layout_from_metadata([metadata])
+    fits = fitting_layouts(stated_roles(groups), 8)
+    assert stated is not None and [f.spec for f in fits or []] == [stated.spec]
+    assert settle_layout(groups, 8, None, None, "meta") == (
+        fits[0], [f"layout {stated.spec} from the trace's own groups (dp, dp_cp, cp, mp, tp, pp, tp_cp, tp_exp, exp, "
+                  "dp_modulo_exp)"])
+    assert settle_layout(groups, 8, None, stated, "meta") == (stated, [])
+    with pytest.raises(TraceanaError, match=r"^meta: --layout .*order=tp-cp-ep-pp-dp contradicts the trace: the "
+                                            r"trace's group 'dp' \(ranks \[0, 2\]\) is not a DP group of it \(its DP "
+                                            r"group of rank 0: \[0, 4\]\)"):
+        settle_layout(groups, 8, Layout.parse("tp=2,pp=2,dp=2,order=tp-cp-ep-pp-dp"), None, "meta")

@@ -106,13 +106,13 @@ def test_grouped_sends_and_receives_fall_back_to_the_pytorch_range() -> None:
                   (130, 140, "ncclSend", "NCCL"), (150, 160, "ncclRecv", "NCCL"), (170, 180, "ncclSend", "NCCL"),
                   (190, 200, "ncclRecv", "NCCL"), (210, 300, "ncclGroupEnd", "NCCL"))
     got = collective_ops(kernels((9, SEND_RECV)), launches((9, 250)), nvtx)
-    assert ops(got) == [("AllToAll", "cpu-op")]
+    assert ops(got) == [("AllToAll", "op-only")]
 
 
 def test_pytorch_ranges_alone_decide_and_must_enclose_the_launch() -> None:
     nvtx = ranges((0, 50, "nccl:send", None), (60, 70, "nccl:recv", None))
     got = collective_ops(kernels((1, SEND_RECV), (2, SEND_RECV)), launches((1, 40), (2, 90)), nvtx)
-    assert ops(got) == [("Send", "cpu-op"), ("SendRecv", "name-rule")]  # the second launch is after nccl:recv ended
+    assert ops(got) == [("Send", "op-only"), ("SendRecv", "name-rule")]  # the second launch is after nccl:recv ended
 
 
 def test_rccl_generic_takes_the_collective_of_its_nccl_range() -> None:

@@ -148,3 +148,20 @@ def test_mistakes_are_one_line_errors(db: Path, tmp_path: Path, args: tuple[str,
     result = run_cli("export", TOY, *output, *args, "--db", db, check=False)
     assert result.returncode == 2 and result.stderr.startswith(f"error: {message}")
     assert result.stderr.count("\n") == 1 and not (tmp_path / "x.json").exists()
+
+
+def test_events_outside_every_window_are_counted_in_a_note(tmp_path: Path) -> None:
+    """Issue 23 §3(e): hta_rank0of16's 899 device events before its first or after its last step window are not
+    in the file, and the export says so: the file's slices plus that count are the raw JSON's kernels, memcpys and
+    memsets (6,080 + 1,390 + 277 = 7,747)."""
+    name = "hta_rank0of16_a2a_rs_ag.json.gz"
+    db, out = tmp_path / "t.duckdb", tmp_path / "out.json"
+    run_cli("ingest", TRACES / "kineto" / name, "--db", db, "--run-id", "a2a")
+    said = run_cli("export", "a2a", "--perfetto", out, "--db", db).stdout
+    with gzip.open(TRACES / "kineto" / name) as handle:
+        raw = sum(e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+                  for e in json.load(handle)["traceEvents"])
+    events = json.loads(out.read_text())["traceEvents"]
+    written = sum(e["ph"] == "X" and e["pid"] == 0 and e["tid"] != 0 for e in events)  # rank 0, not its steps
+    assert (raw, written) == (7747, 6848)
+    assert f"note: {raw - written} device events outside the exported step windows are not in the file" in said

@@ -51,6 +51,53 @@ def which_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None) ->
     return f"step {known[0]}, the run's only step" if markers else "the whole trace as one step (no step markers)"
 
 
+# A steady step is an outlier in a column when it differs from the median of the other steady steps by more than
+# this share of that median and by more than OUTLIER_FLOOR of the median step's TOTAL (small waits jitter a lot).
+OUTLIER_SHARE, OUTLIER_FLOOR = 0.5, 0.05
+
+
+def steady_steps(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
+    """The steps the typical step averages, one row each: step, and TOTAL_ns and each wait as the mean over ranks."""
+    first = first_analysed_step(con, run_id)
+    means = ", ".join(f"avg({c}_ns) AS {c}_ns" for c in ("TOTAL", *WAITS))
+    return con.sql(f"SELECT step, {means} FROM rank_breakdown WHERE run_id = ? AND step >= ? GROUP BY step "
+                   "ORDER BY step", params=[run_id, first]).pl()
+
+
+def outliers(frame: pl.DataFrame) -> list[tuple[int, str, float, float]]:
+    """(step, column, its value, median of the other steps) for each outlier of :func:`steady_steps`' frame; needs
+    three steps or more (with two, neither is the odd one)."""
+    if frame.height < 3:
+        return []
+    floor = OUTLIER_FLOOR * float(frame["TOTAL_ns"].median())  # type: ignore[arg-type]
+    found = []
+    for index, step in enumerate(frame["step"].to_list()):
+        others = frame.filter(pl.int_range(pl.len()) != index)
+        for column in ("TOTAL", *WAITS):
+            value, usual = frame[f"{column}_ns"][index], float(others[f"{column}_ns"].median())  # type: ignore[arg-type]
+            if abs(value - usual) > max(OUTLIER_SHARE * usual, floor):
+                found.append((step, column, value, usual))
+    return found
+
+
+def median_step(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
+    """The steady step whose TOTAL (mean over ranks) is the median one (the lower middle of an even count): a real
+    step, so its parts add up to its TOTAL as every step's do, and one outlier cannot move it."""
+    frame = steady_steps(con, run_id).sort("TOTAL_ns", "step")
+    return int(frame["step"][(frame.height - 1) // 2])
+
+
+def outlier_notes(con: duckdb.DuckDBPyConnection, run_id: str) -> list[str]:
+    """One line per outlier step of the typical step's mean, with the median step to use instead."""
+    found = outliers(steady_steps(con, run_id))
+    if not found:
+        return []
+    alternative = f"--step median (step {median_step(con, run_id)}) is a step without it"
+    return [f"step {step} is an outlier in the typical step's mean: {label(column)} {value / 1e6:,.3f} ms against "
+            f"{usual / 1e6:,.3f} ms, the median of the other steps; {alternative}"
+            for step, column, value, usual in found]
+
+
 def check_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> None:
     """A one-line error when ``step`` is not one of the run's steps."""
     known = steps(con, run_id)

@@ -144,6 +144,22 @@ def report(segments: pl.DataFrame) -> dict[str, pl.DataFrame]:
             "by_stage": totals("stage"), "by_kind": totals("kind", "dim")}
 
 
+def communication(con: duckdb.DuckDBPyConnection, run_id: str, step: int, segments: pl.DataFrame) -> dict[str, float]:
+    """The path's communication (ms), split: ``exposed_ms`` while its rank ran nothing else, ``overlapped_ms``
+    while compute, memcpy or memset ran on another stream of that rank. The walk follows a collective because a
+    later event waited for it, but the breakdown charges its overlapped part to COMP, not to a wait; shortening
+    only that part shortens the step only as far as the work beside it allows."""
+    comm = segments.filter(pl.col("kind") == "comm").select("rank", "start_ns", "end_ns")
+    busy = con.sql("SELECT rank::INTEGER AS rank, start_ns AS b_start, end_ns AS b_end FROM activity_intervals "
+                   "WHERE run_id = ? AND step = ? AND lane = 'COMP'", params=[run_id, step]).pl()
+    both = comm.join_where(busy, pl.col("rank") == pl.col("rank_right"), pl.col("start_ns") < pl.col("b_end"),
+                           pl.col("end_ns") > pl.col("b_start")) if not comm.is_empty() else None
+    total = int((comm["end_ns"] - comm["start_ns"]).sum())
+    overlapped = 0 if both is None or both.is_empty() else int(both.select(
+        (pl.min_horizontal("end_ns", "b_end") - pl.max_horizontal("start_ns", "b_start")).sum()).item())
+    return {"comm_ms": total / 1e6, "exposed_ms": (total - overlapped) / 1e6, "overlapped_ms": overlapped / 1e6}
+
+
 def hops(segments: pl.DataFrame) -> pl.DataFrame:
     """The path as a person reads it: consecutive segments on one rank merged into a hop, with its work,
     communication and idle time, and the collective it was entered through (the link from the previous rank)."""

@@ -26,11 +26,12 @@ def critical_path(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """The chain of work and waits across ranks that set one step's length: segments, totals by rank, stage, kind."""
-    from traceana.analyses.critical_path import hops, of_step, report
+    from traceana.analyses.critical_path import communication, hops, of_step, report
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         step, windows, segments = of_step(con, rid, step)
+        split = communication(con, rid, step, segments)
         intervals = con.sql("SELECT rank, lane, start_ns, end_ns FROM activity_intervals WHERE run_id = ? AND "
                             "step = ?", params=[rid, step]).pl() if plot is not None else None
     parts = report(segments)
@@ -41,13 +42,17 @@ def critical_path(
         timeline_gantt(windows, intervals, plot, f"{rid}: step {step}, critical path ({length_ms:,.3f} ms) in red",
                        critical=segments)
     if json:
-        emit_json({"run_id": rid, "step": step, "length_ms": length_ms,
+        emit_json({"run_id": rid, "step": step, "length_ms": length_ms, "communication": split,
                    **{name: frame.to_dicts() for name, frame in parts.items()}})
     else:
         title = f"{rid}: step {step}, {length_ms:,.3f} ms from the first rank's start to the last rank's end"
         emit(hops(parts["segments"]), title=f"{title}: the critical path, hop by hop")
         for name in ("by_rank", "by_stage", "by_kind"):
             emit(parts[name], title=f"critical path {name.replace('_', ' ')}")
+        if split["comm_ms"]:
+            typer.echo(f"communication on the path: {split['comm_ms']:,.3f} ms, {split['exposed_ms']:,.3f} ms of it "
+                       f"exposed and {split['overlapped_ms']:,.3f} ms under compute on another stream (the "
+                       "breakdown counts that part as COMP)")
     if plot is not None:
         typer.echo(f"wrote {plot}", err=True)
 

@@ -16,6 +16,9 @@ if TYPE_CHECKING:  # imported where used: the CLI's fixed cost stays small (`tra
     import polars as pl
 
 StepOption = Annotated[int | None, typer.Option("--step", help="One step (default: mean over steps after the first).")]
+MedianStepOption = Annotated[str | None, typer.Option(
+    "--step", help="One step, or 'median': the step whose TOTAL is the median of those the mean averages (default: "
+    "the mean over steps after the first).")]
 
 
 def _varying_coords(frame: pl.DataFrame) -> list[str]:
@@ -46,7 +49,7 @@ def _cells(frame: pl.DataFrame, suffix: str, share: bool) -> list[pl.Expr]:
 def breakdown(
     run: RunArgument = None,
     by: Annotated[str, typer.Option("--by", help="rank or stage.")] = "rank",
-    step: StepOption = None,
+    step: MedianStepOption = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write stacked bars per rank to this PNG.",
                                               callback=plot_path)] = None,
     json: JsonOption = False,
@@ -57,17 +60,21 @@ def breakdown(
 
     if by not in ("rank", "stage"):
         raise TraceanaError(f"--by {by!r}: choose rank or stage")
+    if step is not None and step != "median" and not step.lstrip("-").isdigit():
+        raise TraceanaError(f"--step {step!r}: give a step number or 'median'")
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
-        ranks = bd.by_rank(con, rid, step)
-        frame = ranks if by == "rank" else bd.by_stage(con, rid, step)
+        chosen = bd.median_step(con, rid) if step == "median" else None if step is None else int(step)
+        ranks = bd.by_rank(con, rid, chosen)
+        frame = ranks if by == "rank" else bd.by_stage(con, rid, chosen)
         if ranks.is_empty():
             raise TraceanaError(f"run {rid!r} has no device events, so no breakdown")
-        which = bd.which_step(con, rid, step)
+        which = bd.which_step(con, rid, chosen) + (", the median step" if step == "median" else "")
+        notes = bd.outlier_notes(con, rid) if chosen is None else []
         if json and by == "rank":  # the memory peak of the same step (of the steps averaged), where sampled
             from traceana.analyses.memory import rank_peaks
 
-            frame = frame.join(rank_peaks(con, rid, step), on="rank", how="left")
+            frame = frame.join(rank_peaks(con, rid, chosen), on="rank", how="left")
     if plot is not None:
         from traceana.render.plots import breakdown_bars
 
@@ -76,8 +83,10 @@ def breakdown(
         suffix = "_ms" if by == "rank" else "_mean_ms"
         emit(bd.percent_of_total(frame, suffix), fmt="json")
     else:
-        table = _rank_table(frame, typical=step is None) if by == "rank" else _stage_table(frame)
+        table = _rank_table(frame, typical=chosen is None) if by == "rank" else _stage_table(frame)
         emit(table, title=f"{rid}: breakdown per {by}, {which}")
+    for note in notes:
+        typer.echo(f"note: {note}", err=True)
     if plot is not None:
         typer.echo(f"wrote {plot}", err=True)
 

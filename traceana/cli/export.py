@@ -57,6 +57,8 @@ def export(
     typer.echo(f"wrote {done.path} ({rid}: {done.ranks} ranks, {done.slices} slices on {done.tracks} tracks, "
                f"{done.step_slices} step windows, {done.flows} collective members linked, "
                f"{done.path_slices} critical path segments)")
+    if done.outside:  # before the first window or after the last one (the step windows tile the rest)
+        typer.echo(f"note: {done.outside:,} device events outside the exported step windows are not in the file")
 
 
 def _parquet(db: Path, folder: Path, replace: bool) -> None:

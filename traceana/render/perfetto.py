@@ -51,6 +51,7 @@ class Exported:
     flows: int         # collective instances linked by arrows
     tracks: int
     path_slices: int   # critical path segments, all exported steps
+    outside: int       # device events of the exported ranks outside every exported window: left out, counted
 
 
 def export(con: duckdb.DuckDBPyConnection, run_id: str, out: Path, steps: tuple[int, int] | None = None) -> Exported:
@@ -77,8 +78,9 @@ def export(con: duckdb.DuckDBPyConnection, run_id: str, out: Path, steps: tuple[
             raise TraceanaError(f"{out}: cannot write ({exc.strerror})") from None
     counts = con.execute("SELECT (SELECT count(DISTINCT rank) FROM x_windows), (SELECT count(*) FROM x_events), "
                          "(SELECT count(*) FROM x_windows), (SELECT count(*) FROM x_flows), "
-                         "(SELECT count(DISTINCT (rank, tid)) FROM x_events), (SELECT count(*) FROM x_path)"
-                         ).fetchall()[0]
+                         "(SELECT count(DISTINCT (rank, tid)) FROM x_events), (SELECT count(*) FROM x_path), "
+                         "(SELECT count(*) FROM device_events WHERE run_id = $r AND rank IN (SELECT rank FROM "
+                         "x_windows)) - (SELECT count(*) FROM x_events)", {"r": run_id}).fetchall()[0]
     return Exported(out, *counts)
 
 

@@ -59,7 +59,7 @@ CREATE TABLE IF NOT EXISTS collectives (
     seq       BIGINT,           -- the trace's own sequence number / comms id, when it has one
     instance  BIGINT,           -- same value on every rank that took part in one collective
     peer      INTEGER,          -- global peer rank for Send/Recv
-    evidence  VARCHAR NOT NULL  -- pg-args, nvtx, cpu-op, comm-name, layout-match, stream, timing-match, fingerprint, name-rule
+    evidence  VARCHAR NOT NULL  -- pg-args, nvtx, cpu-op, op-only, comm-name, layout-match, stream, timing-match, fingerprint, name-rule
 );
 CREATE TABLE IF NOT EXISTS annotations (
     run_id   VARCHAR NOT NULL,
