@@ -685,14 +685,22 @@ def host_launches(trace: RankTrace) -> pl.DataFrame:
     np.maximum.at(posted, step[pre], start[pre])
     first = np.maximum(trace.step_starts_ns, posted + STEP_OPEN_NS + 1) - LAUNCH_LEAD_NS
     ahead = np.minimum(m_start - LAUNCH_LEAD_NS - HOST_PACE_NS * k, first[m_step])
-    span = int(ahead.max() - ahead.min()) + 1 if len(ahead) else 1  # one running minimum per step, in one pass:
-    paced = np.minimum.accumulate(ahead - m_step * span) + m_step * span + HOST_PACE_NS * k  # later steps lower
+    paced = _running_min_per_step(ahead, m_step) + HOST_PACE_NS * k
     launch = np.empty(len(code), dtype=np.int64)
     launch[main], launch[side] = paced, _side_launches(start[side], step[side], op[side], first + 1,
                                                         start[side] < first_start[step[side]])
     late = np.zeros(len(code), dtype=bool)
     late[main] = paced < np.where(k > 0, np.roll(paced, 1) + HOST_PACE_NS, first[m_step])
     return pl.DataFrame({"launch_ns": launch, "late": late})
+
+
+def _running_min_per_step(values: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """The running minimum of ``values`` within each step (rows ordered by step), in one pass: each later step is
+    lowered by the values' whole span, so one accumulate never carries a minimum into the next step (int64: step x
+    span outgrows int32 on long runs)."""
+    span = int(values.max() - values.min()) + 1 if len(values) else 1
+    lift = steps.astype(np.int64) * span
+    return np.minimum.accumulate(values - lift) + lift
 
 
 def _side_launches(start: np.ndarray, step: np.ndarray, op: np.ndarray, opens: np.ndarray,
@@ -706,8 +714,7 @@ def _side_launches(start: np.ndarray, step: np.ndarray, op: np.ndarray, opens: n
     head = np.searchsorted(s_step, s_step)
     k = np.arange(len(order)) - head
     ahead = np.minimum(s_start - LAUNCH_LEAD_NS - HOST_PACE_NS * k, opens[s_step] if len(order) else 0)
-    span = int(ahead.max() - ahead.min()) + 1 if len(ahead) else 1
-    paced = np.minimum.accumulate(ahead - s_step * span) + s_step * span + HOST_PACE_NS * k
+    paced = _running_min_per_step(ahead, s_step) + HOST_PACE_NS * k
     launch = np.empty(len(order), dtype=np.int64)
     launch[order] = paced
     return np.where(pre, start - LAUNCH_LEAD_NS, launch)

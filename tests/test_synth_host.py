@@ -101,3 +101,14 @@ def test_no_launch_is_late_at_the_default_options() -> None:
 def test_a_step_gap_too_short_for_the_sync_is_refused() -> None:
     with pytest.raises(TraceanaError, match="step_gap_us 10: must be at least 17"):
         schedule.Options(step_gap_us=10)
+
+
+def test_the_running_minimum_restarts_each_step_and_holds_long_runs() -> None:
+    """The host pacing's one-pass running minimum per step: it never carries a minimum into the next step, and a
+    run whose steps x span outgrows int32 (160 steps of a 3 µs-kernel job overflowed) stays exact in int64."""
+    values = np.array([5, 3, 4, 9, 7, 8], dtype=np.int64) + 4_000_000_000
+    steps = np.array([0, 0, 0, 1, 1, 1], dtype=np.int32)
+    assert (schedule._running_min_per_step(values, steps) - 4_000_000_000).tolist() == [5, 3, 3, 9, 7, 7]
+    many = np.repeat(np.arange(200, dtype=np.int32), 2)
+    spread = np.tile(np.array([30_000_000, 10_000_000], dtype=np.int64), 200)
+    assert schedule._running_min_per_step(spread, many).tolist() == [30_000_000, 10_000_000] * 200
