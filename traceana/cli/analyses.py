@@ -75,6 +75,7 @@ def comm(
         raise TraceanaError("--top must be >= 1 and --threshold a percentage in [0, 100)")
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
+        store.materialize(con, "collective_bandwidth", rid)  # the four tables read it
         ops, worst, pairs, groups = by_op(con, rid), slowest(con, rid, top), matrix(con, rid), by_group(con, rid)
         world = con.execute("SELECT world_size FROM runs WHERE run_id = ?", [rid]).fetchall()[0][0]
     if ops.is_empty():

@@ -190,3 +190,12 @@ def restrict_to_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     for table in ("runs", *TABLES):
         con.execute(f'CREATE OR REPLACE TEMP VIEW {table} AS SELECT * FROM "{catalog}".main.{table} '
                     f"WHERE run_id = '{literal}'")
+
+
+def materialize(con: duckdb.DuckDBPyConnection, view: str, run_id: str) -> None:
+    """Compute view ``view`` once for run ``run_id`` on this connection: its rows go to a temporary table, and a
+    temporary view of the same name over that table shadows the installed one, so the queries after it (and every
+    view built on it) read the rows instead of computing them again. For a command that reads one costly view
+    several ways (`comm`: collective_bandwidth four times)."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _{view}_rows AS SELECT * FROM {view} WHERE run_id = ?", [run_id])
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM _{view}_rows")
