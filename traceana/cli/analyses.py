@@ -13,14 +13,15 @@ import typer
 from traceana import store
 from traceana.cli.options import DbOption, JsonOption, RunArgument
 from traceana.errors import TraceanaError
-from traceana.render.console import emit, emit_json
+from traceana.render.console import emit, emit_json, plot_path
 
 
 def critical_path(
     run: RunArgument = None,
     step: Annotated[int | None, typer.Option("--step", help="The step (default: the second, the first carries "
                                              "warm-up).")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write the step's timeline with the path to this PNG.")]
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the step's timeline with the path to this PNG.",
+                                              callback=plot_path)]
     = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
@@ -58,7 +59,7 @@ def comm(
     threshold: Annotated[float, typer.Option("--threshold", help="Flag pairs / groups whose bandwidth is this many "
                                              "percent below their peers' median.")] = 20.0,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the rank-pair heatmaps (bytes, GB/s) to this "
-                                              "PNG.")] = None,
+                                              "PNG.", callback=plot_path)] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -117,7 +118,8 @@ def idle(
     run: RunArgument = None,
     step: Annotated[int | None, typer.Option("--step", help="One step (default: mean over steps after the first).")]
     = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write IDLE per rank stacked by cause to this PNG.")]
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write IDLE per rank stacked by cause to this PNG.",
+                                              callback=plot_path)]
     = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
@@ -157,7 +159,8 @@ def idle(
 
 def memory(
     run: RunArgument = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write allocated and reserved over time to this PNG.")]
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write allocated and reserved over time to this PNG.",
+                                              callback=plot_path)]
     = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),

@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
@@ -49,14 +49,15 @@ def export(con: duckdb.DuckDBPyConnection, target: Path, replace: bool = False,
     """Write every table of the store at ``con`` under ``target``; returns rows per table."""
     if target.exists() and not replace:
         raise TraceanaError(f"{target}: already exists (pass --replace to overwrite it)")
-    partial = _partial(target)
-    partial.mkdir(parents=True)
-    try:
-        counts = _write(con, partial, progress)
-        _move_into_place(partial, target)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+    with writer_lock(target):
+        partial = _partial(target)
+        partial.mkdir(parents=True)
+        try:
+            counts = _write(con, partial, progress)
+            _move_into_place(partial, target)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
     return counts
 
 
@@ -160,7 +161,47 @@ def is_dataset(path: Path) -> bool:
 
 
 @contextmanager
+def writer_lock(folder: Path) -> Iterator[None]:
+    """Hold the dataset's one writer lock (an flock on ``.NAME.lock`` beside it: the folder itself is swapped by
+    each write) for a write, or a one-line error when another process holds it: two writers would each merge into
+    the dataset as they found it, and the later rename would drop the earlier run. The lock file is removed after;
+    one a killed writer left is taken over (the kernel released its lock)."""
+    import fcntl
+
+    lock = folder.parent / f".{folder.name}.lock"
+    while True:
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # under a file, in a read-only folder or /proc
+            raise TraceanaError(f"{folder}: cannot write the dataset here ({exc.strerror or exc})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise TraceanaError(f"{folder}: another traceana process is writing this dataset; "
+                                "retry when it ends") from None
+        with suppress(FileNotFoundError):
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:  # not a file the previous holder removed meanwhile
+                break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
+@contextmanager
 def connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+    """The dataset at ``folder`` as a store (a writer holding :func:`writer_lock` throughout)."""
+    with nullcontext() if read_only else writer_lock(folder), _connect(folder, read_only=read_only,
+                                                                         views=views) as con:
+        yield con
+
+
+@contextmanager
+def _connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.DuckDBPyConnection]:
     """The dataset at ``folder`` as a store. A reader gets an in-memory DuckDB whose tables are views over the
     dataset's files (columns in schema.sql's order and types; a table without files stays an empty table) with the
     usual views on top. A writer gets an in-memory store holding the dataset's tables, empty: what it writes is
