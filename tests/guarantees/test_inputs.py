@@ -103,3 +103,36 @@ def test_every_plot_refuses_a_folder_and_an_unknown_type(tmp_path, command) -> N
         line = one_line(*run_main(*command, "--db", tmp_path / "none.duckdb", "--plot", plot)[::2])
         assert says in line
     assert list(tmp_path.iterdir()) == []
+
+
+def _ascend_with_ts(tmp_path: Path, value: str, hardware: bool, count: int | None) -> Path:
+    """The 2-rank Ascend run with ``ts`` of rank 0's first ``count`` spans (all: None) set to ``value``, on the
+    device ('Ascend Hardware') or elsewhere (annotations)."""
+    folder = tmp_path / "run"
+    shutil.copytree(TRACES / "ascend" / "torch_npu_2rank_level0", folder)
+    timeline = folder / "rank0_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+    timeline.chmod(0o644)
+    events = json.loads(timeline.read_text())
+    device = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+              and e["args"].get("name") == "Ascend Hardware"}
+    spans = [e for e in events if e.get("ph") == "X" and (e.get("pid") in device) == hardware][:count]
+    for event in spans:
+        event["ts"] = value
+    timeline.write_text(json.dumps(events))
+    return folder
+
+
+@pytest.mark.parametrize(("value", "hardware", "count", "note"), [
+    ("abc", True, None, "237 device events rows left out (no start_ns, no end_ns)"),
+    ("NaN", False, 50, "50 annotations rows left out (no start_ns, no end_ns)"),
+])
+def test_ascend_spans_whose_ts_is_no_number_are_counted(tmp_path, value, hardware, count, note) -> None:
+    """They were left out with no note. Rank 0 stores 241 device events undamaged: its 237 'Ascend Hardware' tasks
+    (the spans damaged here) and its 4 HCCL ops, which stay."""
+    db = tmp_path / "s.duckdb"
+    code, out, err = run_main("ingest", _ascend_with_ts(tmp_path, value, hardware, count), "--db", db)
+    assert code == 0, err
+    assert f"note: {note}" in out
+    with duckdb.connect(str(db), read_only=True) as con:
+        stored = con.execute("SELECT count(*) FILTER (rank = 0), count(*) FROM device_events").fetchall()[0]
+    assert stored == ((4, 245) if hardware else (241, 482))  # 482: the undamaged run's 241 + 241
