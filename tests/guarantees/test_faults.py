@@ -117,3 +117,16 @@ def test_a_store_in_a_folder_that_cannot_be_written_is_said_before_reading(read_
     assert one_line(*run_main("ingest", GOOD, "--db", path)[::2]) == (
         f"error: {path}: cannot write in {path.parent} (Read-only file system), where the store and its ingest's "
         "spill folder go; the store is unchanged")
+
+
+def test_a_kineto_world_size_past_the_store_integer_is_one_line(tmp_path) -> None:
+    """Found by the fuzz suite's long run: 2^31 passed the check and failed the store's INTEGER cast (exit 1)."""
+    import gzip
+    import json
+
+    trace = json.loads(gzip.decompress(GOOD.read_bytes()))
+    trace["distributedInfo"]["world_size"] = 2**31
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps(trace))
+    assert one_line(*run_main("ingest", path, "--db", tmp_path / "s.duckdb")[::2]) == (
+        f"error: {path}: distributedInfo.world_size is 2147483648, not a number of ranks")
