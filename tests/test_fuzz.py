@@ -6,9 +6,14 @@ non-UTF-8 bytes, wrong-typed metadata) and ingests it into a copy of a real stor
 start per case). Whatever happens, the promise holds: exit 0 or 2, never a traceback or an internal error; on
 failure exactly one line on stderr and the store folder byte-for-byte as it was; on success the reports run.
 
-CI runs a few examples per format, derandomized (about a minute in all). A longer local run, random each time:
-    TRACEANA_FUZZ_EXAMPLES=150 TRACEANA_FUZZ_LOG=/tmp/fuzz.jsonl .venv/bin/pytest -q tests/test_fuzz.py
-(150 examples x 4 formats = 600 cases; the log has one JSON line per case: format, damage, exit code, message.)
+Runs of several files (one damaged, an extra file that must be refused, --jobs 2, a dataset, a killed ingest's
+leftovers) are held to more: an exit 0 stores every rank and each undamaged file's events exactly, and leaves
+nothing beside the store.
+
+CI runs a few examples per property, derandomized (about a minute in all). A longer local run, random each time:
+    TRACEANA_FUZZ_EXAMPLES=210 TRACEANA_FUZZ_LOG=/tmp/fuzz.jsonl .venv/bin/pytest -q tests/test_fuzz.py
+(210 examples x 5 properties = 1,050 cases; the log has one JSON line per case: format, damage, exit code, message,
+and for runs whether the result was silently wrong and what was left beside the store.)
 """
 
 from __future__ import annotations
