@@ -348,6 +348,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raw = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
         raise TraceanaError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise TraceanaError(f"{path}: not a UTF-8 text file (byte {exc.start}); a config is YAML text") from None
     except yaml.YAMLError as exc:
         raise TraceanaError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(raw, dict):

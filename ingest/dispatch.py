@@ -63,18 +63,40 @@ def _module(fmt: str) -> ModuleType | None:
 
 
 def detect(path: Path) -> str:
-    """The format of one input path, or a one-line error naming it."""
+    """The format of one input path, or a one-line error naming it (a folder of several formats too)."""
     if not path.exists():
         raise TraceanaError(f"{path}: no such file or directory")
-    for fmt in FORMATS:
-        module = _module(fmt)
-        if module is not None and module.matches(path):
-            return fmt
+    claims = [fmt for fmt in FORMATS if (module := _module(fmt)) is not None and module.matches(path)]
+    if len(claims) > 1 and path.is_dir() and not any(_is_unit(fmt, path) for fmt in claims):
+        _require_one_format(path)
+    if claims:
+        return claims[0]
     if path.is_dir():
         raise TraceanaError(f"{path}: nothing to ingest here (no Kineto JSON, nsys export or Ascend profiler folder)")
     if path.stat().st_size == 0:
         raise TraceanaError(f"{path}: the file is empty")
     raise TraceanaError(f"{path}: unknown trace format (expected Kineto JSON, an nsys export, or Ascend output)")
+
+
+def _is_unit(fmt: str, folder: Path) -> bool:
+    """Whether ``folder`` is one input of ``fmt`` (an Ascend rank folder), which its files' names do not make a
+    folder of other formats' traces (an Ascend rank folder's profiler_info.json is no Kineto trace)."""
+    is_unit = getattr(_module(fmt), "is_unit", None)
+    return is_unit is not None and is_unit(folder)
+
+
+def _require_one_format(folder: Path) -> None:
+    """A folder whose entries are traces of several formats is refused, as the same entries given as a list are:
+    reading one format's would leave the others out."""
+    found: dict[str, Path] = {}
+    for child in sorted(folder.iterdir()):
+        fmt = next((f for f in FORMATS if (module := _module(f)) is not None and module.matches(child)), None)
+        if fmt is not None:
+            found.setdefault(fmt, child)
+    if len(found) > 1:
+        listing = ", ".join(f"{p.name} is {k}" for k, p in found.items())
+        raise TraceanaError(f"{folder}: holds traces of several formats ({listing}); ingest each format as its own "
+                            "run")
 
 
 def read_run(paths: list[Path], fmt: str, options: IngestOptions) -> RunData:

@@ -7,14 +7,20 @@ format's task (kineto.parse_file, nsys.parse_report, ascend.parse_rank) does all
 per-event tables as Parquet into the ingest's spill folder, returning only the small rest (a CPU-only Kineto file
 also its rows, as an Arrow IPC stream: :func:`to_ipc`). Both executors run the same function and return the same
 results. A worker's TraceanaError ends the whole ingest with that one line; nothing is written, since the store is
-written only after every file is read, and the spill folder is removed.
+written only after every file is read, and the spill folder is removed. A local worker ends with the ingest that
+started it, however that ends (:func:`die_with_parent`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -70,7 +76,8 @@ def map_files(parse: Callable[[Path], T], files: list[Path], jobs: int | RayClus
     if jobs == 1:
         yield from map(parse, files)
         return
-    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,
+                               initargs=(os.getpid(),))
     try:
         futures = [pool.submit(parse, file) for file in files]
         for file, future in zip(files, futures, strict=True):
@@ -81,6 +88,25 @@ def map_files(parse: Callable[[Path], T], files: list[Path], jobs: int | RayClus
                                     "try fewer --jobs") from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def die_with_parent(parent: int) -> None:
+    """A worker's first step: end when the ingest that started it ends, even by kill -9, which runs no cleanup and
+    would leave the workers parsing (and holding its pipes) for minutes. On Linux the kernel kills the worker as
+    its parent exits (PR_SET_PDEATHSIG); elsewhere a thread watches for the parent's end once a second."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    else:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    if os.getppid() != parent:  # the parent ended before the line above took effect
+        os._exit(1)
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(1)
 
 
 def _call(parse: Callable[[Path], T], file: Path) -> T:

@@ -1,9 +1,11 @@
 """Which rank an input is, where the trace does not say: a rank in a file name only through an explicit pattern, and
-no two inputs claiming one rank."""
+no two inputs claiming one rank or holding the same trace."""
 
 from __future__ import annotations
 
+import hashlib
 import re
+from pathlib import Path
 
 from traceana.errors import TraceanaError
 
@@ -27,3 +29,21 @@ def require_unique_ranks(ranks: list[int], sources: list[str]) -> None:
         if rank in seen:
             raise TraceanaError(f"{source}: rank {rank} is also claimed by {seen[rank]}")
         seen[rank] = source
+
+
+def require_distinct(files: list[Path]) -> None:
+    """One trace given twice (the same path, or a copy under another name) would store every event twice as two
+    ranks, wherever the trace states no rank that would clash: a user error, named with both files. Only files of
+    equal size are read to compare them."""
+    by_size: dict[int, list[Path]] = {}
+    for file in files:
+        by_size.setdefault(file.stat().st_size, []).append(file)
+    for same in (group for group in by_size.values() if len(group) > 1):
+        seen: dict[str, Path] = {}
+        for file in same:
+            with file.open("rb") as handle:
+                digest = hashlib.file_digest(handle, "sha256").hexdigest()
+            if digest in seen:
+                raise TraceanaError(f"{file}: the same trace as {seen[digest]} (an input given twice); "
+                                    "give each rank's trace once")
+            seen[digest] = file

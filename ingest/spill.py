@@ -65,9 +65,14 @@ def spill_part(folder: Path, table: str, key: str, frame: pl.DataFrame) -> None:
 
 
 def spill_folder(near: Path) -> Path:
-    """A new empty folder for one ingest's Parquet parts next to ``near`` (the store), named after it."""
-    near.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{near.name}.ingest-{os.getpid()}-", dir=near.parent))
+    """A new empty folder for one ingest's Parquet parts next to ``near`` (the store), named after it: made before
+    any file is read, so a store in a folder that cannot be written is said at once."""
+    try:
+        near.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{near.name}.ingest-{os.getpid()}-", dir=near.parent))
+    except OSError as exc:
+        raise TraceanaError(f"{near}: cannot write in {near.parent} ({exc.strerror or exc}), where the store and "
+                            "its ingest's spill folder go; the store is unchanged") from None
 
 
 @contextmanager

@@ -54,6 +54,7 @@ COMPUTE_KINDS = ("F", "B", "W", "OPT")
 
 # code of a template op
 COMPUTE, COLLECTIVE, SEND, RECV = 0, 1, 2, 3
+MAX_SKEW_US = 1e9  # a clock skew beyond 1000 s is no profiler's; past 2^63 ns the offsets overflowed
 
 # Kernel names as recent CUDA builds of PyTorch, cuBLAS, FlashAttention and NCCL 2.19+ spell them.
 KERNELS = {
@@ -157,6 +158,8 @@ class Options:
             raise TraceanaError("--steps, --rounds and --ranks-per-host must be at least 1")
         if self.kernel_us <= 0 or not 0 <= self.jitter < 0.5 or self.slowdown < 1:
             raise TraceanaError("--kernel-us must be > 0, --jitter in [0, 0.5), --slowdown >= 1")
+        if not (abs(self.host_skew_us) <= MAX_SKEW_US and abs(self.device_skew_us) <= MAX_SKEW_US):
+            raise TraceanaError(f"--host-skew-us and --device-skew-us: at most ±{MAX_SKEW_US:g} µs (1000 s)")
         if self.pg_metadata not in ("full", "args", "none"):
             raise TraceanaError(f"--pg-metadata {self.pg_metadata!r}: choose full, args or none")
         # the last rank's sync returns, the next step's range opens and its first launch leads its kernel, in the gap
@@ -339,6 +342,25 @@ def build(cfg: Config, options: Options) -> Plan:
 
 def load(path: str, options: Options) -> Plan:
     return build(estimator_config.load(path), options)
+
+
+def expected_ops(cfg: Config, options: Options) -> tuple[int, int]:
+    """(device ops of the whole run, of the largest stage's ranks) the plan would write, from the estimator's
+    timeline alone (no op is made): what `traceana synth` checks against memory and disk before it starts. A pass
+    plays each compute interval as at least ``rounds`` kernels of about ``kernel_us`` (_play_pass)."""
+    from traceana.estimator import timeline
+    from traceana.estimator.estimate import estimate
+
+    cfg = _with_ranks(cfg, options.ranks)
+    frame = timeline.frame(estimate(cfg)).with_columns(dur_ns=(pl.col("end_ms") - pl.col("start_ms")) * 1e6)
+    compute = pl.col("kind").is_in(COMPUTE_KINDS)
+    per_step = frame.group_by("stage").agg(
+        pl.when(compute).then(pl.max_horizontal(options.rounds, pl.col("dur_ns") / (options.kernel_us * 1e3)))
+        .when(pl.col("kind").is_in(DIMS)).then(options.rounds).when(pl.col("kind") == "P2P").then(1)
+        .otherwise(0).sum().alias("ops"))["ops"]
+    ranks_per_stage = cfg.parallel.world_size // cfg.parallel.pp
+    return (int(per_step.sum() * ranks_per_stage * options.steps),
+            int(per_step.max() * ranks_per_stage * options.steps))
 
 
 def _templates(frame: pl.DataFrame, cfg: Config, options: Options, names: dict[str, int]) -> list[Template]:

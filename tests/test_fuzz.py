@@ -6,9 +6,14 @@ non-UTF-8 bytes, wrong-typed metadata) and ingests it into a copy of a real stor
 start per case). Whatever happens, the promise holds: exit 0 or 2, never a traceback or an internal error; on
 failure exactly one line on stderr and the store folder byte-for-byte as it was; on success the reports run.
 
-CI runs a few examples per format, derandomized (about a minute in all). A longer local run, random each time:
-    TRACEANA_FUZZ_EXAMPLES=150 TRACEANA_FUZZ_LOG=/tmp/fuzz.jsonl .venv/bin/pytest -q tests/test_fuzz.py
-(150 examples x 4 formats = 600 cases; the log has one JSON line per case: format, damage, exit code, message.)
+Runs of several files (one damaged, an extra file that must be refused, --jobs 2, a dataset, a killed ingest's
+leftovers) are held to more: an exit 0 stores every rank and each undamaged file's events exactly, and leaves
+nothing beside the store.
+
+CI runs a few examples per property, derandomized (about a minute in all). A longer local run, random each time:
+    TRACEANA_FUZZ_EXAMPLES=210 TRACEANA_FUZZ_LOG=/tmp/fuzz.jsonl .venv/bin/pytest -q tests/test_fuzz.py
+(210 examples x 5 properties = 1,050 cases; the log has one JSON line per case: format, damage, exit code, message,
+and for runs whether the result was silently wrong and what was left beside the store.)
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import TRACES, run_main
+from tests.conftest import ROOT, TRACES, run_main
 
 EXAMPLES = int(os.environ.get("TRACEANA_FUZZ_EXAMPLES", "10"))
 LOG = os.environ.get("TRACEANA_FUZZ_LOG")
@@ -291,6 +296,124 @@ def test_ascend_text_damage_is_ingested_or_one_line(events, memory, metadata, ra
             meta = folder / "profiler_metadata.json"
             meta.write_text(json.dumps({**json.loads(meta.read_text()), metadata[0]: metadata[1]}))
         check(folder, "ascend-text", (events, memory, metadata, raw))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Runs of several files: one damaged, one extra that must be refused, --jobs 2, a Parquet dataset, leftovers
+
+
+@cache
+def _synth_run(fmt: str) -> Path:
+    """Four per-rank files of one synthetic job (traceana synth), made once per session."""
+    out = Path(tempfile.mkdtemp(prefix="traceana-fuzz-run-")) / "out"
+    assert run_main("synth", ROOT / "examples" / "synth_gpt_tp2pp2.yaml", out, "--ranks", 4, "--steps", 2,
+                    "--format", fmt)[0] == 0
+    return out / "traces"
+
+
+def _events_per_source(db: Path) -> dict[str, int]:
+    """Stored device events per input file name (ranks.source)."""
+    from traceana import store
+
+    with store.connect(db, read_only=True, views=False) as con:
+        rows = con.execute("SELECT r.source, count(e.rank) FROM ranks r LEFT JOIN device_events e "
+                           "ON e.run_id = r.run_id AND e.rank = r.rank GROUP BY ALL").fetchall()
+    return {Path(source).name: count for source, count in rows}
+
+
+@cache
+def _reference(fmt: str) -> dict[str, int]:
+    """What the undamaged run holds, per file: the second route the stored counts are held to."""
+    db = Path(tempfile.mkdtemp(prefix="traceana-fuzz-ref-")) / "ref.duckdb"
+    assert run_main("ingest", _synth_run(fmt), "--db", db)[0] == 0
+    return _events_per_source(db)
+
+
+def _folder_fingerprint(folder: Path) -> dict[str, str]:
+    """Every file and folder under ``folder`` (leftover folders, lock files and Parquet parts included)."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(folder.rglob("*"))}
+
+
+# Extras that must make the ingest fail naming a file: exit 0 with them is a silent wrong result.
+REFUSED = ("garbage-export", "copy", "foreign-format")
+
+
+def _add_extra(folder: Path, fmt: str, extra: str) -> None:
+    files = sorted(folder.iterdir())
+    if extra == "garbage-export":
+        (folder / ("rank_9.sqlite" if fmt == "nsys" else "rank9.json")).write_bytes(b"\x00garbage" * 50)
+    elif extra == "copy":
+        shutil.copy(files[0], folder / f"copy_of_{files[0].name}")
+    elif extra == "foreign-format":
+        other = _synth_run("kineto" if fmt == "nsys" else "nsys")
+        shutil.copy(sorted(other.iterdir())[0], folder)
+
+
+@FUZZ
+@given(fmt=st.sampled_from(["kineto", "nsys"]), damaged=st.integers(0, 3),
+       change=st.one_of(st.none(), st.tuples(st.integers(1, 60), st.integers(0, 1000), st.sampled_from(KINETO_FIELDS),
+                                             odd), sqlite_damage(NSYS_TABLES)),
+       extra=st.sampled_from([None, None, *REFUSED]), jobs=st.sampled_from([None, 2]),
+       dataset=st.booleans(), leftover=st.booleans())
+def test_runs_of_several_files_store_what_they_hold_or_fail_in_one_line(fmt, damaged, change, extra, jobs, dataset,
+                                                                         leftover) -> None:
+    """A folder of four ranks, one damaged and perhaps an extra file; exit 0 must store every rank, each undamaged
+    file's events exactly, and leave nothing beside the store; exit 2 one line and the store folder as it was."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "run"
+        shutil.copytree(_synth_run(fmt), folder)
+        victim = sorted(folder.iterdir())[damaged]
+        if fmt == "kineto" and isinstance(change, tuple) and len(change) == 4:
+            trace = json.loads(victim.read_text())
+            _events_damage(trace["traceEvents"], *change)
+            victim.write_text(json.dumps(trace))
+        elif fmt == "nsys" and isinstance(change, tuple) and len(change) == 5:
+            _sqlite_damage(victim, change)
+        else:
+            change = None
+        if extra:
+            _add_extra(folder, fmt, extra)
+        stores = Path(tmp) / "stores"
+        stores.mkdir()
+        db = stores / ("s.parquet" if dataset else "s.duckdb")
+        assert run_main("ingest", KINETO[1], "--db", db)[0] == 0  # a store that already holds a run
+        planted = f"{db.name}.ingest-{_dead_pid()}-x" if leftover else None
+        if planted:
+            (stores / planted).mkdir()
+        before = {k: v for k, v in _folder_fingerprint(stores).items() if not planted or not k.startswith(planted)}
+        code, out, err = run_main("ingest", folder, "--db", db, *(["--jobs", jobs] if jobs else []))
+        lines = err.strip().splitlines()
+        after = _folder_fingerprint(stores)
+        silent, lost = False, []
+        if code == 0:
+            stored, reference = _events_per_source(db), _reference(fmt)
+            lost = [name for name in reference if name != victim.name and stored.get(name) != reference[name]]
+            silent = extra in REFUSED or bool(lost) or len(stored) != len(reference) + 1  # + the earlier run's
+        left = sorted(k for k in after if "/" not in k and k not in (db.name, f"{db.name}.wal")) if code == 0 else []
+        if LOG:
+            with open(LOG, "a") as log:
+                log.write(json.dumps({"format": f"run-{fmt}", "damage": repr((damaged, change, extra))[:300],
+                                      "jobs": jobs, "dataset": dataset, "code": code,
+                                      "message": lines[0][:300] if lines else "", "silent": silent,
+                                      "leftovers": left, "store_changed": code != 0 and after != before,
+                                      "traceback": "Traceback" in err}) + "\n")
+        assert "Traceback" not in err and code in (0, 2), (change, extra, err[-2000:])
+        if code:
+            assert len(lines) == 1 and lines[0].startswith("error: ") and "internal error" not in lines[0], err
+            assert after == before, "the store folder changed on a failed ingest"
+        else:
+            assert not silent, (change, extra, lost, out)
+            assert left == [], left
+            assert not planted or f"note: removed 1 folder(s) that killed writers of {db} left behind" in out
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
 
 
 @pytest.mark.parametrize("fmt", ["kineto", "nsys", "ascend-db", "ascend-text"])

@@ -62,7 +62,7 @@ def _timeline_head(path: Path) -> bool:
 def is_ascend(path: Path) -> bool:
     """Ascend output: a profiler/PROF folder, a folder of them, a database export, or an Ascend timeline JSON."""
     if path.is_dir():
-        if path.name == OUTPUT or _is_rank_folder(path) or _is_prof_folder(path):
+        if is_output_folder(path):
             return True
         return any(_is_rank_folder(child) or _is_prof_folder(child) or _DB.match(child.name)
                    or _MSPROF_JSON.match(child.name) for child in path.iterdir())
@@ -70,6 +70,12 @@ def is_ascend(path: Path) -> bool:
         return True
     return path.suffix == ".json" and (path.name == "trace_view.json" or bool(_MSPROF_JSON.match(path.name))
                                        or _timeline_head(path))
+
+
+def is_output_folder(path: Path) -> bool:
+    """A folder that is itself one Ascend output (a profiler output, rank or PROF folder), not a folder of them: its
+    JSON files are the profiler's own, not traces of another format."""
+    return path.name == OUTPUT or _is_rank_folder(path) or _is_prof_folder(path)
 
 
 def _read_json(path: Path) -> dict:

@@ -32,7 +32,7 @@ from traceana.ingest.ascend.groups import (
     link_by_hash,
     metadata_groups,
 )
-from traceana.ingest.ascend.inputs import RankInput, find_inputs, is_ascend
+from traceana.ingest.ascend.inputs import RankInput, find_inputs, is_ascend, is_output_folder
 from traceana.ingest.ascend.kernels import read_kernel_details
 from traceana.ingest.ascend.syncs import rank_syncs
 from traceana.ingest.ascend.tasks import RankTrace
@@ -53,6 +53,11 @@ _HOST_CLOCK_TOLERANCE_NS = 1_000_000  # ranks of one host record the same wall-m
 def matches(path: Path) -> bool:
     """A profiler / PROF folder, a folder of them, a database export, or an Ascend timeline JSON."""
     return is_ascend(path)
+
+
+def is_unit(path: Path) -> bool:
+    """Whether ``path`` is one Ascend output, whatever other formats' names its files have (dispatch.detect)."""
+    return path.is_dir() and is_output_folder(path)
 
 
 def _read_rank(source: RankInput, rules: list[Rule], marker: str | None) -> RankTrace:

@@ -104,7 +104,7 @@ def _metadata(file: Path, distributed: str | None, base: str | None) -> tuple[di
         raise TraceanaError(f"{file}: distributedInfo is {json.dumps(info)[:60]}, not an object")
     info["rank"] = checked_rank(info.get("rank"), str(file), "distributedInfo.rank")
     size = info.get("world_size")
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_RANK + 1):
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_RANK):
         raise TraceanaError(f"{file}: distributedInfo.world_size is {size!r}, not a number of ranks")
     groups = info.get("pg_config")
     if groups is not None and not (isinstance(groups, list) and all(isinstance(g, dict) for g in groups)):

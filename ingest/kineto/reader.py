@@ -30,7 +30,7 @@ from traceana.ingest.executor import from_ipc, map_files, threads_per_task, to_i
 from traceana.ingest.kineto.events import EVENT_TABLE, FIRST_INPUT_NELEMS, load, trace_files
 from traceana.ingest.kineto.link import device_frames, device_steps
 from traceana.ingest.kineto.syncs import file_syncs
-from traceana.ingest.ranks import rank_in_file_name, require_unique_ranks
+from traceana.ingest.ranks import rank_in_file_name, require_distinct, require_unique_ranks
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import SCHEMAS, RunData
 from traceana.ingest.spill import Spill, new_spill, spill_file
@@ -150,6 +150,10 @@ def _require_one_job(infos: list[dict], files: list[Path], spans: list[tuple[int
         first = next(i for i, s in enumerate(sizes) if s == usual)
         raise TraceanaError(f"{files[odd]}: from another job (world size {sizes[odd]}, {files[first].name} has "
                             f"{usual}); ingest each job as its own run")
+    for file, info, size in zip(files, infos, sizes, strict=True):
+        if size is not None and isinstance(info.get("rank"), int) and info["rank"] >= size:
+            raise TraceanaError(f"{file}: distributedInfo states rank {info['rank']} of a world of {size} ranks "
+                                f"(ranks are 0 .. {size - 1})")
     require_overlapping_clocks([(str(file), *span) for file, span in zip(files, spans, strict=True) if span])
 
 
@@ -188,6 +192,7 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
     files = [f for p in paths for f in trace_files(p)]
     if not files:
         raise TraceanaError(f"{paths[0]}: no Kineto trace files (*.json, *.json.gz) here")
+    require_distinct(files)
     options.progress.files(files)
     with new_spill(options.spill_near) as spill:
         workers = worker_count(options.jobs, files)

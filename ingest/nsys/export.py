@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import subprocess
+from contextlib import suppress
 from pathlib import Path
 
 import polars as pl
@@ -145,6 +146,7 @@ def export_report(report: Path, cache_dir: Path) -> Path:
     target = cache_dir / f"{report.stem}-{stamp}.sqlite"
     if target.exists():
         return target
+    created = not cache_dir.exists()
     cache_dir.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial.sqlite")
     command = [nsys, "export", "--type", "sqlite", "--quiet", "true", "--force-overwrite", "true",
@@ -154,6 +156,9 @@ def export_report(report: Path, cache_dir: Path) -> Path:
         lines = (result.stderr or result.stdout).strip().splitlines()
         reason = lines[-1] if lines else f"exit status {result.returncode}"
         partial.unlink(missing_ok=True)
+        if created:  # no empty cache folder left behind (one another export is writing in stays)
+            with suppress(OSError):
+                cache_dir.rmdir()
         raise TraceanaError(f"{report}: nsys export failed ({reason}); try `{by_hand}` by hand")
     partial.replace(target)
     return target

@@ -37,7 +37,7 @@ from traceana.ingest.executor import map_files, worker_count
 from traceana.ingest.nsys.export import Export, is_sqlite
 from traceana.ingest.nsys.report import read_report
 from traceana.ingest.nsys.syncs import resolve
-from traceana.ingest.ranks import rank_in_file_name, require_unique_ranks
+from traceana.ingest.ranks import rank_in_file_name, require_distinct, require_unique_ranks
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import RunData
 from traceana.ingest.spill import Spill, new_spill, spill_file
@@ -64,7 +64,9 @@ def matches(path: Path) -> bool:
 
 
 def _is_report(path: Path) -> bool:
-    return path.is_file() and (path.suffix == ".nsys-rep" or (path.suffix == ".sqlite" and is_sqlite(path)))
+    """A file a folder holds for this reader, by its name: one that then cannot be read is an error naming it, never
+    a rank left out."""
+    return path.is_file() and path.suffix in (".nsys-rep", ".sqlite")
 
 
 def _has_nsys_tables(path: Path) -> bool:
@@ -81,7 +83,7 @@ def _natural(path: Path) -> list[object]:
 
 
 def _inputs(paths: list[Path]) -> list[Path]:
-    """Every report file the paths name, once, in natural order (rank_10 after rank_2)."""
+    """Every report file the paths name, in natural order (rank_10 after rank_2); none twice."""
     files: list[Path] = []
     for path in paths:
         if not path.exists():
@@ -95,8 +97,8 @@ def _inputs(paths: list[Path]) -> list[Path]:
             files.extend(found)
         else:
             files.append(path)
-    unique = {p.resolve(): p for p in files}
-    return sorted(unique.values(), key=_natural)
+    require_distinct(files)
+    return sorted(files, key=_natural)
 
 
 def _assign_ranks(units: pl.DataFrame, reports: list[ParsedReport]) -> pl.DataFrame:

@@ -15,7 +15,7 @@ from traceana.ingest.nsys.comm import collective_ops
 from traceana.ingest.nsys.export import Export, export_report
 from traceana.ingest.nsys.syncs import RAW_SCHEMA, read_syncs
 from traceana.ingest.rules import Rule, with_classes
-from traceana.ingest.validate import checked_rank
+from traceana.ingest.validate import MAX_TIME_NS, checked_rank
 
 ENV_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "LOCAL_RANK")
 NVTX_RANGE_TYPES = (59, 60, 70, 71)  # NvtxPushPopRange, NvtxStartEndRange and their NVTXT forms
@@ -147,15 +147,29 @@ def _launches(export: Export, launched: pl.Series) -> pl.DataFrame | None:
         pl.col("start").alias("launch_ns"))
 
 
+def _session_start(value: object, path: Path) -> int | None:
+    """TARGET_INFO_SESSION_START_TIME.utcEpochNs as ns, or a one-line error for a value no clock gives."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TIME_NS:
+        return value
+    raise TraceanaError(f"{path}: TARGET_INFO_SESSION_START_TIME.utcEpochNs is {str(value)[:40]!r}, not a time in "
+                        "ns since 1970")
+
+
 def _stated_ranks(export: Export, strings: pl.DataFrame, pids: list[int | None]) -> dict[int | None, tuple[int, str]]:
     """pid -> (rank, source) where the report says it: MPI_RANKS, "MPI Rank N" thread names, captured env."""
     stated: dict[int | None, tuple[int | None, str]] = {}
     threads = export.frame("ThreadNames", {"nameId": _I64, "globalTid": _I64})
     if threads is not None:
         named = threads.join(strings.rename({"id": "nameId"}), on="nameId").select(
-            _pid("globalTid").alias("pid"), pl.col("value").str.extract(r"^MPI Rank (\d+)$").cast(_I64).alias("rank")
-        ).drop_nulls()
-        stated |= {pid: (checked_rank(rank, str(export.path), "thread name 'MPI Rank N'"), "thread-name")
+            _pid("globalTid").alias("pid"), pl.col("value").str.extract(r"^MPI Rank (\d+)$").alias("rank")
+        ).drop_nulls()  # the digits as text: a number past int64 is checked_rank's one line, not a failed cast
+        stated |= {pid: (checked_rank(int(rank), str(export.path), "thread name 'MPI Rank N'"), "thread-name")
                    for pid, rank in named.unique("pid").iter_rows()}
     mpi = export.frame("MPI_RANKS", {"globalTid": _I64, "rank": _I64})
     if mpi is not None:
@@ -205,7 +219,7 @@ def read_report(source: Path, cache_dir: Path, rules: list[Rule]) -> Report:
             export.notes.append(f"{source.name}: exported with nsys to {path}")
         return Report(source, units, device if device is not None else _no_device(),
                       ranges if ranges is not None else pl.DataFrame(schema=_RANGE_SCHEMA), syncs,
-                      str(host) if host is not None else None, int(start) if start is not None else None,
+                      str(host) if host is not None else None, _session_start(start, export.path),
                       export.version, export.notes)
     finally:
         export.close()

@@ -195,10 +195,11 @@ def test_rank_from_a_file_name_only_through_explicit_patterns(name: str, rank: i
 
 
 def test_torch_default_worker_names_number_ranks_by_host_then_pid(tmp_path: Path) -> None:
-    """Two copies of a rankless trace named as torch's tensorboard handler does: pid 900 sorts before pid 1000."""
-    raw = (KINETO / "h200_gpt_h2048_L8_s1024_gb4.json.gz").read_bytes()
-    for pid in (1000, 900):
-        (tmp_path / f"node_{pid}.1700000000000.pt.trace.json.gz").write_bytes(raw)
+    """Two copies of a rankless trace named as torch's tensorboard handler does: pid 900 sorts before pid 1000 (the
+    second copy ends in a newline: byte for byte the same file would be refused as a trace given twice)."""
+    raw = gzip.decompress((KINETO / "h200_gpt_h2048_L8_s1024_gb4.json.gz").read_bytes())
+    for pid, text in ((1000, raw), (900, raw + b"\n")):
+        (tmp_path / f"node_{pid}.1700000000000.pt.trace.json.gz").write_bytes(gzip.compress(text, 1))
     db = tmp_path / "t.duckdb"
     run_cli("ingest", tmp_path, "--db", db)
     rows = query(db, "SELECT rank, rank_source, source FROM ranks ORDER BY rank")

@@ -238,7 +238,7 @@ def test_nsys_rep_without_nsys_says_how_to_export(monkeypatch: pytest.MonkeyPatc
 def test_file_numbers_sort_as_numbers(tmp_path: Path) -> None:
     names = ["rank_10.sqlite", "rank_2.sqlite", "rank_1.sqlite"]
     for name in names:
-        (tmp_path / name).touch()
+        (tmp_path / name).write_text(name)  # three different files (empty ones would be one file given thrice)
     assert [p.name for p in nsys._inputs([tmp_path / n for n in names])] == [
         "rank_1.sqlite", "rank_2.sqlite", "rank_10.sqlite"]
 

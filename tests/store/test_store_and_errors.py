@@ -50,7 +50,10 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     (tmp / "empty_dir").mkdir()
     (tmp / "dup").mkdir()
     (tmp / "dup" / "a.json.gz").write_bytes(GOOD.read_bytes())
-    (tmp / "dup" / "b.json.gz").write_bytes(GOOD.read_bytes())
+    (tmp / "dup" / "b.json.gz").write_bytes(gzip.compress(raw + b"\n"))  # another file, the same rank
+    (tmp / "twice").mkdir()
+    (tmp / "twice" / "a.json.gz").write_bytes(GOOD.read_bytes())
+    (tmp / "twice" / "b.json.gz").write_bytes(GOOD.read_bytes())
     return {
         "empty file": ([str(tmp / "empty.json")], "empty.json: the file is empty"),
         "truncated gzip": ([str(tmp / "truncated.json.gz")], "truncated.json.gz: not a readable Kineto trace"),
@@ -59,6 +62,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "nothing to ingest": ([str(tmp / "empty_dir")], "empty_dir: nothing to ingest here"),
         "missing path": ([str(tmp / "nope.json")], "nope.json: no such file or directory"),
         "duplicate ranks": ([str(tmp / "dup")], "rank 0 is also claimed by"),
+        "one trace twice": ([str(tmp / "twice")], "b.json.gz: the same trace as"),
         "layout world size": ([str(GOOD), "--layout", "tp=2,dp=2"], "trace has 2 ranks but layout"),
         "unknown dimension": ([str(GOOD), "--layout", "tp=2,zp=1"], "unknown dimension 'zp'"),
         "bad step marker": ([str(GOOD), "--step-marker", "(("], "--step-marker '((': not a regular expression"),

@@ -11,16 +11,17 @@ from typing import Annotated
 import typer
 
 from traceana import store
-from traceana.cli.options import DbOption, JsonOption, RunArgument
+from traceana.cli.options import DbOption, JsonOption, RunArgument, top_count
 from traceana.errors import TraceanaError
-from traceana.render.console import emit, emit_json
+from traceana.render.console import emit, emit_json, plot_path
 
 
 def critical_path(
     run: RunArgument = None,
     step: Annotated[int | None, typer.Option("--step", help="The step (default: the second, the first carries "
                                              "warm-up).")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write the step's timeline with the path to this PNG.")]
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the step's timeline with the path to this PNG.",
+                                              callback=plot_path)]
     = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
@@ -59,11 +60,12 @@ def critical_path(
 
 def comm(
     run: RunArgument = None,
-    top: Annotated[int, typer.Option("--top", help="How many of the slowest instances to list.")] = 10,
+    top: Annotated[int, typer.Option("--top", help="How many of the slowest instances to list.",
+                                     callback=top_count)] = 10,
     threshold: Annotated[float, typer.Option("--threshold", help="Flag pairs / groups whose bandwidth is this many "
                                              "percent below their peers' median.")] = 20.0,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the rank-pair heatmaps (bytes, GB/s) to this "
-                                              "PNG.")] = None,
+                                              "PNG.", callback=plot_path)] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -71,8 +73,8 @@ def comm(
     inter-node), the slowest instances, the rank-pair matrix and the slow links."""
     from traceana.analyses.comm import by_group, by_op, matrix, slow_links, slowest
 
-    if top < 1 or not 0 <= threshold < 100:
-        raise TraceanaError("--top must be >= 1 and --threshold a percentage in [0, 100)")
+    if not 0 <= threshold < 100:
+        raise TraceanaError("--threshold must be a percentage in [0, 100)")
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         store.materialize(con, "collective_bandwidth", rid)  # the four tables read it
@@ -102,7 +104,8 @@ def comm(
 
 def kernels(
     run: RunArgument = None,
-    top: Annotated[int, typer.Option("--top", help="How many kernels (per stage with --by stage).")] = 20,
+    top: Annotated[int, typer.Option("--top", help="How many kernels (per stage with --by stage).",
+                                     callback=top_count)] = 20,
     by: Annotated[str, typer.Option("--by", help="run (all ranks together) or stage.")] = "run",
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
@@ -123,7 +126,8 @@ def idle(
     run: RunArgument = None,
     step: Annotated[int | None, typer.Option("--step", help="One step (default: mean over steps after the first).")]
     = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write IDLE per rank stacked by cause to this PNG.")]
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write IDLE per rank stacked by cause to this PNG.",
+                                              callback=plot_path)]
     = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
@@ -163,7 +167,8 @@ def idle(
 
 def memory(
     run: RunArgument = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write allocated and reserved over time to this PNG.")]
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write allocated and reserved over time to this PNG.",
+                                              callback=plot_path)]
     = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
@@ -201,7 +206,8 @@ def memory(
 def diff(
     run_a: Annotated[str, typer.Argument(help="The first run (A, the reference).")],
     run_b: Annotated[str, typer.Argument(help="The second run (B), compared with A.")],
-    top: Annotated[int, typer.Option("--top", help="How many kernels to list in each table.")] = 15,
+    top: Annotated[int, typer.Option("--top", help="How many kernels to list in each table.",
+                                     callback=top_count)] = 15,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -211,8 +217,6 @@ def diff(
 
     from traceana.analyses.diff import breakdown_diff, collective_diff, kernel_diff
 
-    if top < 1:
-        raise TraceanaError(f"--top {top}: must be >= 1")
     with store.connect(db, read_only=True) as con:
         for run in (run_a, run_b):
             store.resolve_run(con, run)

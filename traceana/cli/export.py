@@ -49,6 +49,8 @@ def export(
         _parquet(db, parquet, replace)
         return
     window = parse_steps(steps) if steps is not None else None
+    if not perfetto.parent.is_dir():  # checked before the run is read, as --plot is
+        raise TraceanaError(f"--perfetto {perfetto}: {perfetto.parent} is not a folder that exists")
     from traceana.render.perfetto import export as write_perfetto
 
     with store.connect(db, read_only=True) as con:

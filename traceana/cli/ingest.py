@@ -60,6 +60,9 @@ def ingest(
     if executor == "ray" and jobs is not None:
         raise TraceanaError("--jobs sets local worker processes; with --executor ray the Ray cluster sizes itself")
     store.check_path(db)
+    if removed := store.remove_leftovers(db.resolve()):
+        typer.echo(f"note: removed {len(removed)} folder(s) that killed writers of {db} left behind: "
+                   f"{', '.join(removed)}")
     workers = RayCluster(ray_address) if executor == "ray" else jobs
     options = IngestOptions(layout=parsed_layout, step_marker=step_marker, rules=load_rules(rules), jobs=workers,
                             cache_dir=db.resolve().parent / ".traceana-cache", spill_near=db.resolve())

@@ -10,7 +10,7 @@ import typer
 
 from traceana import store
 from traceana.cli.options import DbOption, JsonOption, RunArgument
-from traceana.render.console import emit, emit_json, progress
+from traceana.render.console import emit, emit_json, plot_path, progress
 
 StepOption = Annotated[int | None, typer.Option("--step", help="One step (default: every step for replay; the "
                                                 "second, the first carries warm-up, for whatif and advise).")]
@@ -53,7 +53,7 @@ def whatif(
                                               "rank=*:median, stage=0:median, overlap=DP. Repeat to compose.")] = ...,
     step: StepOption = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write measured vs predicted per rank, grouped by "
-                                             "stage, to this PNG.")]
+                                             "stage, to this PNG.", callback=plot_path)]
     = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),

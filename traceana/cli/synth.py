@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from traceana.synth.schedule import Plan
 
 FORMATS = ("kineto", "nsys", "ascend")
+# Bytes one device op takes in each format's files (measured: the example config's 8 ranks, one step, 1,376 ops:
+# 1.32 MB of Kineto JSON, 0.78 MB of nsys exports, 0.46 MB of Ascend output), and in memory while its stage's
+# ranks are replayed (the plan's arrays and the frames built of them, generously).
+FILE_BYTES_PER_OP = {"kineto": 960, "nsys": 570, "ascend": 340}
+MEMORY_BYTES_PER_OP = 256
 
 
 def synth(
@@ -55,7 +60,11 @@ def synth(
         ranks_per_host=ranks_per_host, host_skew_us=host_skew_us, device_skew_us=device_skew_us,
         straggler_rank=straggler_rank, straggler_stage=straggler_stage, slowdown=slowdown, pg_metadata=pg_metadata,
         comm_scale=schedule.comm_scale(comm_scale or []))
-    plan = schedule.load(str(config), options)
+    from traceana.estimator import config as estimator_config
+
+    cfg = estimator_config.load(str(config))
+    _check_room(*schedule.expected_ops(cfg, options), out, fmt)
+    plan = schedule.build(cfg, options)
     writer = _writer(fmt)
     traces = out / "traces"
     traces.mkdir(parents=True, exist_ok=True)
@@ -71,6 +80,25 @@ def synth(
     seconds = time.perf_counter() - began
     typer.echo(f"{traces}: {fmt}, {plan.world} ranks x {steps} steps, {events:,} device ops, {written / 1e6:,.1f} MB "
                f"in {seconds:.1f} s; ground truth in {out / 'truth.json'}")
+
+
+def _check_room(ops: int, stage_ops: int, out: Path, fmt: str) -> None:
+    """Refuse, before any work, a run whose files would not fit on the disk ``out`` is on, or whose largest stage
+    would not fit in this machine's memory (--ranks 4000000 ran 59 s into a MemoryError; --kernel-us 1e-9 and
+    --steps 10^9 ran out of memory), with the estimate in the message."""
+    import os
+    import shutil
+
+    files, memory = ops * FILE_BYTES_PER_OP[fmt], stage_ops * MEMORY_BYTES_PER_OP
+    disk = next(p for p in (out.resolve(), *out.resolve().parents) if p.exists())
+    free, ram = shutil.disk_usage(disk).free, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    size = f"about {ops:,} device ops, {files / 1e9:,.1f} GB of {fmt} files"
+    if files > free:
+        raise TraceanaError(f"{out}: {size}, and {disk} has {free / 1e9:,.1f} GB free; fewer --ranks or --steps, "
+                            "or a longer --kernel-us")
+    if memory > ram:
+        raise TraceanaError(f"{out}: {size}, {memory / 1e9:,.1f} GB in memory while a stage is written, and this "
+                            f"machine has {ram / 1e9:,.1f} GB; fewer --ranks or --steps, or a longer --kernel-us")
 
 
 def _writer(fmt: str) -> Callable[..., Path]:

@@ -62,7 +62,11 @@ def export(con: duckdb.DuckDBPyConnection, run_id: str, out: Path, steps: tuple[
     t0 = con.execute("SELECT least((SELECT min(start_ns) FROM x_events), (SELECT min(start_ns) FROM x_windows))"
                      ).fetchall()[0][0]
     metadata = _metadata(con, run_id) + _path_metadata(con)
-    with tempfile.TemporaryDirectory(dir=out.resolve().parent) as tmp:
+    try:
+        scratch = tempfile.TemporaryDirectory(dir=out.resolve().parent)
+    except OSError as exc:  # a folder that cannot be written (read-only, /proc)
+        raise TraceanaError(f"{out}: cannot write here ({exc.strerror})") from None
+    with scratch as tmp:
         body = Path(tmp) / "events.jsonl"
         con.execute(f"COPY ({_events_sql(t0)}) TO '{_quoted(body)}' (FORMAT csv, HEADER false, QUOTE '', "
                     "ESCAPE '', DELIMITER '\t')")

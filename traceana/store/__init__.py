@@ -5,6 +5,9 @@ schema.py says what a store holds and checks that a database has it."""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,8 +21,8 @@ from traceana.store.schema import OUTDATED
 if TYPE_CHECKING:
     import duckdb
 
-__all__ = ["DEFAULT_DB", "OUTDATED", "check_path", "connect", "materialize", "resolve_run", "restrict_to_run",
-           "transaction", "write_run"]
+__all__ = ["DEFAULT_DB", "OUTDATED", "check_path", "connect", "materialize", "remove_leftovers", "resolve_run",
+           "restrict_to_run", "transaction", "write_run"]
 
 DEFAULT_DB = "traceana.duckdb"
 
@@ -45,3 +48,30 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False,
     opened = dataset.connect if dataset.is_dataset(path) else database.connect
     with opened(path, read_only=read_only, views=views) as con:
         yield con
+
+
+def remove_leftovers(db: Path) -> list[str]:
+    """Remove what writers of the store ``db`` that were killed (kill -9, out of memory, a power cut) left beside
+    it, and return the names: an ingest's spill folder (``<db>.ingest-<pid>-*``, ingest/spill.py) and a dataset
+    write's buffer, new or old version (``.<db>.buffer-<pid>-*``, ``.partial-<pid>``, ``.old-<pid>``: dataset.py).
+    Each goes only once no process with the id in its name runs on this machine; a live writer's stays."""
+    name = re.escape(db.name)
+    pattern = re.compile(rf"(?:{name}\.ingest|\.{name}\.(?:buffer|partial|old))-(\d+)(?:-.*)?")
+    removed = []
+    for path in sorted(db.parent.iterdir()) if db.parent.is_dir() else []:
+        if (found := pattern.fullmatch(path.name)) and path.is_dir() and not _running(int(found[1])):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # none with that id (OverflowError: none can have it)
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True

@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
 KEYS = ("run_id", "estimate_id")  # what a table's rows belong to; export partitions by it, import replaces by it
 SCHEMA_FILE = "schema.sql"
+# ROWS/{key}/{key}={id}/*.parquet: (table, rank, rows) of each run or estimate as written, which a reader checks the
+# files against (a partition or table folder gone, a file replaced). The leading _ keeps Spark from taking it for a
+# table; a dataset written before it has none, and its runs are read unchecked.
+ROWS = "_rows"
 
 
 def _sql_path(path: Path) -> str:
@@ -49,14 +53,15 @@ def export(con: duckdb.DuckDBPyConnection, target: Path, replace: bool = False,
     """Write every table of the store at ``con`` under ``target``; returns rows per table."""
     if target.exists() and not replace:
         raise TraceanaError(f"{target}: already exists (pass --replace to overwrite it)")
-    partial = _partial(target)
-    partial.mkdir(parents=True)
-    try:
-        counts = _write(con, partial, progress)
-        _move_into_place(partial, target)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+    with writer_lock(target):
+        partial = _partial(target)
+        partial.mkdir(parents=True)
+        try:
+            counts = _write(con, partial, progress)
+            _move_into_place(partial, target)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
     return counts
 
 
@@ -85,6 +90,13 @@ def _write(con: duckdb.DuckDBPyConnection, folder: Path,
             (folder / name).mkdir()
             con.execute(f"""COPY "{name}" TO '{_sql_path(folder / name / "data.parquet")}' (FORMAT parquet)""")
         progress(name)
+    for key in KEYS:  # the rows written, per run (estimate), table and rank: ROWS
+        counted = [f"""SELECT '{name}' AS "table", {key}, {"rank" if "rank" in columns else "NULL"}::INTEGER AS rank,
+                       count(*) AS rows FROM "{name}" GROUP BY ALL""" for name, columns, _ in tables if key in columns]
+        if counted:
+            (folder / ROWS).mkdir(exist_ok=True)
+            con.execute(f"""COPY ({" UNION ALL ".join(counted)}) TO '{_sql_path(folder / ROWS / key)}'
+                            (FORMAT parquet, PARTITION_BY ({key}), APPEND)""")
     return counts
 
 
@@ -160,7 +172,47 @@ def is_dataset(path: Path) -> bool:
 
 
 @contextmanager
+def writer_lock(folder: Path) -> Iterator[None]:
+    """Hold the dataset's one writer lock (an flock on ``.NAME.lock`` beside it: the folder itself is swapped by
+    each write) for a write, or a one-line error when another process holds it: two writers would each merge into
+    the dataset as they found it, and the later rename would drop the earlier run. The lock file is removed after;
+    one a killed writer left is taken over (the kernel released its lock)."""
+    import fcntl
+
+    lock = folder.parent / f".{folder.name}.lock"
+    while True:
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # under a file, in a read-only folder or /proc
+            raise TraceanaError(f"{folder}: cannot write the dataset here ({exc.strerror or exc})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise TraceanaError(f"{folder}: another traceana process is writing this dataset; "
+                                "retry when it ends") from None
+        with suppress(FileNotFoundError):
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:  # not a file the previous holder removed meanwhile
+                break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
+@contextmanager
 def connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+    """The dataset at ``folder`` as a store (a writer holding :func:`writer_lock` throughout)."""
+    with nullcontext() if read_only else writer_lock(folder), _connect(folder, read_only=read_only,
+                                                                         views=views) as con:
+        yield con
+
+
+@contextmanager
+def _connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.DuckDBPyConnection]:
     """The dataset at ``folder`` as a store. A reader gets an in-memory DuckDB whose tables are views over the
     dataset's files (columns in schema.sql's order and types; a table without files stays an empty table) with the
     usual views on top. A writer gets an in-memory store holding the dataset's tables, empty: what it writes is
@@ -189,6 +241,7 @@ def connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.Du
                 raise TraceanaError(f"{schema}: not a traceana schema ({str(exc).splitlines()[0]})") from None
             check_tables(con, folder, read_only=read_only)
         if read_only:
+            _check_files(con, folder)
             _view_files(con, folder)
             if views:
                 define_views(con)
@@ -198,13 +251,59 @@ def connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.Du
     except duckdb.Error as exc:
         if mapped := database.file_error(folder, exc):  # a full disk, a folder that cannot be written
             raise mapped from None
-        if isinstance(exc, duckdb.IOException | duckdb.InvalidInputException):  # a damaged or vanished Parquet file
+        if isinstance(exc, duckdb.IOException | duckdb.InvalidInputException | duckdb.ConversionException):
+            # a damaged or vanished Parquet file, a column or partition value of another type
             raise TraceanaError(f"{folder}: cannot read the dataset ({str(exc).splitlines()[0]})") from None
         raise
     finally:
         con.close()
         if spill is not None:
             shutil.rmtree(spill, ignore_errors=True)
+
+
+def _check_files(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
+    """A one-line error for a damaged dataset, which would otherwise read as a run with ranks idle or rows gone:
+    a table's files holding other row counts per run and rank than were written (ROWS: a partition, a file or a
+    table folder missing), or a NULL where the schema says NOT NULL. Only the files' footers are read."""
+    for name, _, _ in _tables(con):
+        required = [r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = ? "
+                                              "AND NOT is_nullable", [name]).fetchall()]
+        if (folder / name).is_dir() and required:
+            nulls = con.execute(f"""SELECT file_name, path_in_schema FROM parquet_metadata(
+                                    '{_sql_path(folder / name)}/**/*.parquet') WHERE stats_null_count > 0
+                                    AND path_in_schema IN ({", ".join("?" * len(required))}) LIMIT 1""",
+                                required).fetchall()
+            if nulls:
+                raise TraceanaError(f"{nulls[0][0]}: NULL {nulls[0][1]} values, which no {name} row may have "
+                                    "(a damaged or foreign file); restore the dataset or ingest the run again")
+    for key in KEYS:
+        if (folder / ROWS / key).is_dir():
+            _check_counts(con, folder, key)
+
+
+def _check_counts(con: duckdb.DuckDBPyConnection, folder: Path, key: str) -> None:
+    written = {(t, i, r): n for t, i, r, n in con.execute(
+        f"""SELECT "table", {key}, rank, rows FROM read_parquet('{_sql_path(folder / ROWS / key)}/**/*.parquet',
+            hive_partitioning = true, hive_types_autocast = false)""").fetchall()}
+    ids = {i for _, i, _ in written}
+    found: dict[tuple[str, str, int | None], int] = {}
+    for name in {t for t, _, _ in written}:
+        if not (folder / name).is_dir():
+            continue
+        for file, rows in con.execute(f"SELECT file_name, num_rows FROM parquet_file_metadata("
+                                      f"'{_sql_path(folder / name)}/**/*.parquet')").fetchall():
+            parts = dict(part.split("=", 1) for part in Path(file).relative_to(folder / name).parts if "=" in part)
+            rank = parts.get("rank")
+            where = (name, unquote(parts.get(key, "")), int(rank) if rank and rank.isdigit() else None)
+            if where[1] in ids:
+                found[where] = found.get(where, 0) + rows
+    for where in sorted(written.keys() | found.keys(), key=repr):
+        if written.get(where, 0) != found.get(where, 0):
+            name, ident, rank = where
+            what = f"{name} of {key.split('_')[0]} {ident}" + (f" rank {rank}" if rank is not None else "")
+            raise TraceanaError(f"{folder}: damaged dataset: {what} has {found.get(where, 0)} rows in its files, the "
+                                f"write left {written.get(where, 0)} (a partition or file missing or replaced); "
+                                "restore it or ingest the run again")
 
 
 def _quoted(column: str) -> str:
