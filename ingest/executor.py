@@ -26,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TypeVar
 
 import pyarrow as pa
@@ -46,6 +47,7 @@ class RayCluster:
     process."""
 
     address: str | None = None
+    timeout_s: float = 30.0  # how long to wait for the cluster to answer (`--ray-timeout`)
 
 
 def worker_count(jobs: int | RayCluster | None, files: list[Path]) -> int | RayCluster:
@@ -114,6 +116,32 @@ def _call(parse: Callable[[Path], T], file: Path) -> T:
     return parse(file)
 
 
+def _connect(ray: ModuleType, cluster: RayCluster) -> None:
+    """``ray.init`` for the cluster, waited for at most ``cluster.timeout_s``: Ray retries an address that does not
+    answer for a minute or more, so the call runs in a daemon thread and the ingest gives up on it with one line."""
+    where = cluster.address or os.environ.get("RAY_ADDRESS")
+    at = f" at {where}" if where else ""
+    failed: list[BaseException] = []
+
+    def init() -> None:
+        try:
+            ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
+        except BaseException as exc:  # handed to the waiting thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=init, name="ray-init", daemon=True)
+    thread.start()
+    thread.join(cluster.timeout_s)
+    if thread.is_alive():
+        raise TraceanaError(f"cannot reach Ray{at} within {cluster.timeout_s:g} s (--ray-timeout)")
+    if failed:
+        exc = failed[0]
+        if not isinstance(exc, ConnectionError | ValueError | RuntimeError):
+            raise exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TraceanaError(f"cannot start or reach Ray{at} ({first[:200]})") from None
+
+
 def _map_ray(parse: Callable[[Path], T], files: list[Path], cluster: RayCluster) -> Iterator[T]:
     """:func:`map_files` on Ray: one task per file, results taken in file order. A Ray this ingest started (or
     connected to) is shut down (disconnected) after it; one already initialised in this process is used and left."""
@@ -123,12 +151,7 @@ def _map_ray(parse: Callable[[Path], T], files: list[Path], cluster: RayCluster)
         raise TraceanaError("--executor ray needs Ray, which is not installed: pip install 'traceana[ray]'") from None
     started = not ray.is_initialized()
     if started:
-        where = cluster.address or os.environ.get("RAY_ADDRESS")
-        try:
-            ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
-        except (ConnectionError, ValueError, RuntimeError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise TraceanaError(f"cannot start or reach Ray{f' at {where}' if where else ''} ({first[:200]})") from None
+        _connect(ray, cluster)
     task = ray.remote(_call)
     refs = [task.remote(parse, file) for file in files]
     try:

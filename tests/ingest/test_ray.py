@@ -8,11 +8,12 @@ import hashlib
 import logging
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SAMPLES, TRACES, run_main, store_rows
+from tests.conftest import SAMPLES, TRACES, run_cli, run_main, store_rows
 
 TOY8 = SAMPLES / "toy8_tp2pp2dp2_1f1b"  # 8 ranks, 8 files: 8 Kineto tasks on 2 CPUs
 SAMPLED = [TRACES / "kineto" / f"hta_sampled_rank{r}of128.json.gz" for r in (0, 1)]  # two GPU ranks of one job
@@ -98,4 +99,17 @@ def test_without_ray_installed_it_says_how_to_install_it(tmp_path: Path, monkeyp
     code, _, err = ingest(TOY8, "--db", tmp_path / "x", "--executor", "ray")
     assert code != 0 and err.strip() == ("error: --executor ray needs Ray, which is not installed: "
                                          "pip install 'traceana[ray]'")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cluster_that_does_not_answer_is_given_up_after_ray_timeout(tmp_path: Path) -> None:
+    """Nothing listens at 127.0.0.1:1 and Ray keeps retrying; --ray-timeout bounds the wait (a process of its own:
+    this module's Ray is already initialised in-process)."""
+    pytest.importorskip("ray")
+    start = time.perf_counter()
+    result = run_cli("ingest", TOY8, "--db", tmp_path / "x.duckdb", "--executor", "ray", "--ray-address",
+                     "127.0.0.1:1", "--ray-timeout", "2", check=False)
+    assert result.returncode == 2 and time.perf_counter() - start < 30
+    assert result.stderr.strip().splitlines()[-1] == ("error: cannot reach Ray at 127.0.0.1:1 within 2 s "
+                                                      "(--ray-timeout)")
     assert list(tmp_path.iterdir()) == []

@@ -39,6 +39,8 @@ def ingest(
                                           "needs the ray extra).")] = "local",
     ray_address: Annotated[str | None, typer.Option(help="With --executor ray: the cluster (default: RAY_ADDRESS, "
                                                     "else the local Ray, else one started here).")] = None,
+    ray_timeout: Annotated[float, typer.Option(help="With --executor ray: seconds to wait for the cluster to answer "
+                                               "before giving up.")] = 30.0,
 ) -> None:
     """Read one run's traces into the store (replacing an earlier ingest of the same run id). --db may name a Parquet
     dataset folder (a folder, or a name ending in .parquet): the run is added to it."""
@@ -63,7 +65,9 @@ def ingest(
     if removed := store.remove_leftovers(db.resolve()):
         typer.echo(f"note: removed {len(removed)} folder(s) that killed writers of {db} left behind: "
                    f"{', '.join(removed)}")
-    workers = RayCluster(ray_address) if executor == "ray" else jobs
+    if not 0 < ray_timeout <= 3600:
+        raise TraceanaError(f"--ray-timeout {ray_timeout:g}: seconds between 0 and 3600")
+    workers = RayCluster(ray_address, ray_timeout) if executor == "ray" else jobs
     options = IngestOptions(layout=parsed_layout, step_marker=step_marker, rules=load_rules(rules), jobs=workers,
                             cache_dir=db.resolve().parent / ".traceana-cache", spill_near=db.resolve())
     with ingest_progress() as bar:
