@@ -154,7 +154,8 @@ def test_disk_full_says_so_and_leaves_the_store_unchanged(store, small_disk) -> 
     shutil.copy(store, copy)  # 3.1 MB: the 16-rank trace's rows do not fit in what is left
     before = fingerprint(small_disk)
     line = one_line(*run_main("ingest", BIG, "--db", copy)[::2])
-    assert line == f"error: {copy}: no space left on device; the store is unchanged"
+    assert line in (f"error: {copy}: no space left on device; the store is unchanged",  # the spill ran out first
+                    f"error: {copy}: no space left on device; the store's runs and rows are as they were")
     assert fingerprint(small_disk) == before
     copy.unlink()
     (small_disk / "fill").write_bytes(b"\0" * 2_900_000)

@@ -62,8 +62,8 @@ def file_error(path: Path, exc: duckdb.Error) -> TraceanaError | None:
     text = str(exc)
     if "read enough bytes" in text or "checksum" in text.lower() or "corrupt" in text.lower():
         return TraceanaError(f"{path}: the database file is truncated or damaged; restore it from a copy or {FRESH}")
-    if "No space left on device" in text:
-        return TraceanaError(f"{path}: no space left on device; the store is unchanged")
+    if "No space left on device" in text:  # the write's transaction rolled back: its runs and rows are as they were
+        return TraceanaError(f"{path}: no space left on device; the store's runs and rows are as they were")
     if "Permission denied" in text or "Read-only file system" in text:
         return TraceanaError(f"{path}: cannot write here ({text.splitlines()[0]}); the store is unchanged")
     return None
