@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import TRACES, run_cli
+from tests.conftest import SAMPLES, TRACES, run_cli
 from traceana import store as stores
 from traceana.model import calibrate as trace_profile
 
@@ -149,3 +149,21 @@ def test_link_bandwidth_from_all_reduces_by_hand(tmp_path: Path) -> None:
     assert links["inter"]["model_gb_per_s"] == pytest.approx(inter / 8)
     assert links["intra"]["model_gb_per_s"] == pytest.approx(intra)
     assert links["intra"]["all_reduces"] == 1
+
+
+def test_a_config_that_does_not_describe_the_run_is_refused(store: Path) -> None:
+    result = run_cli("calibrate", GPT, "--config", ROOT / "examples" / "synth_gpt_tp2pp2.yaml", "--db", store,
+                     check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"error: {ROOT / 'examples' / 'synth_gpt_tp2pp2.yaml'}: parallel tp x cp x dp x "
+                                     f"pp = 8 but run '{GPT}' has 1 ranks")
+
+
+def test_a_cpu_only_trace_keeps_the_gemm_tables_and_says_why(tmp_path: Path) -> None:
+    db = tmp_path / "cpu.duckdb"
+    run_cli("ingest", SAMPLES / "tp2dp2_mlp", "--db", db, "--run-id", "mlp")
+    body = json.loads(run_cli("calibrate", "mlp", "--config", SAMPLES.parent / "configs" / "tp2dp2_mlp.yaml",
+                              "--db", db, "--json").stdout)
+    assert body["gemms"] == []
+    assert "no device kernels (a CPU-only trace): the GEMM tables stay the prior's" in body["notes"]
+    assert {f["value"] for f in body["fits"]} >= {"host_us_per_layer", "host_us_per_step"}

@@ -46,6 +46,7 @@ from traceana.errors import TraceanaError
 from traceana.estimator import estimate as estimator
 from traceana.estimator.config import Config
 from traceana.ingest.kineto import events as kineto
+from traceana.model.compare import check_matches
 
 SYNC = "%ynchronize%"     # cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize: the host waits
 MIN_LINK_BYTES = 2**20    # smaller all-reduces measure latency, not bandwidth
@@ -226,6 +227,7 @@ def measure(db: Path, run_id: str, cfg: Config) -> TraceProfile:
         if row[0] != "kineto":
             raise TraceanaError(f"run {run_id!r} is {row[0]}: calibrate reads operators and their kernels from "
                                 "PyTorch profiler (Kineto) traces")
+        check_matches(con, run_id, cfg)  # the config's layers and micro-batches share out what the run measured
         idle = idle_analysis.idle_causes(con, run_id)
         (totals,) = con.execute("SELECT avg(TOTAL_ns) / 1e6 FROM rank_breakdown WHERE run_id = ? AND step IS NULL",
                                 [run_id]).fetchall()
@@ -234,7 +236,9 @@ def measure(db: Path, run_id: str, cfg: Config) -> TraceProfile:
     gemms, steps = _gemms(events), _steps(events)
     notes: list[str] = []
     if gemms.is_empty():
-        notes.append("no matrix products with their shapes (record with torch.profiler.profile(record_shapes=True)):"
+        (kernels,) = events.execute("SELECT count(*) FROM ev WHERE cat = 'kernel'").fetchall()[0]
+        notes.append("no device kernels (a CPU-only trace): the GEMM tables stay the prior's" if not kernels else
+                     "no matrix products with their shapes (record with torch.profiler.profile(record_shapes=True)):"
                      " the GEMM tables stay the prior's")
     fits: list[Fit] = []
     n = steps.height
