@@ -57,10 +57,10 @@ def test_profile_points_and_host_time_match_the_raw_trace(store: Path, tmp_path:
                     and e["name"].startswith(("Optimizer.step#", "Optimizer.zero_grad#")))
     (measured_step,) = result["steps"]
     assert measured_step["host_busy_ms"] == pytest.approx((step["dur"] - sync - optimizer) / 1e3, rel=1e-6)
-    fits = {f["value"]: f for f in result["fits"]}
-    assert fits["host_us_per_step"]["measured"] == pytest.approx(optimizer, rel=1e-6)
+    fits = {f["name"]: f for f in result["fits"]}
+    assert fits["host_us_per_step"]["value"] == pytest.approx(optimizer, rel=1e-6)
     # spread over 2 micro-batches x 8 layers at the H200 profile's 220 : 1250 forward : backward
-    forward, backward = fits["host_us_per_layer"]["measured"], fits["host_us_per_backward_layer"]["measured"]
+    forward, backward = fits["host_us_per_layer"]["value"], fits["host_us_per_backward_layer"]["value"]
     assert 16 * (forward + backward) == pytest.approx(measured_step["host_busy_ms"] * 1e3, rel=1e-9)
     assert backward / forward == pytest.approx(1250 / 220)
     # the optimizer: the fused AdamW kernels launched inside Optimizer.step#, by hand from the raw trace
@@ -115,7 +115,7 @@ def test_a_trace_without_shapes_still_calibrates_host_time(store: Path, tmp_path
     assert body["gemms"] == []
     assert any("no matrix products with their shapes" in note for note in body["notes"])
     assert any("host-bound run" in note for note in body["notes"])  # its idle is host time, no per-layer gaps
-    fits = {f["value"]: f for f in body["fits"]}
+    fits = {f["name"]: f for f in body["fits"]}
     assert fits["host_us_per_layer"]["samples"] == 2 and "idle_us_per_layer" not in fits
     written = yaml.safe_load(out.read_text())
     assert len(written["gemm_us"]) == 175 and written["gemm_measured_us"] == []
@@ -166,4 +166,4 @@ def test_a_cpu_only_trace_keeps_the_gemm_tables_and_says_why(tmp_path: Path) -> 
                               "--db", db, "--json").stdout)
     assert body["gemms"] == []
     assert "no device kernels (a CPU-only trace): the GEMM tables stay the prior's" in body["notes"]
-    assert {f["value"] for f in body["fits"]} >= {"host_us_per_layer", "host_us_per_step"}
+    assert {f["name"] for f in body["fits"]} >= {"host_us_per_layer", "host_us_per_step"}

@@ -39,7 +39,7 @@ def calibrate(
                                            f"({cfg.profile.name if cfg.profile else 'no profile'})\n"
                                            f"sources: the run's traces in {db}")
         typer.echo(f"wrote {write}", err=True)
-    fits = pl.DataFrame([{"value": f.name, "measured": f.value, "unit": f.unit, "spread": f.spread,
+    fits = pl.DataFrame([{"name": f.name, "value": f.value, "unit": f.unit, "spread": f.spread,
                           "samples": f.samples, "from": f.source} for f in result.fits])
     if json:
         emit_json({"fits": fits.to_dicts(), "gemms": result.gemms.to_dicts(), "steps": result.steps.to_dicts(),
