@@ -71,6 +71,20 @@ def _exposed_ep(cfg: Config, shared_flops: float) -> Pass:
     return Pass(raw.forward - hidden_f, raw.backward - hidden_b) * (1 - cfg.calibration.overlap.of("ep"))
 
 
+def _tp_blocks(cfg: Config, index: int, moe: bool) -> list[tuple[compute.Gemm, compute.Gemm]]:
+    """Each tensor-parallel block's (column-parallel first, row-parallel last) product: attention's, and the MLP's
+    where the layer is dense (a MoE block's expert products are not overlapped)."""
+    gemms = compute.layer_gemms(cfg, index)
+    blocks = [("attention", "mla_up_proj")] if cfg.model.attention else []
+    if not moe:
+        blocks.append(("mlp",))
+    pairs = []
+    for groups in blocks:
+        mine = [g for g in gemms if g.group in groups]
+        pairs.append((mine[0], mine[-1]))
+    return pairs
+
+
 def _exposed_tp(cfg: Config, index: int, moe: bool) -> Pass:
     """A layer's tensor-parallel communication left exposed. calibration.overlap.tp, when given, hides that
     fraction. Else, with parallel.tp_comm_overlap, each block's sequence-parallel all-gather runs in tp chunks
@@ -83,16 +97,10 @@ def _exposed_tp(cfg: Config, index: int, moe: bool) -> Pass:
     if cfg.calibration.overlap.tp is not None or not cfg.parallel.tp_comm_overlap:
         return raw * (1 - cfg.calibration.overlap.of("tp"))
     tp = cfg.parallel.tp
-    gemms = compute.layer_gemms(cfg, index)
-    times = compute.gemm_times(gemms, cfg)
     half = comm.tp_layer(cfg, False).forward / (2 * (1 + cfg.model.attention))  # one AG or RS of one block
-    blocks = [("attention", "mla_up_proj")] if cfg.model.attention else []
-    if not moe:
-        blocks.append(("mlp",))
     exposed = Pass()
-    for groups in blocks:
-        mine = [t for g, t in zip(gemms, times, strict=True) if g.group in groups]
-        first, last = mine[0], mine[-1]
+    for block in _tp_blocks(cfg, index, moe):
+        first, last = compute.gemm_times(list(block), cfg)
         exposed = exposed + Pass(max(half / tp, half - first.forward) + max(half / tp, half - last.forward),
                                  max(half / tp, half - last.backward) + max(half / tp, half - first.backward))
     if moe:
@@ -117,14 +125,8 @@ def _tp_overlap_compute(cfg: Config, index: int, moe: bool) -> compute.Work:
     if profile is None or cfg.calibration.overlap.tp is not None or not p.tp_comm_overlap:
         return compute.Work(0.0, 0.0, 0.0)
     tp, margin = p.tp, profile.sms / (profile.sms - TE_OVERLAP_SMS) - 1
-    gemms = compute.layer_gemms(cfg, index)
-    blocks = [("attention", "mla_up_proj")] if cfg.model.attention else []
-    if not moe:
-        blocks.append(("mlp",))
     extra = compute.Work(0.0, 0.0, 0.0)
-    for groups in blocks:
-        mine = [g for g in gemms if g.group in groups]
-        first, last = mine[0], mine[-1]
+    for first, last in _tp_blocks(cfg, index, moe):
         whole_first, whole_last = compute.gemm_times([first, last], cfg)
         split_first, split_last = compute.gemm_times(
             [dataclasses.replace(g, m=g.m / tp, count=g.count * tp) for g in (first, last)], cfg)
