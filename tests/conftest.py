@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,6 +51,27 @@ def run_main(*args: object) -> tuple[int, str, str]:
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     return code, out.getvalue(), err.getvalue()
+
+
+def one_line(code: int, err: str, expected: int = 2) -> str:
+    """The one `error: ...` line a command printed, asserting it exited ``expected`` and printed nothing else."""
+    lines = err.strip().splitlines()
+    assert code == expected and len(lines) == 1 and lines[0].startswith("error: "), (code, err)
+    return lines[0]
+
+
+@contextmanager
+def tmpfs(mount: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at ``mount`` with ``options`` (a real ENOSPC or EROFS from the kernel) for the test's time.
+    Mounting needs root (CI runs as root); elsewhere the test skips."""
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
 
 
 def store_rows(db: Path) -> dict[str, list[tuple]]:

@@ -3,26 +3,20 @@ option or folder, exit 2, before the work it would spoil."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import sqlite3
-import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TRACES, run_main
+from tests.conftest import ROOT, TRACES, one_line, run_main, tmpfs
 
 GOOD = TRACES / "kineto" / "hta_rank0of2_pg_args.json.gz"
 SAXPY = TRACES / "nsys" / "pipit_saxpy_mpi_1rank_nsys2022.2.sqlite"
 CONFIG = ROOT / "examples" / "synth_gpt_tp2pp2.yaml"
 
-
-def one_line(code: int, err: str) -> str:
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, err)
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -99,16 +93,10 @@ def test_synth_skew_that_overflows_is_one_line(tmp_path) -> None:
 
 
 @pytest.fixture
-def read_only(tmp_path: Path):
-    """A read-only tmpfs: the kernel refuses every write (EROFS), even root's. Mounting needs root; elsewhere it
-    skips."""
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(mount)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    yield mount
-    subprocess.run(["umount", str(mount)], check=True)
+def read_only(tmp_path: Path) -> Iterator[Path]:
+    """A read-only tmpfs: the kernel refuses every write (EROFS), even root's."""
+    with tmpfs(tmp_path / "ro", "size=1m,ro") as mount:
+        yield mount
 
 
 @pytest.mark.parametrize("db", ["s.duckdb", "s.parquet", "sub/s.duckdb"])

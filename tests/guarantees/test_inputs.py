@@ -13,18 +13,13 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.conftest import ROOT, TRACES, run_main
+from tests.conftest import ROOT, TRACES, one_line, run_main
 
 NSYS_2PROC = TRACES / "nsys" / "nsysai_h100_2proc_nsys2026.2.sqlite"
 KINETO = TRACES / "kineto" / "hta_rank0of2_pg_args.json.gz"
 ASCEND_RANK = TRACES / "ascend" / "torch_npu_2rank_level0" / "rank0_ascend_pt"
 CONFIG = ROOT / "examples" / "synth_gpt_tp2pp2.yaml"
 
-
-def one_line(code: int, err: str) -> str:
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, err)
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,16 @@ for every command."""
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pytest
 
-from tests.conftest import TRACES, run_main
+from tests.conftest import TRACES, one_line, run_main, tmpfs
 from traceana.errors import TraceanaError
 
 GOOD = TRACES / "kineto" / "hta_rank0of2_pg_args.json.gz"
@@ -33,11 +33,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert run_main("ingest", GOOD, "--db", path)[0] == 0
     return path
 
-
-def one_line(code: int, err: str, expected: int = 2) -> str:
-    lines = err.strip().splitlines()
-    assert code == expected and len(lines) == 1 and lines[0].startswith("error: "), (code, err)
-    return lines[0]
 
 
 def _fail_on_steps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,15 +133,10 @@ def test_ingest_blocked_by_a_reader_says_a_reader_holds_the_file(store, tmp_path
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path):
-    """A 3.5 MB tmpfs: a real ENOSPC from the kernel. Mounting needs root (CI runs as root); elsewhere it skips."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3500k", "tmpfs", str(mount)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    yield mount
-    subprocess.run(["umount", str(mount)], check=True)
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 3.5 MB tmpfs: a real ENOSPC from the kernel."""
+    with tmpfs(tmp_path / "disk", "size=3500k") as mount:
+        yield mount
 
 
 def test_disk_full_says_so_and_leaves_the_store_unchanged(store, small_disk) -> None:
