@@ -208,8 +208,8 @@ def _dims(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
         FROM bw FULL JOIN share USING (dim) GROUP BY ALL ORDER BY dim""", params={"run": run_id}).pl()
 
 
-def _quantiles(series: pl.Series) -> tuple[float, float]:
-    """(mean, half the 10-90% range) of a per-step series."""
+def _mean_and_spread(series: pl.Series) -> tuple[float, float]:
+    """(mean, half the 10-90% range) of a series of samples (steps, ranks)."""
     return float(series.mean()), float((series.quantile(0.9) - series.quantile(0.1)) / 2)  # type: ignore[operator]
 
 
@@ -255,7 +255,7 @@ def measure(db: Path, run_id: str, cfg: Config) -> TraceProfile:
             ("memory_efficiency", "memory_ms", memory_s, cal.memory_efficiency),
             ("optimizer_efficiency", "optimizer_ms", prior.optimizer[0], cal.optimizer_efficiency
              or cal.memory_efficiency)):
-        measured, spread = _quantiles(steps[column])
+        measured, spread = _mean_and_spread(steps[column])
         if measured > 0 and model_s > 0:
             value = base * model_s * 1e3 / measured
             if value > 1:
@@ -265,8 +265,8 @@ def measure(db: Path, run_id: str, cfg: Config) -> TraceProfile:
                             f"{column[:-3]} kernels, {measured:.3f} ms a step"))
     updated = _with(updated, **{f.name: f.value for f in fits})
 
-    busy, busy_spread = _quantiles(steps["host_busy_ms"])
-    optimizer_host, optimizer_spread = _quantiles(steps["optimizer_host_ms"])
+    busy, busy_spread = _mean_and_spread(steps["host_busy_ms"])
+    optimizer_host, optimizer_spread = _mean_and_spread(steps["optimizer_host_ms"])
     forward, backward = _host_per_layer(cfg, busy * 1e-3)
     scale = busy_spread / busy if busy else 0.0
     fits += [Fit("host_us_per_layer", forward, "µs", forward * scale, n, "step less synchronize and optimizer"),
@@ -277,14 +277,13 @@ def measure(db: Path, run_id: str, cfg: Config) -> TraceProfile:
     updated = _with(updated, host_us_per_layer=forward, host_us_per_backward_layer=backward,
                     host_us_per_step=optimizer_host * 1e3)
 
-    idle_ms = float(idle["IDLE_ms"].mean()) if not idle.is_empty() else 0.0
+    idle_ms, idle_spread = _mean_and_spread(idle["IDLE_ms"]) if not idle.is_empty() else (0.0, 0.0)
     total_ms = float(totals[0]) if totals and totals[0] else 0.0
     if total_ms and idle_ms < DEVICE_BOUND * total_ms:
         explained = estimator.estimate(updated).stages[0].idle * 1e3
-        per_layer = max(0.0, idle_ms - explained) * 1e3 / (cfg.model.layers * cfg.micro_batches)
-        spread = float((idle["IDLE_ms"].quantile(0.9) - idle["IDLE_ms"].quantile(0.1)) / 2) * 1e3 / (  # type: ignore[operator]
-            cfg.model.layers * cfg.micro_batches)
-        fits.append(Fit("idle_us_per_layer", per_layer, "µs", spread, idle.height,
+        passes = cfg.model.layers * cfg.micro_batches
+        per_layer = max(0.0, idle_ms - explained) * 1e3 / passes
+        fits.append(Fit("idle_us_per_layer", per_layer, "µs", idle_spread * 1e3 / passes, idle.height,
                         f"IDLE {idle_ms:.3f} ms a step, {explained:.3f} of it host-bound by the fit"))
     elif total_ms:
         notes.append(f"host-bound run (IDLE {idle_ms:.1f} of {total_ms:.1f} ms): its idle is the host time fitted "
