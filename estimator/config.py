@@ -336,10 +336,33 @@ def _with_profile(raw: dict[str, Any], source: str, where: Path) -> tuple[dict[s
            for name in ("matmul_efficiency", "memory_efficiency")}
     profile = _build(Profile, {**data, **own}, str(path), "")
     profile = dataclasses.replace(profile, name=str(data.get("name")), source=str(data.get("source")))  # as written
+    _check_tables(profile, path)
     merged = dict(raw)
     for section, values in defaults.items():
         merged[section] = _merge(values, raw.get(section) or {})
     return merged, profile
+
+
+# A profile table's columns: how many each row has, and which may be zero (attention's causal flag; a measured
+# point's kernel count and spread); every other value is a size or a time, so positive.
+TABLE_COLUMNS = {"gemm_us": (4, ()), "gemm_measured_us": (6, (4, 5)), "attention_us": (7, (4,)),
+                 "memory_gb_per_s": (2, ())}
+
+
+def _check_tables(profile: Profile, path: Path) -> None:
+    """One line naming the row and column of a table value no device can have (the tables are read in logarithms
+    and ratios: a zero or negative size or time would be a math error, or a silently wrong estimate)."""
+    for name, (width, may_be_zero) in TABLE_COLUMNS.items():
+        for i, row in enumerate(getattr(profile, name)):
+            if len(row) != width:
+                raise TraceanaError(f"{path}: {name}[{i}]: expected {width} values, got {len(row)}")
+            for j, value in enumerate(row):
+                if value < 0 or (value == 0 and j not in may_be_zero):
+                    raise TraceanaError(f"{path}: {name}[{i}][{j}]={value}: must be "
+                                        f"{'>= 0' if j in may_be_zero else 'positive'}")
+            if name == "attention_us" and row[6] <= row[5]:
+                raise TraceanaError(f"{path}: attention_us[{i}]: forward+backward {row[6]} µs is not longer than "
+                                    f"the forward's {row[5]} µs")
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -243,3 +243,21 @@ def test_kernel_launches_floor_the_host_time_of_a_config_without_host_numbers() 
     profiled = _gpt()
     assert profiled.calibration.launch_us == 16.2
     assert host_seconds(profiled, 0).forward == pytest.approx(220e-6)
+
+
+@pytest.mark.parametrize(("table", "row", "message"), [
+    ("gemm_us", [2048, 2048, 2048, -5], "gemm_us[0][3]=-5.0: must be positive"),
+    ("gemm_us", [2048, 0, 2048, 5], "gemm_us[0][1]=0.0: must be positive"),
+    ("gemm_us", [2048, 2048, 5], "gemm_us[0]: expected 4 values, got 3"),
+    ("gemm_measured_us", [2048, 2048, 2048, -5, 1, 0], "gemm_measured_us[0][3]=-5.0: must be positive"),
+    ("attention_us", [1, 16, 1024, 128, 1, 30, 20], "attention_us[0]: forward+backward 20.0 µs is not longer than "
+                                                     "the forward's 30.0 µs"),
+])
+def test_a_profile_table_value_no_device_has_names_its_row(tmp_path: Path, table: str, row: list,
+                                                           message: str) -> None:
+    """A negative time used to give an estimate (exit 0, wrong), a zero size a math domain error."""
+    (tmp_path / "p.yaml").write_text(f"name: x\nsource: y\nhardware: {{peak_tflops_bf16: 989, hbm_gb: 141}}\n"
+                                     f"{table}:\n  - {row}\n")
+    with pytest.raises(TraceanaError) as caught:
+        from_dict({**GPT, "hardware": {"profile": "p.yaml"}}, "gpt.yaml", tmp_path)
+    assert str(caught.value) == f"{tmp_path / 'p.yaml'}: {message}"
