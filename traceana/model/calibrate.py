@@ -118,7 +118,7 @@ def _gemms(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
                (d->>('$[' || a || '][1]'))::BIGINT AS k, count(*)::BIGINT AS kernels, median(ns) / 1e3 AS us,
                100 * {_spread('ns')} / median(ns) AS spread_pct
         FROM ops JOIN launched USING (f, ext_id)
-        GROUP BY ALL HAVING m > 0 AND n > 0 AND k > 0 ORDER BY m, n, k""").pl()
+        GROUP BY ALL HAVING m > 0 AND n > 0 AND k > 0 AND median(ns) > 0 ORDER BY m, n, k""").pl()
     return frame.with_columns((2 * pl.col("m") * pl.col("n") * pl.col("k") / pl.col("us") / 1e6).alias("tflops"))
 
 
