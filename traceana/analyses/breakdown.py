@@ -118,6 +118,12 @@ def by_rank(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None
     return _ns_to_ms(frame)
 
 
+def rank_steps(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
+    """Every rank-step's breakdown in ms (rank_breakdown's rows with a step), by rank and step."""
+    return _ns_to_ms(con.sql("SELECT * EXCLUDE (run_id, steps) FROM rank_breakdown WHERE run_id = ? AND step IS NOT "
+                             "NULL ORDER BY rank, step", params=[run_id]).pl())
+
+
 def by_stage(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None) -> pl.DataFrame:
     """One row per pipeline stage in ms: mean and max over the stage's ranks (step ``step`` or typical steps)."""
     if step is not None:

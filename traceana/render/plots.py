@@ -22,6 +22,7 @@ IDLE_COLOR = "0.93"
 DIM_COLORS = dict(zip(DIM_LANES, ["tab:blue", "tab:purple", "tab:orange", "tab:green", "tab:red", "tab:brown"],
                       strict=True))
 PART_COLORS = {"COMP": COMP_COLOR, **dict(zip(WAITS, DIM_COLORS.values(), strict=True)), "IDLE": IDLE_COLOR}
+CRITICAL_COLOR = "#e6007e"  # magenta: no dim, COMP or IDLE uses it, so the path stands out on every timeline
 IDLE_CAUSE_COLORS = dict(zip(CAUSES, ["tab:red", "tab:purple", "tab:orange", "tab:blue", "0.8"], strict=True))
 
 
