@@ -208,6 +208,8 @@ def diff(
     run_b: Annotated[str, typer.Argument(help="The second run (B), compared with A.")],
     top: Annotated[int, typer.Option("--top", help="How many kernels to list in each table.",
                                      callback=top_count)] = 15,
+    html: Annotated[Path | None, typer.Option("--html", help="Also write the diff as one interactive HTML file "
+                                              "(every kernel, not --top).")] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -217,14 +219,23 @@ def diff(
 
     from traceana.analyses.diff import breakdown_diff, collective_diff, kernel_diff
 
+    if html is not None:
+        from traceana.render.report.page import need_bokeh
+
+        need_bokeh()
     with store.connect(db, read_only=True) as con:
         for run in (run_a, run_b):
             store.resolve_run(con, run)
         parts = breakdown_diff(con, run_a, run_b)
         kernel_rows = kernel_diff(con, run_a, run_b)
         comms = collective_diff(con, run_a, run_b)
-    if parts.is_empty():
-        raise TraceanaError(f"runs {run_a!r} and {run_b!r} have no device events to compare")
+        if parts.is_empty():
+            raise TraceanaError(f"runs {run_a!r} and {run_b!r} have no device events to compare")
+        if html is not None:
+            from traceana.render.report.diff import write
+
+            size = write(con, db, run_a, run_b, html)
+            typer.echo(f"wrote {html} ({size / 1e6:.1f} MB)", err=True)
     changed = kernel_rows.filter(pl.col("status") == "both").head(top)
     new = kernel_rows.filter(pl.col("status") == "new").head(top)
     vanished = kernel_rows.filter(pl.col("status") == "vanished").sort("ms_A", descending=True).head(top)

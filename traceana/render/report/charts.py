@@ -130,7 +130,8 @@ def bars(frame: pl.DataFrame, x: str, value: str, colors: list[str], title: str,
     fig.xaxis.axis_label = x
     fig.yaxis.axis_label = y_label
     fig.xgrid.grid_line_color = None
-    fig.y_range.start = 0
+    if frame[value].min() >= 0:
+        fig.y_range.start = 0
     return fig
 
 
