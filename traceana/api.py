@@ -181,7 +181,7 @@ class Traces:
     def launch_stats(self, by: str = "kernel", buckets: int = 200, run: str | None = None) -> pl.DataFrame:
         """Kernel-launch statistics, as `traceana kernels --launch`: the delay from each launch call's start to the
         event's start (µs: mean, p50, p95, max) and short_pct (events shorter than their rank's launch cost, the
-        median delay onto an idle stream), ``by`` "kernel" (short name), "rank" (with launch_cost_us), "step", or
+        median delay onto an idle device), ``by`` "kernel" (short name), "rank" (with launch_cost_us), "step", or
         "time" (``buckets`` equal buckets of the run, start_ms / end_ms since its first launch). Empty for runs
         without launch records (CPU-only, Ascend)."""
         from traceana.analyses import launches as la

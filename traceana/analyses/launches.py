@@ -40,11 +40,11 @@ def by_kernel(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
 
 
 def by_rank(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
-    """Per rank: its launch cost (the median delay onto an idle stream, µs) and events launched onto an idle stream,
+    """Per rank: its launch cost (the median delay onto an idle device, µs) and events launched onto an idle device,
     then the delay statistics over all its events."""
     return _query(con, f"""
         SELECT rank, any_value(pp) AS pp, any_value(launch_cost_ns) / 1e3 AS launch_cost_us,
-               count(*) FILTER (WHERE idle_stream) AS idle_stream_events, {_DELAYS}
+               count(*) FILTER (WHERE idle_device) AS idle_device_events, {_DELAYS}
         FROM kernel_launches WHERE run_id = $run GROUP BY rank ORDER BY rank""", {"run": run_id})
 
 

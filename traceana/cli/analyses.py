@@ -167,7 +167,7 @@ def _launches(run: str | None, top: int, plot: Path | None, json: bool, db: Path
     else:
         ranks = parts["by_rank"]
         typer.echo(f"{rid}: {ranks['events'].sum():,} launched device events on {ranks.height} rank(s); launch cost "
-                   f"(median delay onto an idle stream) {ranks['launch_cost_us'].median():,.2f} us; "
+                   f"(median delay onto an idle device) {ranks['launch_cost_us'].median():,.2f} us; "
                    f"{(ranks['short_pct'] * ranks['events']).sum() / ranks['events'].sum():.1f}% of events ran "
                    "shorter than it")
         emit(_compact(parts["by_kernel"].head(top)), title=f"launch delay (call start to kernel start) of the {top} "
@@ -190,10 +190,11 @@ def _compact(frame: pl.DataFrame) -> pl.DataFrame:
 
     names = {"short_name": "kernel", "category": "cat", "span_ms": "span ms", "p50_delay_us": "p50 us",
              "p95_delay_us": "p95 us", "max_delay_us": "max us", "short_pct": "short %", "mean_duration_us":
-             "dur us", "launch_cost_us": "cost us", "idle_stream_events": "idle-stream", "busy_queue_pct": "busy %",
+             "dur us", "launch_cost_us": "cost us", "idle_device_events": "idle-device", "busy_queue_pct": "busy %",
              "mean_queue": "mean queue", "max_queue": "max queue"}
+    frame = frame.drop("mean_delay_us", strict=False)
     floats = [c for c, t in frame.schema.items() if t == pl.Float64]
-    return frame.drop("mean_delay_us", strict=False).with_columns(pl.col(floats).round_sig_figs(4)).rename(
+    return frame.with_columns(pl.col(floats).round_sig_figs(4)).rename(
         {c: n for c, n in names.items() if c in frame.columns})
 
 

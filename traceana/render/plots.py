@@ -247,7 +247,7 @@ def whatif_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
 def launch_timeline(delays: pl.DataFrame, queues: pl.DataFrame, ranks: pl.DataFrame, steps: pl.DataFrame, path: Path,
                     title: str) -> None:
     """Two panels over one time axis (ms since the run's first launch). Top: the launch delay per time bucket, all
-    ranks pooled (median and p95, log scale), with the launch cost (the ranks' median delay onto an idle stream)
+    ranks pooled (median and p95, log scale), with the launch cost (the ranks' median delay onto an idle device)
     dashed. Bottom: the queue length of the streams with the longest mean queue (at most 8 drawn), each bucket's
     max (solid) and time-weighted mean (dotted). Step starts as dotted vertical lines."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
@@ -264,7 +264,7 @@ def launch_timeline(delays: pl.DataFrame, queues: pl.DataFrame, ranks: pl.DataFr
     cost = ranks["launch_cost_us"].median()
     if cost is not None:
         top.axhline(cost, color="0.3", linestyle="--", linewidth=1,
-                    label=f"launch cost {cost:,.1f} us (median delay onto an idle stream)")
+                    label=f"launch cost {cost:,.1f} us (median delay onto an idle device)")
     top.set_yscale("log")
     top.set_ylabel("launch call start to kernel start (us)")
     top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
