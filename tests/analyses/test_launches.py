@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import statistics
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import polars as pl
 import pytest
@@ -21,6 +23,7 @@ from tests.conftest import ROOT, SAMPLES, TRACES, one_line, run_main
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.api import Traces
+from traceana.errors import TraceanaError
 from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.layout import Layout
 from traceana.synth.schedule import LAUNCH_LEAD_NS
@@ -198,3 +201,14 @@ def test_cli_json_plot_and_a_run_without_launches(db: Path, tmp_path: Path) -> N
     assert "no launch records" in one_line(*run_main("kernels", "cpu", "--launch", "--plot", png, "--db", db)[::2])
     assert "add --launch" in one_line(*run_main("kernels", "gpt", "--plot", png, "--db", db)[::2])
     assert Traces(db, run="cpu").launch_stats().is_empty() and Traces(db, run="cpu").queue_length().is_empty()
+
+
+def test_a_store_written_before_launch_records_asks_for_an_ingest(db: Path, tmp_path: Path) -> None:
+    old = tmp_path / "old.duckdb"
+    shutil.copy(db, old)
+    with duckdb.connect(str(old)) as con:
+        con.execute("ALTER TABLE device_events DROP COLUMN launch_ns")
+    for args in (("--launch",), ("--launch", "--json"), ("--launch", "--plot", tmp_path / "x.png")):
+        assert "ingest the run again" in one_line(*run_main("kernels", "gpt", *args, "--db", old)[::2])
+    with pytest.raises(TraceanaError, match="ingest the run again"):
+        Traces(old, run="gpt").queue_length(by="time")

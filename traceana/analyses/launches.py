@@ -26,7 +26,7 @@ def _query(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object]) 
     """A query over the launch views; a store written before launch_ns existed gets the one-line ingest-again error."""
     try:
         return con.sql(sql, params=params).pl()
-    except duckdb.BinderException:
+    except (duckdb.BinderException, duckdb.CatalogException):  # no launch_ns column, so no view over it either
         raise TraceanaError(store.OUTDATED) from None
 
 
@@ -59,15 +59,15 @@ def by_step(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
 
 def origin_ns(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
     """The run's first launch: time zero of the series below (the queue length is defined from there on)."""
-    return con.execute("SELECT min(launch_ns) FROM device_events WHERE run_id = ?", [run_id]).fetchall()[0][0]
+    return _query(con, "SELECT min(launch_ns) AS ns FROM device_events WHERE run_id = $run", {"run": run_id}).item()
 
 
 def _bucket_ns(con: duckdb.DuckDBPyConnection, run_id: str, buckets: int) -> tuple[int, int]:
     """(origin, bucket width) cutting the run's launched span, first launch to last start, into ``buckets``."""
     if buckets < 1:
         raise TraceanaError(f"buckets={buckets}: must be at least 1")
-    first, last = con.execute("SELECT min(launch_ns), max(start_ns) FROM device_events WHERE run_id = ? AND "
-                              "launch_ns IS NOT NULL", [run_id]).fetchall()[0]
+    first, last = _query(con, "SELECT min(launch_ns), max(start_ns) FROM device_events WHERE run_id = $run AND "
+                         "launch_ns IS NOT NULL", {"run": run_id}).row(0)
     return (first or 0), max(1, -(-((last or 0) - (first or 0) + 1) // buckets))
 
 
@@ -124,15 +124,15 @@ def notes(con: duckdb.DuckDBPyConnection, run_id: str) -> list[str]:
     """What the statistics leave out, one line each: the whole run when it has no launch records, else the device
     events without one, the launched events outside every step window (not in :func:`by_step`), and the events
     that start before their launch call (clock error: their delay is read as 0)."""
-    events, launched, early = con.execute(
-        "SELECT count(*), count(launch_ns), count(*) FILTER (WHERE start_ns < launch_ns) FROM device_events "
-        "WHERE run_id = ?", [run_id]).fetchall()[0]
+    events, launched, early = _query(
+        con, "SELECT count(*), count(launch_ns), count(*) FILTER (WHERE start_ns < launch_ns) FROM device_events "
+        "WHERE run_id = $run", {"run": run_id}).row(0)
     if not launched:
         why = ("it has no device events" if not events else "CPU-only traces, Ascend and msprof do not record the "
                "host call that launched each device task")
         return [f"run {run_id!r} has no launch records ({why}), so no launch statistics and no queue length"]
-    outside = con.execute("SELECT count(*) FILTER (WHERE step IS NULL) FROM kernel_launches WHERE run_id = ?",
-                          [run_id]).fetchall()[0][0]
+    outside = _query(con, "SELECT count(*) FILTER (WHERE step IS NULL) FROM kernel_launches WHERE run_id = $run",
+                     {"run": run_id}).item()
     found = []
     if launched < events:
         found.append(f"{events - launched:,} of {events:,} device events have no launch record (launched before the "
