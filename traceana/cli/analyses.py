@@ -166,14 +166,15 @@ def _launches(run: str | None, top: int, plot: Path | None, json: bool, db: Path
         typer.echo(f"note: {notes[0]}")
     else:
         ranks = parts["by_rank"]
+        over = "; the median over ranks" if ranks.height > 1 else ""
         typer.echo(f"{rid}: {ranks['events'].sum():,} launched device events on {ranks.height} rank(s); launch cost "
-                   f"(median delay onto an idle device) {ranks['launch_cost_us'].median():,.2f} us; "
+                   f"(median delay onto an idle device{over}) {ranks['launch_cost_us'].median():,.2f} us; "
                    f"{(ranks['short_pct'] * ranks['events']).sum() / ranks['events'].sum():.1f}% of events ran "
                    "shorter than it")
         emit(_compact(parts["by_kernel"].head(top)), title=f"launch delay (call start to kernel start) of the {top} "
              "most launched kernels")
-        emit(_compact(ranks.head(top)), title=f"per rank (the first {top}); launch cost: median delay onto an idle "
-             "stream")
+        emit(_compact(ranks.head(top)), title=f"per rank (the first {top}); cost: the median delay onto an idle "
+             "device")
         emit(_compact(parts["by_step"]), title="per step, all ranks")
         emit(_compact(parts["queue"].head(top)), title=f"queue length (launched, not started): the {top} streams "
              "with the longest mean queue")
