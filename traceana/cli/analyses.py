@@ -1,12 +1,13 @@
-"""The analysis commands beyond the breakdown: critical-path, comm, kernels, idle, memory and diff. Each is thin:
-it opens the store, calls the module that owns the concept (traceana/analyses/critical_path.py, comm.py, kernels.py,
-idle.py, memory.py, diff.py), and prints or plots. Those modules (and Polars) are imported where used, so that
-`traceana --help` stays cheap (tests/test_lazy_imports.py)."""
+"""The analysis commands beyond the breakdown: critical-path, comm, kernels (and its --launch statistics), idle,
+memory and diff. Each is thin: it opens the store, calls the module that owns the concept
+(traceana/analyses/critical_path.py, comm.py, kernels.py, launches.py, idle.py, memory.py, diff.py), and prints or
+plots. Those modules (and Polars) are imported where used, so that `traceana --help` stays cheap
+(tests/test_lazy_imports.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +15,9 @@ from traceana import store
 from traceana.cli.options import DbOption, JsonOption, RunArgument, top_count
 from traceana.errors import TraceanaError
 from traceana.render.console import emit, emit_json, plot_path
+
+if TYPE_CHECKING:  # imported where used, as above
+    import polars as pl
 
 
 def critical_path(
@@ -104,13 +108,27 @@ def comm(
 
 def kernels(
     run: RunArgument = None,
-    top: Annotated[int, typer.Option("--top", help="How many kernels (per stage with --by stage).",
-                                     callback=top_count)] = 20,
+    top: Annotated[int, typer.Option("--top", help="How many kernels (per stage with --by stage; with --launch, "
+                                     "kernels and streams).", callback=top_count)] = 20,
     by: Annotated[str, typer.Option("--by", help="run (all ranks together) or stage.")] = "run",
+    launch: Annotated[bool, typer.Option("--launch", help="Launch statistics instead: the delay from each launch "
+                                         "call to the kernel's start per kernel, rank and step, the share of "
+                                         "kernels shorter than their launch cost, and each stream's queue length "
+                                         "(launched, not yet started).")] = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="With --launch: write the launch delay and the queue "
+                                              "length over time to this PNG.", callback=plot_path)] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
-    """Top kernels by total device time: short name, category, calls, mean, share of COMP, time per rank-step."""
+    """Top kernels by total device time: short name, category, calls, mean, share of COMP, time per rank-step;
+    or, with --launch, how long kernels waited from their launch and how deep each stream's queue ran."""
+    if launch:
+        if by != "run":
+            raise TraceanaError("--launch reports per kernel, rank and step: drop --by")
+        _launches(run, top, plot, json, db)
+        return
+    if plot is not None:
+        raise TraceanaError("--plot draws the launch statistics: add --launch")
     from traceana.analyses.kernels import ranking
 
     with store.connect(db, read_only=True) as con:
@@ -120,6 +138,65 @@ def kernels(
         raise TraceanaError(f"run {rid!r} has no device events in its steps, so no kernels")
     emit(frame, title=f"{rid}: top {top} kernels by total time" + (" per stage" if by == "stage" else "")
          + " (share of COMP over the same ranks and steps)", fmt="json" if json else "table")
+
+
+def _launches(run: str | None, top: int, plot: Path | None, json: bool, db: Path) -> None:
+    """`kernels --launch`: a run without launch records gets its one-line note and exit 0 (there is nothing wrong
+    with the run), unless a plot was asked for, which cannot be drawn (exit 2)."""
+    from traceana.analyses import launches as la
+
+    with store.connect(db, read_only=True) as con:
+        rid = store.resolve_run(con, run)
+        notes = la.notes(con, rid)
+        parts = {"by_kernel": la.by_kernel(con, rid), "by_rank": la.by_rank(con, rid), "by_step": la.by_step(con, rid),
+                 "queue": la.queue_summary(con, rid)}
+        if plot is not None and not parts["by_rank"].is_empty():
+            delays, queues = la.over_time(con, rid), la.queue_over_time(con, rid)
+            steps = con.sql("SELECT step, min(start_ns) - $origin AS start_ns FROM step_windows WHERE run_id = $run "
+                            "GROUP BY step", params={"run": rid, "origin": la.origin_ns(con, rid)}).pl()
+    if plot is not None:
+        if parts["by_rank"].is_empty():
+            raise TraceanaError(f"--plot: {notes[0]}")
+        from traceana.render.plots import launch_timeline
+
+        launch_timeline(delays, queues, parts["by_rank"], steps, plot, f"{rid}: kernel launches over time")
+    if json:
+        emit_json({"run_id": rid, "notes": notes, **{name: frame.to_dicts() for name, frame in parts.items()}})
+    elif parts["by_rank"].is_empty():
+        typer.echo(f"note: {notes[0]}")
+    else:
+        ranks = parts["by_rank"]
+        over = "; the median over ranks" if ranks.height > 1 else ""
+        typer.echo(f"{rid}: {ranks['events'].sum():,} launched device events on {ranks.height} rank(s); launch cost "
+                   f"(median delay onto an idle device{over}) {ranks['launch_cost_us'].median():,.2f} us; "
+                   f"{(ranks['short_pct'] * ranks['events']).sum() / ranks['events'].sum():.1f}% of events ran "
+                   "shorter than it")
+        emit(_compact(parts["by_kernel"].head(top)), title=f"launch delay (call start to kernel start) of the {top} "
+             "most launched kernels")
+        emit(_compact(ranks.head(top)), title=f"per rank (the first {top}); cost: the median delay onto an idle "
+             "device")
+        emit(_compact(parts["by_step"]), title="per step, all ranks")
+        emit(_compact(parts["queue"].head(top)), title=f"queue length (launched, not started): the {top} streams "
+             "with the longest mean queue")
+        for note in notes:
+            typer.echo(f"note: {note}")
+    if plot is not None:
+        typer.echo(f"wrote {plot}", err=True)
+
+
+def _compact(frame: pl.DataFrame) -> pl.DataFrame:
+    """A launch table for a terminal of ~100 columns: short headers with their unit, 4 significant figures, no mean
+    delay beside the quantiles (the JSON keeps every column, full names and values)."""
+    import polars as pl
+
+    names = {"short_name": "kernel", "category": "cat", "span_ms": "span ms", "p50_delay_us": "p50 us",
+             "p95_delay_us": "p95 us", "max_delay_us": "max us", "short_pct": "short %", "mean_duration_us":
+             "dur us", "launch_cost_us": "cost us", "idle_device_events": "idle-device", "busy_queue_pct": "busy %",
+             "mean_queue": "mean queue", "max_queue": "max queue"}
+    frame = frame.drop("mean_delay_us", strict=False)
+    floats = [c for c, t in frame.schema.items() if t == pl.Float64]
+    return frame.with_columns(pl.col(floats).round_sig_figs(4)).rename(
+        {c: n for c, n in names.items() if c in frame.columns})
 
 
 def idle(

@@ -29,7 +29,8 @@ def _varying_coords(frame: pl.DataFrame) -> list[str]:
 
 
 def _cells(frame: pl.DataFrame, suffix: str, share: bool) -> list[pl.Expr]:
-    """TOTAL, each part that is not zero everywhere as 'ms (pct%)' (or plain ms), and OVERLAPPED, for a table."""
+    """TOTAL, each part that is not zero everywhere as 'ms (pct%)' (or plain ms), and OVERLAPPED as 'ms (its share
+    of the communication time%)' (or plain ms), for a table."""
     import polars as pl
 
     from traceana.analyses import breakdown as bd
@@ -43,7 +44,10 @@ def _cells(frame: pl.DataFrame, suffix: str, share: bool) -> list[pl.Expr]:
         pct = (100 * pl.col(f"{part}{suffix}") / pl.col(f"TOTAL{suffix}")).round(1).fill_nan(None)
         cells.append((pl.format("{} ({}%)", ms(part), pct) if share else ms(part).cast(pl.String))
                      .alias(f"{bd.label(part)} ms (%)"))
-    return [*cells, ms("OVERLAPPED").cast(pl.String).alias("OVERLAPPED ms")]
+    overlapped = ms("OVERLAPPED").cast(pl.String)
+    if share:  # no communication: no share to give
+        overlapped = pl.coalesce(pl.format("{} ({}%)", ms("OVERLAPPED"), pl.col("OVERLAP_pct").round(1)), overlapped)
+    return [*cells, overlapped.alias("OVERLAPPED ms (% comm)")]
 
 
 def breakdown(
@@ -85,10 +89,24 @@ def breakdown(
     else:
         table = _rank_table(frame, typical=chosen is None) if by == "rank" else _stage_table(frame)
         emit(table, title=f"{rid}: breakdown per {by}, {which}")
+        typer.echo(_overlap_line(ranks))
     for note in notes:
         typer.echo(f"note: {note}", err=True)
     if plot is not None:
         typer.echo(f"wrote {plot}", err=True)
+
+
+def _overlap_line(ranks: pl.DataFrame) -> str:
+    """The run's communication / computation overlap, the headline beside OVERLAPPED, with its spread over ranks."""
+    from traceana.analyses import breakdown as bd
+
+    run = bd.run_overlap_pct(ranks)
+    if run is None:
+        return "comm/compute overlap: no communication in these steps"
+    spread = ranks["OVERLAP_pct"].drop_nulls()
+    ranks_part = f"; per rank {spread.min():.1f}% to {spread.max():.1f}%" if spread.len() > 1 else ""
+    return (f"comm/compute overlap: {run:.1f}% of communication ran under compute (OVERLAPPED / (OVERLAPPED + "
+            f"waits){ranks_part})")
 
 
 def _rank_table(frame: pl.DataFrame, typical: bool) -> pl.DataFrame:

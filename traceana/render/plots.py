@@ -243,3 +243,52 @@ def whatif_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     save_figure(fig, path, dpi=130)
+
+
+def launch_timeline(delays: pl.DataFrame, queues: pl.DataFrame, ranks: pl.DataFrame, steps: pl.DataFrame, path: Path,
+                    title: str) -> None:
+    """Two panels over one time axis (ms since the run's first launch). Top: the launch delay per time bucket, all
+    ranks pooled (median and p95, log scale), with the launch cost (the ranks' median delay onto an idle device)
+    dashed. Bottom: the queue length of the streams with the longest mean queue (at most 8 drawn), each bucket's
+    max (solid) and time-weighted mean (dotted). Step starts as dotted vertical lines."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
+    width = float((delays["end_ms"] - delays["start_ms"]).max() or 1)
+    gaps = (delays["start_ms"].diff() > 1.5 * width).fill_null(False)  # buckets without launches: break the line
+    delays = pl.concat([delays, delays.filter(gaps).with_columns(
+        pl.col("start_ms") - width, pl.col("end_ms") - width, pl.lit(None, pl.Float64).alias("p50_delay_us"),
+        pl.lit(None, pl.Float64).alias("p95_delay_us")).select(delays.columns)]).sort("start_ms")
+    mid = ((delays["start_ms"] + delays["end_ms"]) / 2).to_list()
+    top.plot(mid, delays["p50_delay_us"].fill_null(float("nan")).to_list(), color="tab:blue", linewidth=1.2,
+             label="median delay")
+    top.plot(mid, delays["p95_delay_us"].fill_null(float("nan")).to_list(), color="tab:red", linewidth=1,
+             label="p95 delay")
+    cost = ranks["launch_cost_us"].median()
+    if cost is not None:
+        top.axhline(cost, color="0.3", linestyle="--", linewidth=1,
+                    label=f"launch cost {cost:,.1f} us (median delay onto an idle device)")
+    top.set_yscale("log")
+    top.set_ylabel("launch call start to kernel start (us)")
+    top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    means = queues.group_by("rank", "stream").agg(pl.col("mean_queue").mean()).sort(
+        "mean_queue", "rank", "stream", descending=[True, False, False])
+    shown = means.head(8)
+    colors = plt.get_cmap("tab10")
+    for i, (rank, stream, _) in enumerate(shown.iter_rows()):
+        part = queues.filter((pl.col("rank") == rank) & (pl.col("stream") == stream))
+        x = part["start_ms"].to_list()
+        bottom.step(x, part["max_queue"].to_list(), where="post", color=colors(i), linewidth=1,
+                    label=f"rank {rank} stream {stream} (max)")
+        bottom.step(x, part["mean_queue"].to_list(), where="post", color=colors(i), linewidth=0.8, linestyle=":")
+    bottom.set_ylabel("queued events (launched, not started)")
+    bottom.set_xlabel("time since the run's first launch (ms); dotted: bucket mean")
+    suffix = "" if shown.height == means.height else f" ({shown.height} of {means.height} streams drawn)"
+    bottom.set_title("queue length per stream" + suffix, fontsize=9)
+    bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    for start, step in steps.select(pl.col("start_ns") / 1e6, "step").iter_rows():
+        for ax in (top, bottom):
+            ax.axvline(start, color="0.6", linestyle=":", linewidth=0.8)
+        top.annotate(f"step {step}", (start, 1), xycoords=("data", "axes fraction"), xytext=(2, -10),
+                     textcoords="offset points", fontsize=7, color="0.4")
+    top.set_title(title, fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=130)
