@@ -60,6 +60,10 @@ def first_screen(ctx: Context, advice: pl.DataFrame) -> str:
     share = ", ".join(f"{bd.label(p)} {ranks[f'{p}_ms'].mean():,.3f} ms ({100 * ranks[f'{p}_ms'].mean() / total:.1f}%)"
                       for p in parts) if total else "no time measured"
     which = ctx.traces.read(ctx.run, lambda con, rid: bd.which_step(con, rid, None))
+    overlap = bd.run_overlap_pct(ranks)
+    if overlap is not None:
+        share += (f"; communication/compute overlap {overlap:.1f}% (OVERLAPPED {ranks['OVERLAPPED_ms'].mean():,.3f} ms"
+                  " of the mean rank's communication ran under compute)")
     look: list[str] = []
     for finding in advice.head(3).iter_rows(named=True):
         look.append(f"<b>{html.escape(finding['finding'])}</b>: <code>{html.escape(finding['change'])}</code> would "
@@ -138,7 +142,7 @@ def ranks(ctx: Context) -> str:
     which = ctx.traces.read(ctx.run, lambda con, rid: bd.which_step(con, rid, None))
     bars = charts.stacked_bars(frame, "rank", {c: charts.PART_COLUMNS[c] for c in parts[1:-1]},
                                f"time per rank, {which} (click a rank for its steps)", "rank", pick="rank")
-    shown = frame.select("rank", *(["stage"] if ctx.has_stages() else []), *coords, *parts)
+    shown = frame.select("rank", *(["stage"] if ctx.has_stages() else []), *coords, *parts, "OVERLAP_pct")
     return (ctx.page.chart(bars) + ctx.page.table(_labelled(shown), "each rank's typical step, ms (click a row "
                                                   "for its steps)", pick="rank", filtered_by=("stage",)))
 
@@ -220,6 +224,39 @@ def idle(ctx: Context) -> str | None:
 MEMORY_RANKS = 16  # lines drawn at most (evenly spaced ranks); the table keeps every rank
 
 
+QUEUE_STREAMS = 8  # queue lines drawn at most (the deepest streams); the table keeps every stream
+
+
+def launches(ctx: Context) -> str | None:
+    """Launch delay (kernel start − its launch call's start) over time and per kernel, and each stream's queue of
+    launched, not yet started work, as `traceana kernels --launch`; None for runs without launch records."""
+    per_kernel = ctx.traces.launch_stats(run=ctx.run)
+    if per_kernel.is_empty():
+        return None
+    over_time = ctx.traces.launch_stats(by="time", run=ctx.run).drop_nulls("p50_delay_us")
+    per_rank = ctx.traces.launch_stats(by="rank", run=ctx.run)
+    delay = charts.lines([(f"{q} launch delay", q, over_time["start_ms"], over_time[f"{q}_delay_us"])
+                          for q in ("p50", "p95")], "launch delay over the run (kernel start − its launch call's "
+                         "start), per time bucket", "time since the first launch (ms)", "launch delay (µs)")
+    queues = ctx.traces.queue_length(run=ctx.run)
+    deepest = queues.sort("max_queue", "mean_queue", descending=True).head(QUEUE_STREAMS)
+    series = ctx.traces.queue_length(by="time", run=ctx.run).join(deepest.select("rank", "stream"),
+                                                                  on=["rank", "stream"])
+    queue = charts.lines([(f"rank {r} stream {s}", f"{r}:{s}", part["start_ms"], part["mean_queue"])
+                          for (r, s), part in series.group_by(["rank", "stream"], maintain_order=True)],
+                         f"queue length over the run: events launched but not started, the {deepest.height} "
+                         "deepest streams (mean per time bucket)", "time since the first launch (ms)",
+                         "events queued")
+    return (ctx.page.chart(delay) + ctx.page.table(per_rank, "per rank: launch delay (µs), launch cost (the median "
+                                                   "delay onto an idle device) and the share of kernels shorter "
+                                                   "than it", filtered_by=("rank",))
+            + ctx.page.table(per_kernel, "per kernel: launch delay (µs) and short_pct (events shorter than their "
+                                         "rank's launch cost)")
+            + ctx.page.chart(queue) + ctx.page.table(queues, "per rank and stream: queue length (time-weighted "
+                                                     "mean, max) and the share of its span with work queued",
+                                                     filtered_by=("rank",)))
+
+
 def memory(ctx: Context) -> str | None:
     """Allocated and reserved memory over time (MiB), and each rank's largest peak."""
     frame = ctx.traces.memory(run=ctx.run)
@@ -294,6 +331,7 @@ SECTIONS: list[tuple[str, Callable[[Context], str | None]]] = [
     ("Stragglers", stragglers),
     ("Communication", communication),
     ("Top kernels", kernels),
+    ("Kernel launches and queues", launches),
     ("Why the device was idle", idle),
     ("Memory", memory),
     ("Estimate vs measured", estimate),
