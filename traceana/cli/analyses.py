@@ -237,6 +237,14 @@ def diff(
     nonzero = (pl.col("ms_A").fill_null(0).abs() + pl.col("ms_B").fill_null(0).abs()).sum().over("part") > 0
     emit(parts.filter(nonzero), title=f"{title}: breakdown per stage, ms per typical step (mean over the stage's "
                                       "ranks); explains_pct = share of the stage's TOTAL change")
+    from traceana.analyses.breakdown import PARTS
+
+    moved = parts.filter((pl.col("part") == "TOTAL") & (pl.col("ms_delta") != 0))["stage"].to_list()
+    shared = parts.filter(pl.col("part").is_in(PARTS) & pl.col("explains_pct").is_not_null())["stage"].to_list()
+    offset = [s for s in moved if s not in shared]
+    if offset:
+        typer.echo(f"note: explains_pct is blank for stage(s) {', '.join(map(str, offset))}: TOTAL changed less than "
+                   "one of its parts did (the parts offset each other; read ms_delta)")
     for name, frame in (("changed most", changed), ("new in B", new), ("vanished from A", vanished)):
         if not frame.is_empty():
             emit(frame.drop("status"), title=f"kernels {name} (ms and calls per rank and step)")
