@@ -98,7 +98,7 @@ def test_heatmap_units_and_assumed_all_to_all_cells(db: Path, figures: list[Figu
         hatched = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_hatch()]
         assert sorted((int(p.get_y() + 0.5), int(p.get_x() + 0.5)) for p in hatched) == \
             sorted((p["src"], p["dst"]) for p in pairs)
-    assert "split evenly" in figures[0].legends[0].get_texts()[0].get_text()
+    assert "hatched: an all-to-all's bytes split evenly over its group, assumed" in figures[0].get_suptitle()
     images = [im for ax in (traffic, bandwidth) for im in ax.images]
     for image, values in zip(images, ([p["bytes"] / 1e3 for p in pairs],
                                       [p["bytes"] / p["time_ms"] / 1e3 for p in pairs]), strict=True):
@@ -114,7 +114,7 @@ def test_heatmap_of_equal_cells_says_so(db: Path, figures: list[Figure], tmp_pat
     traffic = fig.axes[0]
     assert traffic.get_title() == f"traffic: every pair {pairs[0]['bytes'] / 1e6:.3g} MB (1e6 bytes)"
     assert len(fig.axes) == 3  # two panels and one colour bar: the bandwidths differ, the sizes do not
-    assert not fig.legends and not [p for p in traffic.patches if p.get_hatch()]
+    assert "hatched" not in fig.get_suptitle() and not [p for p in traffic.patches if p.get_hatch()]
 
 
 def test_memory_plot_and_table_share_a_unit(db: Path, figures: list[Figure], tmp_path: Path) -> None:

@@ -122,8 +122,9 @@ def timeline(
         if step is None:
             step = bd.first_analysed_step(con, rid)
         windows, intervals = bd.timeline(con, rid, step)
-    timeline_gantt(windows, intervals, plot, f"{rid}: step {step} across {windows.height} ranks")
-    typer.echo(f"wrote {plot} (step {step}, {windows.height} ranks, {intervals.height} activity intervals)")
+    ranks = f"{windows.height} rank" + ("s" if windows.height != 1 else "")
+    timeline_gantt(windows, intervals, plot, f"{rid}: step {step} across {ranks}")
+    typer.echo(f"wrote {plot} (step {step}, {ranks}, {intervals.height} activity intervals)")
 
 
 def stragglers(

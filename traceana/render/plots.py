@@ -44,6 +44,12 @@ def pipelined(stages: list[int | None]) -> bool:
     return len({s for s in stages if s is not None}) > 1
 
 
+def _bar_limits(ax: plt.Axes, xs: list[float]) -> None:
+    """Room for at least six bars, so that one or two ranks are bars, not walls."""
+    pad = max(0.6, (6 - (max(xs) - min(xs))) / 2) if xs else 0.6
+    ax.set_xlim(min(xs, default=0) - pad, max(xs, default=0) + pad)
+
+
 def _stage_positions(stages: list[int | None]) -> tuple[list[float], list[tuple[float, str]]]:
     """x of each rank (ranks already sorted by stage) with a one-bar gap between stages, and stage label points;
     one bar after the other and no labels when the run has no pipeline stages."""
@@ -84,6 +90,7 @@ def breakdown_bars(frame: pl.DataFrame, path: Path, title: str, stack: dict[str,
     ticks = xs if len(xs) <= 64 else xs[:: len(xs) // 32]
     ranks = frame["rank"].to_list()
     ax.set_xticks(ticks, [str(ranks[xs.index(t)]) for t in ticks], fontsize=7)
+    _bar_limits(ax, xs)
     for x, text in stage_labels:
         ax.annotate(text, (x, 0), xycoords=("data", "axes fraction"), xytext=(0, -28), textcoords="offset points",
                     ha="center", fontsize=8)
@@ -167,7 +174,7 @@ def _draw_path(ax: plt.Axes, critical: pl.DataFrame, rows: dict[int, int], origi
 def comm_heatmaps(pairs: pl.DataFrame, world: int, path: Path, title: str) -> None:
     """Two rank × rank heatmaps from comm_matrix rows (src, dst, bytes, time_ms, assumed_bytes): traffic and achieved
     bandwidth, each in the unit its largest cell calls for; cells whose bytes an all-to-all's even split assumes
-    are hatched; a panel whose cells are all equal says so instead of a colour bar."""
+    are hatched; a panel whose cells are all equal (to the 3 digits a cell prints) says so instead of a colour bar."""
     import numpy as np
 
     summed = pairs.group_by("src", "dst").agg(pl.col("bytes").sum(), pl.col("time_ms").sum(),
@@ -182,14 +189,14 @@ def comm_heatmaps(pairs: pl.DataFrame, world: int, path: Path, title: str) -> No
             assumed.append((src, dst))
     cell = 0.5 if size <= 16 else 0.25  # inches: room for a 4-character label at 8 ranks
     side = min(max(cell * size, 3.0), 10.0)
-    fig, axes = plt.subplots(1, 2, figsize=(2 * side + 4.5, side + 1.8))
+    fig, axes = plt.subplots(1, 2, figsize=(2 * side + 4.5, side + 2.4))
     for ax, values, units, heading, cmap in ((axes[0], traffic, DECIMAL_BYTES, "traffic", "viridis"),
                                              (axes[1], bandwidth, BANDWIDTH, "achieved bandwidth", "magma")):
         shown = values[~np.isnan(values)]
         unit, factor, meaning = unit_for(float(shown.max()) if shown.size else 0.0, units)
         scaled = values / factor
         low, high = (float(shown.min()) / factor, float(shown.max()) / factor) if shown.size else (0.0, 1.0)
-        equal = low == high
+        equal = f"{low:.3g}" == f"{high:.3g}"  # as the cells print: a spread in the 4th digit is no spread
         image = ax.imshow(scaled, cmap=cmap, origin="upper", vmin=low - 1 if equal else low,
                           vmax=high + 1 if equal else high)
         if equal:
@@ -213,12 +220,10 @@ def comm_heatmaps(pairs: pl.DataFrame, world: int, path: Path, title: str) -> No
         ax.set_ylabel("source rank")
         ax.set_title(heading, fontsize=9)
     if assumed:
-        fig.legend(handles=[Patch(facecolor="0.5", hatch="///", edgecolor="white",
-                                  label="hatched: an all-to-all's bytes split evenly over its group (assumed: "
-                                        "collectives record no per-peer split)")],
-                   loc="lower center", bbox_to_anchor=(0.5, 0.0), fontsize=8, frameon=False)
+        title += ("\nhatched: an all-to-all's bytes split evenly over its group, assumed (collectives record no "
+                  "per-peer split)")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.07 if assumed else 0, 1, 1))
+    fig.tight_layout(rect=(0, 0, 1, 0.93 if assumed else 0.96))  # the suptitle above the panel titles
     save_figure(fig, path, dpi=130)
 
 
@@ -234,7 +239,7 @@ def memory_timeline(samples: pl.DataFrame, windows: pl.DataFrame, path: Path, ti
     ranks = sorted(set(samples["rank"].to_list()))
     shown = ranks[:: max(1, len(ranks) // 16)][:16]
     fig, ax = plt.subplots(figsize=(12, 5))
-    colors = plt.get_cmap("tab20")
+    colors = plt.get_cmap("tab10" if len(shown) <= 10 else "tab20")  # tab20 pairs neighbours in one hue
     for i, rank in enumerate(shown):
         part = samples.filter(pl.col("rank") == rank)
         x = ((part["ts_ns"] - origin) / 1e6).to_list()
@@ -278,6 +283,7 @@ def whatif_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
     ranks = frame["rank"].to_list()
     ticks = xs if len(xs) <= 64 else xs[:: len(xs) // 32]
     ax.set_xticks(ticks, [str(ranks[xs.index(t)]) for t in ticks], fontsize=7)
+    _bar_limits(ax, xs)
     for x, text in stage_labels:
         ax.annotate(text, (x, 0), xycoords=("data", "axes fraction"), xytext=(0, -28), textcoords="offset points",
                     ha="center", fontsize=8)
