@@ -44,7 +44,7 @@ def critical_path(
     if plot is not None:
         from traceana.render.plots import timeline_gantt
 
-        timeline_gantt(windows, intervals, plot, f"{rid}: step {step}, critical path ({length_ms:,.3f} ms) in red",
+        timeline_gantt(windows, intervals, plot, f"{rid}: step {step}, critical path ({length_ms:,.3f} ms) in black",
                        critical=segments)
     if json:
         emit_json({"run_id": rid, "step": step, "length_ms": length_ms, "communication": split,
@@ -254,6 +254,7 @@ def memory(
     import polars as pl
 
     from traceana.analyses.memory import peaks
+    from traceana.render.units import BINARY_BYTES, unit_for
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
@@ -266,16 +267,18 @@ def memory(
                               "ORDER BY rank, ts_ns", params=[rid]).pl()
             windows = con.sql("SELECT rank, step, start_ns, end_ns FROM step_windows WHERE run_id = ?",
                               params=[rid]).pl()
+    sizes = [c for c in frame.columns if c.endswith("_bytes")]
+    chosen = unit_for(max(frame[c].max() or 0 for c in sizes), BINARY_BYTES)  # one unit for the table and the plot
+    unit, factor, meaning = chosen
     if plot is not None:
         from traceana.render.plots import memory_timeline
 
-        memory_timeline(samples, windows, plot, f"{rid}: allocator memory per rank")
+        memory_timeline(samples, windows, plot, f"{rid}: allocator memory per rank", chosen)
     if json:
         emit(frame, fmt="json")
     else:
-        sizes = [c for c in frame.columns if c.endswith("_bytes")]
-        emit(frame.with_columns((pl.col(c) / 2**20).round(1).alias(c.replace("_bytes", "_MiB")) for c in sizes)
-             .drop(sizes), title=f"{rid}: memory per rank and step (MiB = 2^20 bytes)")
+        emit(frame.with_columns((pl.col(c) / factor).round(2).alias(c.replace("_bytes", f"_{unit}")) for c in sizes)
+             .drop(sizes), title=f"{rid}: memory per rank and step ({unit} = {meaning})")
     if plot is not None:
         typer.echo(f"wrote {plot}", err=True)
 
@@ -324,9 +327,17 @@ def diff(
     title = f"{run_a} (A) -> {run_b} (B)"
     nonzero = (pl.col("ms_A").fill_null(0).abs() + pl.col("ms_B").fill_null(0).abs()).sum().over("part") > 0
     emit(parts.filter(nonzero), title=f"{title}: breakdown per stage, ms per typical step (mean over the stage's "
-                                      "ranks); explains_pct = share of the stage's TOTAL change")
+                                      "ranks); explains_pct = share of the stage's TOTAL change", keys=2)
+    from traceana.analyses.breakdown import PARTS
+
+    moved = parts.filter((pl.col("part") == "TOTAL") & (pl.col("ms_delta") != 0))["stage"].to_list()
+    shared = parts.filter(pl.col("part").is_in(PARTS) & pl.col("explains_pct").is_not_null())["stage"].to_list()
+    offset = [s for s in moved if s not in shared]
+    if offset:
+        typer.echo(f"note: explains_pct is blank for stage(s) {', '.join(map(str, offset))}: TOTAL changed less than "
+                   "one of its parts did (the parts offset each other; read ms_delta)")
     for name, frame in (("changed most", changed), ("new in B", new), ("vanished from A", vanished)):
         if not frame.is_empty():
             emit(frame.drop("status"), title=f"kernels {name} (ms and calls per rank and step)")
     if not comms.is_empty():
-        emit(comms, title="collectives by op and dim (per rank and step; ms include waiting)")
+        emit(comms, title="collectives by op and dim (per rank and step; ms include waiting)", keys=2)

@@ -88,7 +88,7 @@ def breakdown(
         emit(bd.percent_of_total(frame, suffix), fmt="json")
     else:
         table = _rank_table(frame, typical=chosen is None) if by == "rank" else _stage_table(frame)
-        emit(table, title=f"{rid}: breakdown per {by}, {which}")
+        emit(table, title=f"{rid}: breakdown per {by}, {which}", keys=1 if by == "rank" else 2)
         typer.echo(_overlap_line(ranks))
     for note in notes:
         typer.echo(f"note: {note}", err=True)
@@ -140,8 +140,9 @@ def timeline(
         if step is None:
             step = bd.first_analysed_step(con, rid)
         windows, intervals = bd.timeline(con, rid, step)
-    timeline_gantt(windows, intervals, plot, f"{rid}: step {step} across {windows.height} ranks")
-    typer.echo(f"wrote {plot} (step {step}, {windows.height} ranks, {intervals.height} activity intervals)")
+    ranks = f"{windows.height} rank" + ("s" if windows.height != 1 else "")
+    timeline_gantt(windows, intervals, plot, f"{rid}: step {step} across {ranks}")
+    typer.echo(f"wrote {plot} (step {step}, {ranks}, {intervals.height} activity intervals)")
 
 
 def stragglers(
@@ -172,7 +173,9 @@ def stragglers(
                    "straggler_stage_mean_COMP_ms": stage_ranks["COMP_ms"].mean(),
                    "straggler_ranks": slow.to_dicts(), "late_ranks": late.to_dicts()})
         return
-    where = f"stage {stage}" if stage is not None else "all ranks (no pipeline stages: the run has no layout)"
+    stages = per_rank["pp"].drop_nulls().n_unique()
+    where = (f"stage {stage}" if stages > 1 else "all ranks (one pipeline stage: no pipeline parallelism)"
+             if stage is not None else "all ranks (no pipeline stages: the run has no layout)")
     typer.echo(f"{rid}: straggler stage: {where}, mean COMP {stage_ranks['COMP_ms'].mean():,.3f} ms per step")
     emit(slow, title=f"ranks whose COMP exceeds their stage's median by more than {threshold:g}%")
     emit(late, title="ranks the others waited for: last to arrive at collectives, by dim")

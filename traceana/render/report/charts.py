@@ -13,7 +13,7 @@ from bokeh.plotting import figure
 from matplotlib.colors import to_hex
 
 from traceana.analyses.breakdown import label
-from traceana.render.plots import COMP_COLOR, CRITICAL_COLOR, DIM_COLORS, PART_COLORS
+from traceana.render.plots import COMP_COLOR, CRITICAL_PATH_COLOR, DIM_COLORS, PART_COLORS
 
 TOOLS = "xpan,xwheel_zoom,box_zoom,reset,save"
 TIMELINE_PIXELS = 2000  # intervals closer than the step's length / this are drawn as one
@@ -203,7 +203,7 @@ def _draw_path(fig: figure, path: pl.DataFrame, rows: dict[int, int], origin: in
                        ((pl.col("start_ns") - origin) / 1e6).alias("x0"),
                        ((pl.col("end_ns") - origin) / 1e6).alias("x1"))
     jumps = segs.with_columns(pl.col("y").shift(1).alias("y0")).filter(pl.col("y0") != pl.col("y"))
-    color = hex_color(CRITICAL_COLOR)
+    color = hex_color(CRITICAL_PATH_COLOR)
     fig.segment(x0="x0", x1="x0", y0="y0", y1="y", line_color=color, line_width=1.2,
                 source=ColumnDataSource(_compact({c: jumps[c] for c in ("x0", "y0", "y")})))
     for idle, width, alpha in ((False, 3, 1.0), (True, 1.5, 0.5)):

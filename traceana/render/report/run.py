@@ -16,6 +16,7 @@ from traceana.analyses import breakdown as bd
 from traceana.api import Traces
 from traceana.render.report import charts
 from traceana.render.report.page import Page
+from traceana.render.units import BINARY_BYTES, unit_for
 
 
 @dataclass
@@ -167,7 +168,7 @@ def critical_path(ctx: Context) -> str | None:
     parts = cp.report(segments)
     length_ms = (segments["end_ns"].max() - segments["start_ns"].min()) / 1e6
     chart = charts.timeline(windows, intervals, segments, f"step {step} across {windows.height} ranks, critical "
-                            f"path ({length_ms:,.3f} ms) in magenta; wheel to zoom, hover for each interval")
+                            f"path ({length_ms:,.3f} ms) in black; wheel to zoom, hover for each interval")
     return (f"<p>Step {step}: {length_ms:,.3f} ms from the first rank's start to the last rank's end, "
             f"{segments.height:,} segments on the path.</p>" + ctx.page.chart(chart)
             + ctx.page.table(parts["by_rank"], "the path's time per rank", filtered_by=("stage", "rank"))
@@ -258,7 +259,7 @@ def launches(ctx: Context) -> str | None:
 
 
 def memory(ctx: Context) -> str | None:
-    """Allocated and reserved memory over time (MiB), and each rank's largest peak."""
+    """Allocated and reserved memory over time (in a unit for the magnitude), and each rank's largest peak."""
     frame = ctx.traces.memory(run=ctx.run)
     if frame.is_empty():
         return None
@@ -267,21 +268,23 @@ def memory(ctx: Context) -> str | None:
     origin = samples["ts_ns"].min()
     ranks_all = sorted(set(samples["rank"].to_list()))
     drawn = ranks_all[:: max(1, len(ranks_all) // MEMORY_RANKS)][:MEMORY_RANKS]
+    unit, factor, meaning = unit_for(max(frame["peak_allocated_bytes"].max() or 0,
+                                         frame["peak_reserved_bytes"].max() or 0), BINARY_BYTES)
     series = []
     for rank in drawn:
         part = samples.filter(pl.col("rank") == rank)
         part = part.gather_every(max(1, part.height // 1000))  # at most ~1000 points per line
         xs = (part["ts_ns"] - origin) / 1e6
-        series.append((f"rank {rank} allocated", f"{rank}", xs, part["allocated_bytes"] / 2**20))
+        series.append((f"rank {rank} allocated", f"{rank}", xs, part["allocated_bytes"] / factor))
         if part["reserved_bytes"].fill_null(0).max() > 0:
-            series.append((f"rank {rank} reserved (dashed)", f"{rank}", xs, part["reserved_bytes"] / 2**20))
+            series.append((f"rank {rank} reserved (dashed)", f"{rank}", xs, part["reserved_bytes"] / factor))
     more = "" if len(drawn) == len(ranks_all) else f" ({len(drawn)} of {len(ranks_all)} ranks drawn)"
     chart = charts.lines(series, f"allocator memory over time{more}; click a legend entry to hide it",
-                         "time since the first sample (ms)", "memory (MiB = 2^20 bytes)")
-    mib = [(pl.col(c).max() / 2**20).alias(c.replace("_bytes", "_MiB")) for c in ("peak_allocated_bytes",
-                                                                                 "peak_reserved_bytes")]
-    peaks = frame.group_by("rank").agg(pl.len().alias("steps"), pl.col("samples").sum(), *mib).sort("rank")
-    return ctx.page.chart(chart) + ctx.page.table(peaks, "largest peak per rank over its steps (MiB = 2^20 bytes), "
+                         "time since the first sample (ms)", f"memory ({unit} = {meaning})")
+    peaks = frame.group_by("rank").agg(pl.len().alias("steps"), pl.col("samples").sum(),
+                                       *[(pl.col(c).max() / factor).alias(c.replace("_bytes", f"_{unit}"))
+                                         for c in ("peak_allocated_bytes", "peak_reserved_bytes")]).sort("rank")
+    return ctx.page.chart(chart) + ctx.page.table(peaks, f"largest peak per rank over its steps ({unit} = {meaning}), "
                                                   "as `traceana memory`", filtered_by=("rank",))
 
 
@@ -312,7 +315,9 @@ def estimate(ctx: Context) -> str | None:
 def stragglers(ctx: Context) -> str:
     per_rank = ctx.traces.stragglers(run=ctx.run).rename({"pp": "stage"})
     stage = per_rank.filter(pl.col("straggler_stage"))
-    where = f"stage {stage['stage'][0]}" if ctx.has_stages() else "all ranks (the run has no pipeline stages)"
+    where = (f"stage {stage['stage'][0]}" if ctx.has_stages() else
+             "all ranks (one pipeline stage: no pipeline parallelism)" if stage["stage"][0] is not None else
+             "all ranks (no pipeline stages: the run has no layout)")
     return (f"<p>Straggler stage (largest mean COMP): {html.escape(where)}, mean COMP "
             f"{stage['COMP_ms'].mean():,.3f} ms per step.</p>"
             + ctx.page.table(per_rank.drop("straggler_stage"), "each rank's COMP against its stage's median (ms, %)",
