@@ -231,6 +231,30 @@ class Traces:
                 store.resolve_run(con, name)
             return readers[part](con, run_a, run_b)
 
+    def report(self, html: str | Path, estimate: str | Path | None = None, run: str | None = None) -> int:
+        """Write the run's interactive HTML report, as `traceana report --html` (with ``estimate``, a job config,
+        estimate against measured too); returns the file's size in bytes."""
+        from traceana.render.report.page import need_bokeh
+
+        need_bokeh()
+        from traceana.render.report.run import write
+
+        rid = self.read(run, lambda _con, rid: rid)
+        return write(Traces(self.db, rid), rid, Path(html), None if estimate is None else Path(estimate))
+
+    def diff_report(self, run_a: str, run_b: str, html: str | Path) -> int:
+        """Write run A against run B as one interactive HTML page, as `traceana diff A B --html`; returns its size
+        in bytes."""
+        from traceana.render.report.page import need_bokeh
+
+        need_bokeh()
+        from traceana.render.report.diff import write
+
+        with store.connect(self.db, read_only=True) as con:
+            for name in (run_a, run_b):
+                store.resolve_run(con, name)
+            return write(con, Path(self.db), run_a, run_b, Path(html))
+
     def compare(self, config: str | Path | None = None, run: str | None = None,
                 predicted: str | Path | None = None) -> pl.DataFrame:
         """Estimate (job YAML ``config``) versus measured, per dimension (ms), as `traceana compare` prints it; or,

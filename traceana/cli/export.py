@@ -96,12 +96,8 @@ def report(
     step breakdowns (click to drill down), the timeline with the critical path, communication, kernels, idle,
     memory and, with --estimate, estimate vs measured."""
     from traceana.api import Traces
-    from traceana.render.report.page import need_bokeh
-
-    need_bokeh()
-    from traceana.render.report.run import write
 
     traces = Traces(db, run)
     rid = traces.read(None, lambda _con, rid: rid)
-    size = write(Traces(db, rid), rid, html, estimate)
+    size = traces.report(html, estimate, run=rid)
     typer.echo(f"wrote {html} ({rid}; {size / 1e6:.1f} MB)")

@@ -8,15 +8,18 @@ import html
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import polars as pl
 
 from traceana.analyses import breakdown as bd
-from traceana.api import Traces
 from traceana.render.report import charts
 from traceana.render.report.page import Page
 from traceana.render.units import BINARY_BYTES, unit_for
+
+if TYPE_CHECKING:
+    from traceana.api import Traces  # which calls write(): the page reads the run through the API it serves
 
 
 @dataclass
