@@ -177,6 +177,16 @@ class Traces:
 
         return self.read(run, lambda con, rid: ranking(con, rid, top, by))
 
+    def roofline(self, run: str | None = None, by: str = "shape", profile: str | None = None,
+                 top: int | None = None) -> pl.DataFrame:
+        """The measured roofline, as `traceana kernels --roofline`: per op and input shapes (``by="shape"``) or per
+        kernel (``by="kernel"``), FLOPs and bytes a call, TFLOP/s, GB/s, intensity, the ``profile``'s peak and
+        ridge (default: the profile of the trace's device), bound and share of the roof, longest first (``top``).
+        Its notes (the profile and why, what was left out): traceana.analyses.roofline.measure."""
+        from traceana.analyses.roofline import measure
+
+        return self.read(run, lambda con, rid: measure(con, rid, by, profile, top).frame)
+
     def idle(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
         """Per rank: IDLE (ms) split by cause (host launch, sync wait, queued, step boundary, unknown)."""
         from traceana.analyses.idle import idle_causes

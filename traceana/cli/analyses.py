@@ -6,7 +6,7 @@ idle.py, memory.py, diff.py), and prints or plots. Those modules (and Polars) ar
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +14,9 @@ from traceana import store
 from traceana.cli.options import DbOption, JsonOption, RunArgument, top_count
 from traceana.errors import TraceanaError
 from traceana.render.console import emit, emit_json, plot_path
+
+if TYPE_CHECKING:
+    from traceana.analyses.roofline import Roofline
 
 
 def critical_path(
@@ -106,20 +109,66 @@ def kernels(
     run: RunArgument = None,
     top: Annotated[int, typer.Option("--top", help="How many kernels (per stage with --by stage).",
                                      callback=top_count)] = 20,
-    by: Annotated[str, typer.Option("--by", help="run (all ranks together) or stage.")] = "run",
+    by: Annotated[str | None, typer.Option("--by", help="run (all ranks together, the default) or stage; with "
+                                           "--roofline shape (op and input shapes, the default) or kernel.")]
+    = None,
+    roofline: Annotated[bool, typer.Option("--roofline", help="Achieved TFLOP/s and GB/s against the hardware's "
+                                           "roof, from the launching ops' shapes (Kineto record_shapes).")] = False,
+    profile: Annotated[str | None, typer.Option("--profile", help="With --roofline: the hardware profile (a100, "
+                                                "h100, h200 or a YAML file); default: the trace's device.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="With --roofline: write the log-log roofline to this "
+                                              "PNG.", callback=plot_path)] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
-    """Top kernels by total device time: short name, category, calls, mean, share of COMP, time per rank-step."""
+    """Top kernels by total device time: short name, category, calls, mean, share of COMP, time per rank-step; with
+    --roofline, per op shape or kernel: FLOPs and bytes, intensity, TFLOP/s, GB/s, bound and share of the roof."""
     from traceana.analyses.kernels import ranking
 
+    if not roofline and (profile is not None or plot is not None):
+        raise TraceanaError(f"{'--profile' if profile is not None else '--plot'} goes with --roofline")
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
-        frame = ranking(con, rid, top, by)
+        if roofline:
+            from traceana.analyses.roofline import measure
+
+            result = measure(con, rid, by or "shape", profile, top)
+        else:
+            frame = ranking(con, rid, top, by or "run")
+    if roofline:
+        _roofline(rid, result, by or "shape", top, plot, json)
+        return
     if frame.is_empty():
         raise TraceanaError(f"run {rid!r} has no device events in its steps, so no kernels")
     emit(frame, title=f"{rid}: top {top} kernels by total time" + (" per stage" if by == "stage" else "")
          + " (share of COMP over the same ranks and steps)", fmt="json" if json else "table")
+
+
+def _roofline(rid: str, result: Roofline, by: str, top: int, plot: Path | None, json: bool) -> None:
+    """Print (or write as JSON, or plot) what :func:`traceana.analyses.roofline.measure` gave."""
+    frame = result.frame
+    if plot is not None:
+        from traceana.render.plots import roofline_chart
+
+        peaks = set(frame["peak_TFLOP_per_s"].drop_nulls().to_list())
+        roofline_chart(frame, [r for r in result.peaks.roofs() if r[1] in peaks], result.peaks.hbm_gb_per_s, plot,
+                       f"{rid}: measured roofline per op {by}, profile {result.peaks.profile} (HBM "
+                       f"{result.peaks.hbm_gb_per_s:,.0f} GB/s), the {frame.height} longest")
+    if json:
+        emit_json({"run_id": rid, "by": by, "profile": result.peaks.profile, "notes": result.notes,
+                   "rows": frame.to_dicts()})
+    else:
+        import polars as pl
+
+        # to fit 100 columns, one text column (--json has them all): the op and its shapes, or the kernel
+        what = (pl.concat_str("op", pl.lit(": "), "shapes").alias("op: shapes") if by == "shape"
+                else pl.col("kernel").str.slice(0, 48))
+        emit(frame.select(what, "calls", "total_ms", "FLOP_per_B", "TFLOP_per_s", "GB_per_s", "bound", "roof_pct"),
+             title=f"{rid}: roofline per op {by}, the {top} longest by kernel time")
+        for note in result.notes:
+            typer.echo(f"note: {note}")
+    if plot is not None:
+        typer.echo(f"wrote {plot}", err=True)
 
 
 def idle(
