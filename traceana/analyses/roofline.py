@@ -9,8 +9,9 @@ The cost model, per call (one op's kernels together; sizes from the inputs, each
 - GEMMs (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``; ``matmul`` and ``linear`` launch through them): 2·b·m·n·k
   FLOPs for (b x) [m, k] @ [k, n]; bytes read A, B (and addmm's bias C) and write the [m, n] result once.
 - Attention cores (flash, memory-efficient and cuDNN, forward and backward): forward 2·b·h·s_q·s_k·(d_qk + d_v),
-  halved when causal (is_causal, or a causal custom_mask_type); backward 2.5 times the forward (five products
-  against two, FlashAttention-2's count). Bytes: every tensor input once, plus the output (forward) or the gradients
+  halved when causal (is_causal, or a causal custom_mask_type; a trace without Concrete Inputs does not say, and
+  the whole product is counted); backward 2.5 times the forward (five products against two, FlashAttention-2's
+  count). Bytes: every tensor input once, plus the output (forward) or the gradients
   of q, k and v (backward).
 - Memory-bound ops (elementwise, normalization, softmax, dropout, reductions, copy / fill): bytes are every tensor
   input once plus the output, an input-sized tensor of the first input's dtype (a reduction's output: the input
@@ -134,10 +135,9 @@ def op_cost(op: str, input_dims: str | None, input_types: str | None, concrete: 
 
 def _gemm(op: str, inputs: list[Tensor | None], _: list) -> Cost | None:
     at = GEMMS[op]
-    if len(inputs) < at + 2 or inputs[at] is None or inputs[at + 1] is None:
+    a, b = (inputs[at], inputs[at + 1]) if len(inputs) >= at + 2 else (None, None)
+    if a is None or b is None:
         return None
-    a, b = inputs[at], inputs[at + 1]
-    assert a is not None and b is not None
     rank = 3 if op.endswith("bmm") else 2
     if len(a.shape) != rank or len(b.shape) != rank or a.shape[-1] != b.shape[-2] or a.shape[:-2] != b.shape[:-2]:
         return None
@@ -150,11 +150,9 @@ def _gemm(op: str, inputs: list[Tensor | None], _: list) -> Cost | None:
 
 def _attention(op: str, inputs: list[Tensor | None], values: list) -> Cost | None:
     at, layout, flag, backward = ATTENTION[op]
-    qkv = inputs[at:at + 3]
-    if len(qkv) < 3 or any(t is None or len(t.shape) != 4 for t in qkv):
+    q, k, v = [*inputs[at:at + 3], None, None, None][:3]
+    if q is None or k is None or v is None or not len(q.shape) == len(k.shape) == len(v.shape) == 4:
         return None
-    q, k, v = qkv
-    assert q is not None and k is not None and v is not None
     seq, heads = (2, 1) if layout == "bhsd" else (1, 2)
     batch, h, s_q, s_k = q.shape[0], q.shape[heads], q.shape[seq], k.shape[seq]
     flops = 2.0 * batch * h * s_q * s_k * (q.shape[3] + v.shape[3])
@@ -305,15 +303,16 @@ def measure(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "shape", prof
                          pl.when(pl.col("op").n_unique() > 4).then(pl.lit(" ...")).otherwise(pl.lit("")))
            .alias("op")] if by == "kernel" else []),
         pl.len().alias("calls"), (pl.col("launched").sum() / pl.len()).alias("launched"),
-        pl.col("kernel_ns").sum().alias("ns"), (pl.col("flops") * 1.0).sum().alias("total_flops"),
-        (pl.col("bytes") * 1.0).sum().alias("total_bytes"))
+        pl.col("kernel_ns").sum().alias("ns"), pl.col("flops").sum().alias("total_flops"),
+        pl.col("bytes").sum().alias("total_bytes"))
         .sort(["ns", "kernel", "op"], descending=[True, False, False]))
     if top is not None:
         frame = frame.head(top)
     hbm = roof.hbm_gb_per_s
-    intensity = pl.col("total_flops") / pl.col("total_bytes")
-    tflops = pl.col("total_flops") / pl.col("ns") / 1e3
-    gbps = pl.col("total_bytes") / pl.col("ns")
+    ns = pl.when(pl.col("ns") > 0).then(pl.col("ns"))  # kernels too short to time (0 ns) give no rate
+    intensity = pl.col("total_flops") / pl.when(pl.col("total_bytes") > 0).then(pl.col("total_bytes"))
+    tflops = pl.col("total_flops") / ns / 1e3
+    gbps = pl.col("total_bytes") / ns
     ridge = pl.col("peak_TFLOP_per_s") * 1e3 / hbm
     frame = frame.with_columns(
         (pl.col("ns") / 1e6).alias("total_ms"), (pl.col("ns") / pl.col("calls") / 1e3).alias("mean_us"),
@@ -321,7 +320,7 @@ def measure(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "shape", prof
         (pl.col("total_bytes") / pl.col("calls") / 1e6).alias("MB"),
         intensity.alias("FLOP_per_B"), tflops.alias("TFLOP_per_s"), gbps.alias("GB_per_s"),
         pl.lit(hbm).alias("peak_GB_per_s"), ridge.alias("ridge_FLOP_per_B"),
-        pl.when(ridge.is_null()).then(None).when(intensity >= ridge).then(pl.lit("compute"))
+        pl.when(ridge.is_null() | intensity.is_null()).then(None).when(intensity >= ridge).then(pl.lit("compute"))
         .otherwise(pl.lit("memory")).alias("bound"),
         (100 * tflops / pl.col("peak_TFLOP_per_s")).alias("peak_FLOP_pct"), (100 * gbps / hbm).alias("peak_HBM_pct"))
     # the share of the roof min(peak, intensity x HBM): of peak FLOP/s above the ridge, of HBM bandwidth below it
