@@ -2,9 +2,11 @@
 
 Each run is ingested into one temporary store; then each analysis reads it through the Python API (what the
 commands call), best of ``--repeat`` tries, and the table prints its seconds and its ratio to `breakdown` on the
-same run. The aim (issue 23): every analysis within 2x the breakdown's time.
+same run. The aim (issue 23): every analysis within 2x the breakdown's time. ``--synth-ranks N`` adds a run of N
+ranks written by `traceana synth` (3 steps, 200 µs kernels: ~500 launched device events per rank), the scale the
+per-rank tables (launch statistics, queue length per stream) have to hold.
 
-    .venv/bin/python benchmarks/bench_analyses.py [--repeat 3] [--only NAME ...]
+    .venv/bin/python benchmarks/bench_analyses.py [--repeat 3] [--only NAME ...] [--synth-ranks 1024]
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from ingest_timing import synthesize
 
 from traceana.api import Traces
 from traceana.errors import TraceanaError
@@ -43,6 +47,8 @@ def analyses(api: Traces, run: str) -> dict[str, Callable[[], object]]:
         "kernels": lambda: api.kernels(run=run),
         "idle": lambda: api.idle(run=run),
         "memory": lambda: api.memory(run=run),
+        "launch_stats": lambda: [api.launch_stats(by=by, run=run) for by in ("kernel", "rank", "step", "time")],
+        "queue_length": lambda: [api.queue_length(by=by, run=run) for by in ("stream", "time")],
     }
 
 
@@ -62,19 +68,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", nargs="*", default=list(RUNS))
+    parser.add_argument("--synth-ranks", type=int, help="Add a synthesized run of this many ranks.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bench.duckdb"
-        for name in args.only:
-            paths, layout = RUNS[name]
+        runs = {name: RUNS[name] for name in args.only}
+        if args.synth_ranks:
+            traces = synthesize("kineto", args.synth_ranks, Path(tmp) / "synth", steps=3, kernel_us=200)
+            runs[f"synth{args.synth_ranks}"] = ([traces], None)  # the traces name their groups: no layout needed
+        for name, (paths, layout) in runs.items():
             options = IngestOptions(layout=Layout.parse(layout)) if layout else IngestOptions()
             data = read_run(paths, "auto", options)
             with connect(db) as con:
                 database.write_run(con, name, data)
         api = Traces(db)
-        names = list(analyses(api, args.only[0]))
+        names = list(analyses(api, next(iter(runs))))
         print(f"{'run':18s} {'events':>8s} " + " ".join(f"{n:>14s}" for n in names))
-        for name in args.only:
+        for name in runs:
             (events,) = api.sql(f"SELECT count(*) AS n FROM device_events WHERE run_id = '{name}'")["n"]
             timed = {n: best(call, args.repeat) for n, call in analyses(api, name).items()}
             base = timed["breakdown"] or 1e-9

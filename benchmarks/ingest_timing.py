@@ -33,11 +33,11 @@ def time_ingest(paths: list[Path], fmt: str, repeats: int) -> tuple[float, float
     return best_read, best_total, data
 
 
-def synthesize(fmt: str, ranks: int, folder: Path) -> Path:
-    """A synthetic run of ``ranks`` ranks (8 steps, 3 µs kernels: ~38k device ops per rank) written by `traceana
-    synth` into ``folder``; returns the folder of traces."""
+def synthesize(fmt: str, ranks: int, folder: Path, steps: int = 8, kernel_us: float = 3) -> Path:
+    """A synthetic run of ``ranks`` ranks (by default 8 steps, 3 µs kernels: ~38k device ops per rank) written by
+    `traceana synth` into ``folder``; returns the folder of traces."""
     command = [sys.executable, "-m", "traceana", "synth", str(CONFIG), str(folder), "--ranks", str(ranks),
-               "--steps", "8", "--kernel-us", "3", "--format", fmt]
+               "--steps", str(steps), "--kernel-us", str(kernel_us), "--format", fmt]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return folder / "traces"
 

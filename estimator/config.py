@@ -300,9 +300,8 @@ def from_dict(raw: dict[str, Any], source: str = "config", where: Path = Path(".
     if "profile" in raw:
         raise TraceanaError(f"{source}: profile: belongs in the hardware section (hardware: {{profile: h100}})")
     raw, profile = _with_profile(raw, source, where)
-    cfg = _build(Config, {**raw, "source": source}, source, "")
-    if profile is not None:
-        cfg = dataclasses.replace(cfg, profile=profile)
+    # the source is set after the build: a string field is read case-insensitively (lower-cased), a path is not
+    cfg = dataclasses.replace(_build(Config, raw, source, ""), source=source, profile=profile)
     validate(cfg)
     return cfg
 

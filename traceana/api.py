@@ -63,7 +63,8 @@ class Traces:
 
     def breakdown(self, by: str = "rank", step: int | str | None = None, run: str | None = None) -> pl.DataFrame:
         """Where step time went (ms): per rank, or per pipeline stage (mean and max over its ranks); ``step`` None
-        is the typical step (mean over steps after the first), "median" the step whose TOTAL is their median."""
+        is the typical step (mean over steps after the first), "median" the step whose TOTAL is their median.
+        OVERLAP_pct: the share of communication time under compute (OVERLAPPED / (OVERLAPPED + Σ *_WAIT))."""
         if by not in ("rank", "stage"):
             raise TraceanaError(f"by={by!r}: choose 'rank' or 'stage'")
         reader = bd.by_rank if by == "rank" else bd.by_stage
@@ -177,8 +178,8 @@ class Traces:
 
         return self.read(run, lambda con, rid: ranking(con, rid, top, by))
 
-    def roofline(self, run: str | None = None, by: str = "shape", profile: str | None = None,
-                 top: int | None = None) -> pl.DataFrame:
+    def roofline(self, by: str = "shape", profile: str | None = None, top: int | None = None,
+                 run: str | None = None) -> pl.DataFrame:
         """The measured roofline, as `traceana kernels --roofline`: per op and input shapes (``by="shape"``) or per
         kernel (``by="kernel"``), FLOPs and bytes a call, TFLOP/s, GB/s, intensity, the ``profile``'s peak and
         ridge (default: the profile of the trace's device), bound and share of the roof, longest first (``top``).
@@ -186,6 +187,32 @@ class Traces:
         from traceana.analyses.roofline import measure
 
         return self.read(run, lambda con, rid: measure(con, rid, by, profile, top).frame)
+
+    def launch_stats(self, by: str = "kernel", buckets: int = 200, run: str | None = None) -> pl.DataFrame:
+        """Kernel-launch statistics, as `traceana kernels --launch`: the delay from each launch call's start to the
+        event's start (µs: mean, p50, p95, max) and short_pct (events shorter than their rank's launch cost, the
+        median delay onto an idle device), ``by`` "kernel" (short name), "rank" (with launch_cost_us), "step", or
+        "time" (``buckets`` equal buckets of the run, start_ms / end_ms since its first launch). Empty for runs
+        without launch records (CPU-only, Ascend)."""
+        from traceana.analyses import launches as la
+
+        readers = {"kernel": la.by_kernel, "rank": la.by_rank, "step": la.by_step,
+                   "time": lambda con, rid: la.over_time(con, rid, buckets)}
+        if by not in readers:
+            raise TraceanaError(f"by={by!r}: choose {', '.join(map(repr, readers))}")
+        return self.read(run, readers[by])
+
+    def queue_length(self, by: str = "stream", buckets: int = 200, run: str | None = None) -> pl.DataFrame:
+        """Each stream's queue of events launched but not yet started: ``by="stream"`` one row per rank and stream
+        (events, span_ms, time-weighted mean_queue, max_queue, busy_queue_pct), ``by="time"`` the series decimated
+        into ``buckets`` equal buckets (start_ms, end_ms since the first launch, mean_queue, max_queue), for plots.
+        The full step function is the view queue_length (:meth:`sql`)."""
+        from traceana.analyses import launches as la
+
+        readers = {"stream": la.queue_summary, "time": lambda con, rid: la.queue_over_time(con, rid, buckets)}
+        if by not in readers:
+            raise TraceanaError(f"by={by!r}: choose {', '.join(map(repr, readers))}")
+        return self.read(run, readers[by])
 
     def idle(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
         """Per rank: IDLE (ms) split by cause (host launch, sync wait, queued, step boundary, unknown)."""

@@ -76,9 +76,25 @@ def test_moe_skew_keeps_traffic_and_the_parts_explain_the_total(con: duckdb.Duck
     a2a = comms["AllToAll", "EP"]
     assert (a2a["calls_A"], a2a["calls_B"], a2a["bytes_A"], a2a["bytes_B"]) == (4, 4, 524288, 524288)
     assert comms["AllReduce", "DP-EP"]["bytes_B"] == 8388608
+    # the parts' changes add up to TOTAL's; here TOTAL moved 1.08 ms while EP_WAIT rose 2.30 and DP_WAIT fell 2.57
+    # (breakdown_diff's own numbers), so no part's share of TOTAL's change is given: they offset each other
     parts = breakdown_diff(con, "moe_balanced", "moe_skewed")
-    explained = parts.filter(parts["part"].is_in(PARTS))["explains_pct"].sum()
-    assert explained == pytest.approx(100, abs=1e-6)
+    deltas = {r["part"]: r["ms_delta"] for r in parts.iter_rows(named=True)}
+    assert sum(deltas[p] for p in PARTS) == pytest.approx(deltas["TOTAL"], abs=1e-9)
+    assert abs(deltas["TOTAL"]) < max(abs(deltas[p]) for p in PARTS)
+    assert parts["explains_pct"].is_null().all()
+
+
+def test_shares_of_the_total_change_where_no_part_outgrew_it(con: duckdb.DuckDBPyConnection) -> None:
+    # 1 -> 8 micro-batches: both stages' TOTAL rose by more than any part did, so each part's share is given and
+    # the shares add up to 100%
+    parts = breakdown_diff(con, "pp2_mb1", "pp2_mb8")
+    for stage in (0, 1):
+        rows = parts.filter((parts["stage"] == stage) & parts["part"].is_in(PARTS))
+        total = parts.filter((parts["stage"] == stage) & (parts["part"] == "TOTAL"))["ms_delta"][0]
+        assert abs(total) >= rows["ms_delta"].abs().max()
+        assert rows["explains_pct"].sum() == pytest.approx(100, abs=1e-6)
+        assert rows["explains_pct"].to_list() == pytest.approx((100 * rows["ms_delta"] / total).to_list())
 
 
 def _raw_short_names(path: Path, windows: list[tuple[int, int]]) -> set[str]:
@@ -117,6 +133,8 @@ def test_command(db: Path) -> None:
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert len(payload["kernels_changed"]) == 2 and payload["kernels_changed"][0]["short_name"] == "gloo:send"
+    result = runner.invoke(app, ["diff", "moe_balanced", "moe_skewed", "--db", str(db)])
+    assert result.exit_code == 0 and "note: explains_pct is blank for stage(s) 0: TOTAL changed less" in result.output
     result = runner.invoke(app, ["diff", "gpt", "hostbound", "--db", str(db)])
     assert result.exit_code == 0 and "vanished from A" in result.output
     result = runner.invoke(app, ["diff", "gpt", "nope", "--db", str(db)])

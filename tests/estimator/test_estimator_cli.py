@@ -72,3 +72,15 @@ def test_search_ranks_fitting_layouts(cli) -> None:  # type: ignore[no-untyped-d
 def test_search_rejects_a_bad_top(cli) -> None:  # type: ignore[no-untyped-def]
     result = cli("search", SMALL, "--top", "0", check=False)
     assert result.returncode == 2 and result.stderr.strip() == "error: --top 0: must be at least 1"
+
+
+def test_an_error_names_the_config_path_as_written(tmp_path: Path) -> None:
+    # String fields are read case-insensitively; the path in the messages went through the same lower() and
+    # `--estimate .../h200_gpt_h2048_L8.yaml` was named "h200_gpt_h2048_l8.yaml".
+    from tests.conftest import one_line, run_main
+
+    config = tmp_path / "Job_H2048_L8.yaml"
+    config.write_text((ROOT / "examples" / "h200_gpt_h2048_L8.yaml").read_text().replace("layers: 8,", "layers: -8,"))
+    code, _, err = run_main("estimate", config)
+    line = one_line(code, err)
+    assert line.startswith(f"error: {config}: model.layers"), line

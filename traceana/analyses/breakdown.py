@@ -109,23 +109,45 @@ def check_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> None:
 
 
 def by_rank(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None) -> pl.DataFrame:
-    """One row per rank in ms: step ``step``, or the rank's typical step (mean over steps after the first)."""
+    """One row per rank in ms: step ``step``, or the rank's typical step (mean over steps after the first), and
+    its OVERLAP_pct (:func:`overlap_pct`)."""
     if step is not None:
         check_step(con, run_id, step)
     frame = con.sql(
         "SELECT * EXCLUDE (run_id) FROM rank_breakdown WHERE run_id = ? AND step IS NOT DISTINCT FROM ? "
         "ORDER BY rank", params=[run_id, step]).pl()
-    return _ns_to_ms(frame)
+    return _ns_to_ms(frame).with_columns(overlap_pct())
+
+
+def rank_steps(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
+    """Every rank-step's breakdown in ms (rank_breakdown's rows with a step), by rank and step."""
+    return _ns_to_ms(con.sql("SELECT * EXCLUDE (run_id, steps) FROM rank_breakdown WHERE run_id = ? AND step IS NOT "
+                             "NULL ORDER BY rank, step", params=[run_id]).pl())
 
 
 def by_stage(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None) -> pl.DataFrame:
-    """One row per pipeline stage in ms: mean and max over the stage's ranks (step ``step`` or typical steps)."""
+    """One row per pipeline stage in ms: mean and max over the stage's ranks (step ``step`` or typical steps), and
+    the stage's OVERLAP_pct (:func:`overlap_pct` of its ranks together)."""
     if step is not None:
         check_step(con, run_id, step)
     frame = con.sql(
         "SELECT * EXCLUDE (run_id, step) FROM stage_breakdown WHERE run_id = ? AND step IS NOT DISTINCT FROM ? "
         "ORDER BY pp", params=[run_id, step]).pl()
-    return _ns_to_ms(frame)
+    return _ns_to_ms(frame).with_columns(overlap_pct("_mean_ms"))  # ratio of means = of sums
+
+
+def overlap_pct(suffix: str = "_ms") -> pl.Expr:
+    """HTA's communication / computation overlap: the share of communication time that ran under compute,
+    OVERLAPPED / (OVERLAPPED + Σ *_WAIT), in %. The waits are the exposed rest of union(comm) (DESIGN §4), so the
+    denominator is all of it; null without communication. Over rows (ranks of a run), sum the columns first."""
+    comm = pl.col(f"OVERLAPPED{suffix}") + pl.sum_horizontal(pl.col(f"{w}{suffix}") for w in WAITS)
+    return pl.when(comm > 0).then(100 * pl.col(f"OVERLAPPED{suffix}") / comm).alias("OVERLAP_pct")
+
+
+def run_overlap_pct(ranks: pl.DataFrame) -> float | None:
+    """The run's overlap from :func:`by_rank`'s frame: its ranks' OVERLAPPED over their communication, summed."""
+    sums = ranks.select(pl.col("OVERLAPPED_ms", *(f"{w}_ms" for w in WAITS)).sum())
+    return sums.select(overlap_pct())["OVERLAP_pct"][0]
 
 
 def percent_of_total(frame: pl.DataFrame, suffix: str = "_ms") -> pl.DataFrame:

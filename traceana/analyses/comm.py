@@ -33,8 +33,9 @@ def slowest(con: duckdb.DuckDBPyConnection, run_id: str, top: int) -> pl.DataFra
 
 
 def matrix(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
-    """comm_matrix of one run: bytes and time per (src, dst, dim)."""
-    return con.sql("SELECT src, dst, dim, messages, bytes, time_ns / 1e6 AS time_ms, GBps FROM comm_matrix "
+    """comm_matrix of one run: bytes and time per (src, dst, dim), and the bytes an all-to-all's even split assumes."""
+    return con.sql("SELECT src, dst, dim, messages, bytes, time_ns / 1e6 AS time_ms, GBps, assumed_bytes "
+                   "FROM comm_matrix "
                    "WHERE run_id = ? ORDER BY src, dst, dim", params=[run_id]).pl()
 
 

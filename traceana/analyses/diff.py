@@ -2,6 +2,8 @@
 
 - The step breakdown per pipeline stage (stage_breakdown: the mean over the stage's ranks of their typical step),
   each part's A, B, delta and %, and how much of the change in TOTAL each part explains (its delta over TOTAL's).
+  That share is left blank for a stage whose TOTAL changed less than one of its parts did: the parts then offset
+  each other, and a share of a near-zero change (two captures of one job: -538,490%) says nothing the deltas do not.
 - Kernels by short name (kernel_names: templates and argument lists cut, so versions of one kernel match), as time
   and calls per rank and step (kernel_totals): those whose time changed most, and the new and vanished ones.
 - Collectives by op and dim, per rank and step (collective_totals): calls, bytes and time.
@@ -44,9 +46,11 @@ def breakdown_diff(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str) -> pl
     joined = _pair(long(run_a), long(run_b), ["stage", "part"])
     joined = joined.with_columns(_delta(joined, "ms"))
     total = joined.filter(pl.col("part") == "TOTAL").select("stage", pl.col("ms_delta").alias("_total"))
+    part = pl.col("part").is_in(PARTS)
+    largest = pl.when(part).then(pl.col("ms_delta").abs()).max().over("stage")
+    shares = part & (pl.col("_total") != 0) & (pl.col("_total").abs() >= largest)
     return (joined.join(total, on="stage", how="left", nulls_equal=True)
-            .with_columns(pl.when(pl.col("part").is_in(PARTS) & (pl.col("_total") != 0))
-                          .then(100 * pl.col("ms_delta") / pl.col("_total")).alias("explains_pct"))
+            .with_columns(pl.when(shares).then(100 * pl.col("ms_delta") / pl.col("_total")).alias("explains_pct"))
             .drop("_total")
             .sort(pl.col("stage"), pl.col("part").replace_strict(list(BREAKDOWN), list(range(len(BREAKDOWN)))),
                   nulls_last=False))

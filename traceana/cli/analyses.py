@@ -1,7 +1,8 @@
-"""The analysis commands beyond the breakdown: critical-path, comm, kernels, idle, memory and diff. Each is thin:
-it opens the store, calls the module that owns the concept (traceana/analyses/critical_path.py, comm.py, kernels.py,
-idle.py, memory.py, diff.py), and prints or plots. Those modules (and Polars) are imported where used, so that
-`traceana --help` stays cheap (tests/test_lazy_imports.py)."""
+"""The analysis commands beyond the breakdown: critical-path, comm, kernels (and its --launch statistics and
+--roofline), idle, memory and diff. Each is thin: it opens the store, calls the module that owns the concept
+(traceana/analyses/critical_path.py, comm.py, kernels.py, launches.py, roofline.py, idle.py, memory.py, diff.py), and
+prints or plots. Those modules (and Polars) are imported where used, so that `traceana --help` stays cheap
+(tests/test_lazy_imports.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from traceana.cli.options import DbOption, JsonOption, RunArgument, top_count
 from traceana.errors import TraceanaError
 from traceana.render.console import emit, emit_json, plot_path
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used, as above
+    import polars as pl
+
     from traceana.analyses.roofline import Roofline
 
 
@@ -43,7 +46,7 @@ def critical_path(
     if plot is not None:
         from traceana.render.plots import timeline_gantt
 
-        timeline_gantt(windows, intervals, plot, f"{rid}: step {step}, critical path ({length_ms:,.3f} ms) in red",
+        timeline_gantt(windows, intervals, plot, f"{rid}: step {step}, critical path ({length_ms:,.3f} ms) in black",
                        critical=segments)
     if json:
         emit_json({"run_id": rid, "step": step, "length_ms": length_ms, "communication": split,
@@ -107,26 +110,42 @@ def comm(
 
 def kernels(
     run: RunArgument = None,
-    top: Annotated[int, typer.Option("--top", help="How many kernels (per stage with --by stage).",
-                                     callback=top_count)] = 20,
+    top: Annotated[int, typer.Option("--top", help="How many kernels (per stage with --by stage; with --launch, "
+                                     "kernels and streams).", callback=top_count)] = 20,
     by: Annotated[str | None, typer.Option("--by", help="run (all ranks together, the default) or stage; with "
                                            "--roofline shape (op and input shapes, the default) or kernel.")]
     = None,
-    roofline: Annotated[bool, typer.Option("--roofline", help="Achieved TFLOP/s and GB/s against the hardware's "
-                                           "roof, from the launching ops' shapes (Kineto record_shapes).")] = False,
+    launch: Annotated[bool, typer.Option("--launch", help="Launch statistics instead: the delay from each launch "
+                                         "call to the kernel's start per kernel, rank and step, the share of "
+                                         "kernels shorter than their launch cost, and each stream's queue length "
+                                         "(launched, not yet started).")] = False,
+    roofline: Annotated[bool, typer.Option("--roofline", help="The roofline instead: achieved TFLOP/s and GB/s "
+                                           "against the hardware's roof, from the launching ops' shapes (Kineto "
+                                           "record_shapes).")] = False,
     profile: Annotated[str | None, typer.Option("--profile", help="With --roofline: the hardware profile (a100, "
                                                 "h100, h200 or a YAML file); default: the trace's device.")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="With --roofline: write the log-log roofline to this "
-                                              "PNG.", callback=plot_path)] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="With --launch: the launch delay and queue length over "
+                                              "time; with --roofline: the log-log roofline; to this PNG.",
+                                              callback=plot_path)] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
-    """Top kernels by total device time: short name, category, calls, mean, share of COMP, time per rank-step; with
+    """Top kernels by total device time: short name, category, calls, mean, share of COMP, time per rank-step;
+    or, with --launch, how long kernels waited from their launch and how deep each stream's queue ran; or, with
     --roofline, per op shape or kernel: FLOPs and bytes, intensity, TFLOP/s, GB/s, bound and share of the roof."""
+    if launch and roofline:
+        raise TraceanaError("--launch and --roofline are two reports: choose one")
+    if profile is not None and not roofline:
+        raise TraceanaError("--profile goes with --roofline")
+    if launch:
+        if by is not None:
+            raise TraceanaError("--launch reports per kernel, rank and step: drop --by")
+        _launches(run, top, plot, json, db)
+        return
+    if plot is not None and not roofline:
+        raise TraceanaError("--plot draws the launch statistics or the roofline: add --launch or --roofline")
     from traceana.analyses.kernels import ranking
 
-    if not roofline and (profile is not None or plot is not None):
-        raise TraceanaError(f"{'--profile' if profile is not None else '--plot'} goes with --roofline")
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
         if roofline:
@@ -163,12 +182,72 @@ def _roofline(rid: str, result: Roofline, by: str, top: int, plot: Path | None, 
         # to fit 100 columns, one text column (--json has them all): the op and its shapes, or the kernel
         what = (pl.concat_str("op", pl.lit(": "), "shapes").alias("op: shapes") if by == "shape"
                 else pl.col("kernel").str.slice(0, 48))
-        emit(frame.select(what, "calls", "total_ms", "FLOP_per_B", "TFLOP_per_s", "GB_per_s", "bound", "roof_pct"),
-             title=f"{rid}: roofline per op {by}, the {top} longest by kernel time")
+        emit(_compact(frame.select(what, "calls", "total_ms", "FLOP_per_B", "TFLOP_per_s", "GB_per_s", "bound",
+                                   "roof_pct")), title=f"{rid}: roofline per op {by}, the {top} longest by kernel time")
         for note in result.notes:
             typer.echo(f"note: {note}")
     if plot is not None:
         typer.echo(f"wrote {plot}", err=True)
+
+
+def _launches(run: str | None, top: int, plot: Path | None, json: bool, db: Path) -> None:
+    """`kernels --launch`: a run without launch records gets its one-line note and exit 0 (there is nothing wrong
+    with the run), unless a plot was asked for, which cannot be drawn (exit 2)."""
+    from traceana.analyses import launches as la
+
+    with store.connect(db, read_only=True) as con:
+        rid = store.resolve_run(con, run)
+        notes = la.notes(con, rid)
+        parts = {"by_kernel": la.by_kernel(con, rid), "by_rank": la.by_rank(con, rid), "by_step": la.by_step(con, rid),
+                 "queue": la.queue_summary(con, rid)}
+        if plot is not None and not parts["by_rank"].is_empty():
+            delays, queues = la.over_time(con, rid), la.queue_over_time(con, rid)
+            steps = con.sql("SELECT step, min(start_ns) - $origin AS start_ns FROM step_windows WHERE run_id = $run "
+                            "GROUP BY step", params={"run": rid, "origin": la.origin_ns(con, rid)}).pl()
+    if plot is not None:
+        if parts["by_rank"].is_empty():
+            raise TraceanaError(f"--plot: {notes[0]}")
+        from traceana.render.plots import launch_timeline
+
+        launch_timeline(delays, queues, parts["by_rank"], steps, plot, f"{rid}: kernel launches over time")
+    if json:
+        emit_json({"run_id": rid, "notes": notes, **{name: frame.to_dicts() for name, frame in parts.items()}})
+    elif parts["by_rank"].is_empty():
+        typer.echo(f"note: {notes[0]}")
+    else:
+        ranks = parts["by_rank"]
+        over = "; the median over ranks" if ranks.height > 1 else ""
+        typer.echo(f"{rid}: {ranks['events'].sum():,} launched device events on {ranks.height} rank(s); launch cost "
+                   f"(median delay onto an idle device{over}) {ranks['launch_cost_us'].median():,.2f} us; "
+                   f"{(ranks['short_pct'] * ranks['events']).sum() / ranks['events'].sum():.1f}% of events ran "
+                   "shorter than it")
+        emit(_compact(parts["by_kernel"].head(top)), title=f"launch delay (call start to kernel start) of the {top} "
+             "most launched kernels")
+        emit(_compact(ranks.head(top)), title=f"per rank (the first {top}); cost: the median delay onto an idle "
+             "device")
+        emit(_compact(parts["by_step"]), title="per step, all ranks")
+        emit(_compact(parts["queue"].head(top)), title=f"queue length (launched, not started): the {top} streams "
+             "with the longest mean queue")
+        for note in notes:
+            typer.echo(f"note: {note}")
+    if plot is not None:
+        typer.echo(f"wrote {plot}", err=True)
+
+
+def _compact(frame: pl.DataFrame) -> pl.DataFrame:
+    """A launch or roofline table for a terminal of ~100 columns: short headers with their unit, 4 significant
+    figures, no mean delay beside the quantiles (the JSON keeps every column, full names and values)."""
+    import polars as pl
+
+    names = {"short_name": "kernel", "category": "cat", "span_ms": "span ms", "p50_delay_us": "p50 us",
+             "p95_delay_us": "p95 us", "max_delay_us": "max us", "short_pct": "short %", "mean_duration_us":
+             "dur us", "launch_cost_us": "cost us", "idle_device_events": "idle-device", "busy_queue_pct": "busy %",
+             "mean_queue": "mean queue", "max_queue": "max queue", "total_ms": "total ms", "FLOP_per_B": "FLOP/B",
+             "TFLOP_per_s": "TFLOP/s", "GB_per_s": "GB/s", "roof_pct": "roof %"}
+    frame = frame.drop("mean_delay_us", strict=False)
+    floats = [c for c, t in frame.schema.items() if t == pl.Float64]
+    return frame.with_columns(pl.col(floats).round_sig_figs(4)).rename(
+        {c: n for c, n in names.items() if c in frame.columns})
 
 
 def idle(
@@ -226,6 +305,7 @@ def memory(
     import polars as pl
 
     from traceana.analyses.memory import peaks
+    from traceana.render.units import BINARY_BYTES, unit_for
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
@@ -238,16 +318,18 @@ def memory(
                               "ORDER BY rank, ts_ns", params=[rid]).pl()
             windows = con.sql("SELECT rank, step, start_ns, end_ns FROM step_windows WHERE run_id = ?",
                               params=[rid]).pl()
+    sizes = [c for c in frame.columns if c.endswith("_bytes")]
+    chosen = unit_for(max(frame[c].max() or 0 for c in sizes), BINARY_BYTES)  # one unit for the table and the plot
+    unit, factor, meaning = chosen
     if plot is not None:
         from traceana.render.plots import memory_timeline
 
-        memory_timeline(samples, windows, plot, f"{rid}: allocator memory per rank")
+        memory_timeline(samples, windows, plot, f"{rid}: allocator memory per rank", chosen)
     if json:
         emit(frame, fmt="json")
     else:
-        sizes = [c for c in frame.columns if c.endswith("_bytes")]
-        emit(frame.with_columns((pl.col(c) / 2**20).round(1).alias(c.replace("_bytes", "_MiB")) for c in sizes)
-             .drop(sizes), title=f"{rid}: memory per rank and step (MiB = 2^20 bytes)")
+        emit(frame.with_columns((pl.col(c) / factor).round(2).alias(c.replace("_bytes", f"_{unit}")) for c in sizes)
+             .drop(sizes), title=f"{rid}: memory per rank and step ({unit} = {meaning})")
     if plot is not None:
         typer.echo(f"wrote {plot}", err=True)
 
@@ -257,6 +339,8 @@ def diff(
     run_b: Annotated[str, typer.Argument(help="The second run (B), compared with A.")],
     top: Annotated[int, typer.Option("--top", help="How many kernels to list in each table.",
                                      callback=top_count)] = 15,
+    html: Annotated[Path | None, typer.Option("--html", help="Also write the diff as one interactive HTML file "
+                                              "(every kernel, not --top).")] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -266,14 +350,23 @@ def diff(
 
     from traceana.analyses.diff import breakdown_diff, collective_diff, kernel_diff
 
+    if html is not None:
+        from traceana.render.report.page import need_bokeh
+
+        need_bokeh()
     with store.connect(db, read_only=True) as con:
         for run in (run_a, run_b):
             store.resolve_run(con, run)
         parts = breakdown_diff(con, run_a, run_b)
         kernel_rows = kernel_diff(con, run_a, run_b)
         comms = collective_diff(con, run_a, run_b)
-    if parts.is_empty():
-        raise TraceanaError(f"runs {run_a!r} and {run_b!r} have no device events to compare")
+        if parts.is_empty():
+            raise TraceanaError(f"runs {run_a!r} and {run_b!r} have no device events to compare")
+        if html is not None:
+            from traceana.render.report.diff import write
+
+            size = write(con, db, run_a, run_b, html)
+            typer.echo(f"wrote {html} ({size / 1e6:.1f} MB)", err=True)
     changed = kernel_rows.filter(pl.col("status") == "both").head(top)
     new = kernel_rows.filter(pl.col("status") == "new").head(top)
     vanished = kernel_rows.filter(pl.col("status") == "vanished").sort("ms_A", descending=True).head(top)
@@ -285,9 +378,17 @@ def diff(
     title = f"{run_a} (A) -> {run_b} (B)"
     nonzero = (pl.col("ms_A").fill_null(0).abs() + pl.col("ms_B").fill_null(0).abs()).sum().over("part") > 0
     emit(parts.filter(nonzero), title=f"{title}: breakdown per stage, ms per typical step (mean over the stage's "
-                                      "ranks); explains_pct = share of the stage's TOTAL change")
+                                      "ranks); explains_pct = share of the stage's TOTAL change", keys=2)
+    from traceana.analyses.breakdown import PARTS
+
+    moved = parts.filter((pl.col("part") == "TOTAL") & (pl.col("ms_delta") != 0))["stage"].to_list()
+    shared = parts.filter(pl.col("part").is_in(PARTS) & pl.col("explains_pct").is_not_null())["stage"].to_list()
+    offset = [s for s in moved if s not in shared]
+    if offset:
+        typer.echo(f"note: explains_pct is blank for stage(s) {', '.join(map(str, offset))}: TOTAL changed less than "
+                   "one of its parts did (the parts offset each other; read ms_delta)")
     for name, frame in (("changed most", changed), ("new in B", new), ("vanished from A", vanished)):
         if not frame.is_empty():
             emit(frame.drop("status"), title=f"kernels {name} (ms and calls per rank and step)")
     if not comms.is_empty():
-        emit(comms, title="collectives by op and dim (per rank and step; ms include waiting)")
+        emit(comms, title="collectives by op and dim (per rank and step; ms include waiting)", keys=2)

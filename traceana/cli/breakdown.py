@@ -29,7 +29,8 @@ def _varying_coords(frame: pl.DataFrame) -> list[str]:
 
 
 def _cells(frame: pl.DataFrame, suffix: str, share: bool) -> list[pl.Expr]:
-    """TOTAL, each part that is not zero everywhere as 'ms (pct%)' (or plain ms), and OVERLAPPED, for a table."""
+    """TOTAL, each part that is not zero everywhere as 'ms (pct%)' (or plain ms), and OVERLAPPED as 'ms (its share
+    of the communication time%)' (or plain ms), for a table."""
     import polars as pl
 
     from traceana.analyses import breakdown as bd
@@ -43,7 +44,10 @@ def _cells(frame: pl.DataFrame, suffix: str, share: bool) -> list[pl.Expr]:
         pct = (100 * pl.col(f"{part}{suffix}") / pl.col(f"TOTAL{suffix}")).round(1).fill_nan(None)
         cells.append((pl.format("{} ({}%)", ms(part), pct) if share else ms(part).cast(pl.String))
                      .alias(f"{bd.label(part)} ms (%)"))
-    return [*cells, ms("OVERLAPPED").cast(pl.String).alias("OVERLAPPED ms")]
+    overlapped = ms("OVERLAPPED").cast(pl.String)
+    if share:  # no communication: no share to give
+        overlapped = pl.coalesce(pl.format("{} ({}%)", ms("OVERLAPPED"), pl.col("OVERLAP_pct").round(1)), overlapped)
+    return [*cells, overlapped.alias("OVERLAPPED ms (% comm)")]
 
 
 def breakdown(
@@ -84,11 +88,25 @@ def breakdown(
         emit(bd.percent_of_total(frame, suffix), fmt="json")
     else:
         table = _rank_table(frame, typical=chosen is None) if by == "rank" else _stage_table(frame)
-        emit(table, title=f"{rid}: breakdown per {by}, {which}")
+        emit(table, title=f"{rid}: breakdown per {by}, {which}", keys=1 if by == "rank" else 2)
+        typer.echo(_overlap_line(ranks))
     for note in notes:
         typer.echo(f"note: {note}", err=True)
     if plot is not None:
         typer.echo(f"wrote {plot}", err=True)
+
+
+def _overlap_line(ranks: pl.DataFrame) -> str:
+    """The run's communication / computation overlap, the headline beside OVERLAPPED, with its spread over ranks."""
+    from traceana.analyses import breakdown as bd
+
+    run = bd.run_overlap_pct(ranks)
+    if run is None:
+        return "comm/compute overlap: no communication in these steps"
+    spread = ranks["OVERLAP_pct"].drop_nulls()
+    ranks_part = f"; per rank {spread.min():.1f}% to {spread.max():.1f}%" if spread.len() > 1 else ""
+    return (f"comm/compute overlap: {run:.1f}% of communication ran under compute (OVERLAPPED / (OVERLAPPED + "
+            f"waits){ranks_part})")
 
 
 def _rank_table(frame: pl.DataFrame, typical: bool) -> pl.DataFrame:
@@ -122,8 +140,9 @@ def timeline(
         if step is None:
             step = bd.first_analysed_step(con, rid)
         windows, intervals = bd.timeline(con, rid, step)
-    timeline_gantt(windows, intervals, plot, f"{rid}: step {step} across {windows.height} ranks")
-    typer.echo(f"wrote {plot} (step {step}, {windows.height} ranks, {intervals.height} activity intervals)")
+    ranks = f"{windows.height} rank" + ("s" if windows.height != 1 else "")
+    timeline_gantt(windows, intervals, plot, f"{rid}: step {step} across {ranks}")
+    typer.echo(f"wrote {plot} (step {step}, {ranks}, {intervals.height} activity intervals)")
 
 
 def stragglers(
@@ -154,7 +173,9 @@ def stragglers(
                    "straggler_stage_mean_COMP_ms": stage_ranks["COMP_ms"].mean(),
                    "straggler_ranks": slow.to_dicts(), "late_ranks": late.to_dicts()})
         return
-    where = f"stage {stage}" if stage is not None else "all ranks (no pipeline stages: the run has no layout)"
+    stages = per_rank["pp"].drop_nulls().n_unique()
+    where = (f"stage {stage}" if stages > 1 else "all ranks (one pipeline stage: no pipeline parallelism)"
+             if stage is not None else "all ranks (no pipeline stages: the run has no layout)")
     typer.echo(f"{rid}: straggler stage: {where}, mean COMP {stage_ranks['COMP_ms'].mean():,.3f} ms per step")
     emit(slow, title=f"ranks whose COMP exceeds their stage's median by more than {threshold:g}%")
     emit(late, title="ranks the others waited for: last to arrive at collectives, by dim")

@@ -1,7 +1,7 @@
 """`traceana export`, `import-parquet` and `report`: a measured run, or the whole store, in a format other tools
 open, a Parquet dataset back into a store, and one HTML file about a run to share. Each format is its own module
 (--perfetto: traceana/render/perfetto.py; --parquet: traceana/store/dataset.py, which `import-parquet` reads back;
-report --html: traceana/render/html_report.py)."""
+report --html: traceana/render/report/run.py)."""
 
 from __future__ import annotations
 
@@ -86,17 +86,22 @@ def import_parquet(
 
 
 def report(
-    html: Annotated[Path, typer.Option("--html", help="HTML file to write (self-contained: plots inline).")],
+    html: Annotated[Path, typer.Option("--html", help="HTML file to write (self-contained and interactive: opens "
+                                       "offline).")],
     run: RunArgument = None,
     estimate: Annotated[Path | None, typer.Option("--estimate", help="Job YAML: add estimate vs measured.")] = None,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
-    """Write a run's summary, stage and rank breakdowns with plots, stragglers, communication and, with
-    --estimate, estimate vs measured into one HTML file to share."""
+    """One interactive HTML file to share: where the time went and what to change first, then the stage, rank and
+    step breakdowns (click to drill down), the timeline with the critical path, communication, kernels, idle,
+    memory and, with --estimate, estimate vs measured."""
     from traceana.api import Traces
-    from traceana.render.html_report import write
+    from traceana.render.report.page import need_bokeh
+
+    need_bokeh()
+    from traceana.render.report.run import write
 
     traces = Traces(db, run)
     rid = traces.read(None, lambda _con, rid: rid)
-    write(Traces(db, rid), rid, html, estimate)
-    typer.echo(f"wrote {html} ({rid}; {html.stat().st_size / 1e6:.1f} MB)")
+    size = write(Traces(db, rid), rid, html, estimate)
+    typer.echo(f"wrote {html} ({rid}; {size / 1e6:.1f} MB)")

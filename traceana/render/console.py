@@ -22,8 +22,9 @@ if TYPE_CHECKING:  # imported where used: a command that prints a few rows must 
 console = Console() if sys.stdout.isatty() else Console(width=250)
 
 
-def emit(frame: pl.DataFrame, *, title: str | None = None, fmt: str = "table") -> None:
-    """Print ``frame`` as a rich table ('table'), JSON records ('json') or CSV ('csv')."""
+def emit(frame: pl.DataFrame, *, title: str | None = None, fmt: str = "table", keys: int = 1) -> None:
+    """Print ``frame`` as a rich table ('table'), JSON records ('json') or CSV ('csv'); ``keys``: how many leading
+    columns name a row (repeated in each part of a table too wide for the terminal, :func:`emit_rows`)."""
     if fmt == "json":
         sys.stdout.write(json.dumps(frame.to_dicts(), default=str, indent=1) + "\n")
     elif fmt == "csv":  # CSV has no nested values: lists and structs are written as their JSON text
@@ -34,33 +35,69 @@ def emit(frame: pl.DataFrame, *, title: str | None = None, fmt: str = "table") -
                                   else v, default=str), return_dtype=pl.String) for c in nested)
         sys.stdout.write(flat.write_csv())
     else:
-        emit_rows(frame.columns, list(frame.iter_rows()), [t.is_numeric() for t in frame.dtypes], title=title)
+        emit_rows(frame.columns, list(frame.iter_rows()), [t.is_numeric() for t in frame.dtypes], title=title,
+                  keys=keys)
+
+
+TEXT_WIDTH = 40  # a text cell longer than this wraps (at spaces where it has them); a number never does
 
 
 def emit_rows(columns: list[str], rows: list[tuple], numeric: list[bool], *, title: str | None = None,
-              fmt: str = "table") -> None:
-    """Print rows (a query's result) as :func:`emit` prints a frame, without building one (table or json)."""
+              fmt: str = "table", keys: int = 1) -> None:
+    """Print rows (a query's result) as :func:`emit` prints a frame, without building one (table or json).
+
+    A number is never cut or wrapped, and a column of floats that are all whole (a mean of counts, bytes) prints
+    as integers. Headers wrap at their spaces. A table wider than the terminal is printed in parts, each with the
+    first ``keys`` columns and as many of the others, in order, as fit."""
     if fmt == "json":
         emit_json([dict(zip(columns, row, strict=True)) for row in rows])
         return
     from rich.table import Table
 
-    table = Table(title=title, show_lines=False)
-    for name, right in zip(columns, numeric, strict=True):
-        table.add_column(name, justify="right" if right else "left", overflow="fold")
-    for row in rows:
-        table.add_row(*(_cell(v) for v in row))
-    console.print(table)
+    whole = [all(not isinstance(v, float) or v.is_integer() for v in column) for column in zip(*rows, strict=True)] \
+        if rows else [False] * len(columns)
+    cells = [[_cell(v, w) for v, w in zip(row, whole, strict=True)] for row in rows]
+    widths = [max([max(map(len, name.split()), default=1)] + [min(len(c[i]), TEXT_WIDTH if not right else len(c[i]))
+                                                              for c in cells])
+              for i, (name, right) in enumerate(zip(columns, numeric, strict=True))]
+    for part, shown in enumerate(_parts(widths, min(keys, len(columns)), console.width)):
+        heading = title if part == 0 or title is None else f"{title} (continued)"
+        table = Table(title=heading, show_lines=False)
+        for i in shown:
+            table.add_column(columns[i], justify="right" if numeric[i] else "left", min_width=widths[i],
+                             overflow="fold")
+        for row in cells:
+            table.add_row(*(row[i] for i in shown))
+        console.print(table)
+
+
+def _parts(widths: list[int], keys: int, width: int) -> list[list[int]]:
+    """The columns of each part of a table ``width`` characters wide: the key columns, then the next columns that
+    fit (a rich cell costs its width plus 3, the table 1 more); at least one column beyond the keys per part."""
+    parts: list[list[int]] = []
+    base = 1 + sum(w + 3 for w in widths[:keys])
+    current, used = list(range(keys)), base
+    for i in range(keys, len(widths)):
+        if used + widths[i] + 3 > width and len(current) > keys:
+            parts.append(current)
+            current, used = list(range(keys)), base
+        current.append(i)
+        used += widths[i] + 3
+    parts.append(current)
+    return parts
 
 
 def emit_json(payload: Any) -> None:
     sys.stdout.write(json.dumps(payload, default=str, indent=1) + "\n")
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, whole: bool = False) -> str:
+    """``whole``: the value's column holds only whole numbers, so a float prints as the integer it is."""
     if value is None:
         return ""
     if isinstance(value, float):
+        if whole:
+            return f"{int(value):,}"
         return f"{value:,.3f}" if abs(value) < 1000 else f"{value:,.1f}"
     if isinstance(value, list):
         return ",".join(map(str, value))

@@ -9,7 +9,8 @@ exported event, on the run's aligned clock.
 
 Colours: chrome://tracing honours ``cname`` (the nearest of its reserved colours to the plots' dim colours);
 Perfetto deliberately ignores it and colours by name, so communication slices are named "<dim> <op>"
-("TP AllReduce", the kernel's name in args) and every dim keeps one colour per op there too.
+("TP AllReduce", the kernel's name in args) and every dim keeps one colour per op there too. The critical path is
+black (grey over idle), as in the plots, a colour no dim has.
 
 DuckDB builds every event's JSON text and writes the events to a file; Python only writes the envelope and the
 few metadata events around them, then streams the file into the output (gzip for ``.gz``). Events on one track must
@@ -229,7 +230,7 @@ def _events_sql(t0: int) -> str:
         UNION ALL
         SELECT ',' || json_object('ph', 'X', 'pid', pid, 'tid', step, 'ts', {ts}, 'dur', {dur},
             'name', 'rank ' || rank || ' ' || CASE kind WHEN 'comm' THEN coalesce(dim, 'comm') ELSE kind END,
-            'cat', 'critical_path', 'cname', CASE kind WHEN 'idle' THEN 'grey' ELSE 'terrible' END,
+            'cat', 'critical_path', 'cname', CASE kind WHEN 'idle' THEN 'grey' ELSE 'black' END,
             'args', json_object('rank', rank, 'stage', stage, 'kind', kind, 'dim', dim, 'name', name, 'step', step,
                                 'segment', seq))
         FROM x_path

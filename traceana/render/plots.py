@@ -17,13 +17,16 @@ from matplotlib.patches import Patch
 from traceana.analyses.breakdown import DIM_LANES, WAITS, label
 from traceana.analyses.idle import CAUSES
 from traceana.errors import TraceanaError
+from traceana.render.units import BANDWIDTH, BINARY_BYTES, DECIMAL_BYTES, unit_for
 
 COMP_COLOR = "0.55"
 IDLE_COLOR = "0.93"
 DIM_COLORS = dict(zip(DIM_LANES, ["tab:blue", "tab:purple", "tab:orange", "tab:green", "tab:red", "tab:brown"],
                       strict=True))
 PART_COLORS = {"COMP": COMP_COLOR, **dict(zip(WAITS, DIM_COLORS.values(), strict=True)), "IDLE": IDLE_COLOR}
-IDLE_CAUSE_COLORS = dict(zip(CAUSES, ["tab:red", "tab:purple", "tab:orange", "tab:blue", "0.8"], strict=True))
+# Colours no dim uses, so that nothing else reads as a dim's communication: the idle causes, the critical path.
+IDLE_CAUSE_COLORS = dict(zip(CAUSES, ["tab:pink", "tab:cyan", "tab:olive", "gold", "0.8"], strict=True))
+CRITICAL_PATH_COLOR = "black"
 
 
 def save_figure(fig: Figure, path: Path, dpi: int) -> None:
@@ -36,8 +39,23 @@ def save_figure(fig: Figure, path: Path, dpi: int) -> None:
         plt.close(fig)
 
 
+def pipelined(stages: list[int | None]) -> bool:
+    """Whether ranks have more than one pipeline stage: only then do plots group or label ranks by stage (a run
+    without pipeline parallelism is all stage 0, or has no stages without a layout)."""
+    return len({s for s in stages if s is not None}) > 1
+
+
+def _bar_limits(ax: plt.Axes, xs: list[float]) -> None:
+    """Room for at least six bars, so that one or two ranks are bars, not walls."""
+    pad = max(0.6, (6 - (max(xs) - min(xs))) / 2) if xs else 0.6
+    ax.set_xlim(min(xs, default=0) - pad, max(xs, default=0) + pad)
+
+
 def _stage_positions(stages: list[int | None]) -> tuple[list[float], list[tuple[float, str]]]:
-    """x of each rank (ranks already sorted by stage) with a one-bar gap between stages, and stage label points."""
+    """x of each rank (ranks already sorted by stage) with a one-bar gap between stages, and stage label points;
+    one bar after the other and no labels when the run has no pipeline stages."""
+    if not pipelined(stages):
+        return [float(i) for i in range(len(stages))], []
     xs: list[float] = []
     labels: list[tuple[float, str]] = []
     x, first = 0.0, 0
@@ -48,7 +66,7 @@ def _stage_positions(stages: list[int | None]) -> tuple[list[float], list[tuple[
         xs.append(x)
         x += 1
     if stages:
-        labels.append(((xs[first] + xs[-1]) / 2, f"stage {stages[-1]}" if stages[-1] is not None else "no stages"))
+        labels.append(((xs[first] + xs[-1]) / 2, f"stage {stages[-1]}" if stages[-1] is not None else "no stage"))
     return xs, labels
 
 
@@ -73,10 +91,11 @@ def breakdown_bars(frame: pl.DataFrame, path: Path, title: str, stack: dict[str,
     ticks = xs if len(xs) <= 64 else xs[:: len(xs) // 32]
     ranks = frame["rank"].to_list()
     ax.set_xticks(ticks, [str(ranks[xs.index(t)]) for t in ticks], fontsize=7)
+    _bar_limits(ax, xs)
     for x, text in stage_labels:
         ax.annotate(text, (x, 0), xycoords=("data", "axes fraction"), xytext=(0, -28), textcoords="offset points",
                     ha="center", fontsize=8)
-    ax.set_xlabel("rank (grouped by pipeline stage)", labelpad=18)
+    ax.set_xlabel("rank (grouped by pipeline stage)" if stage_labels else "rank", labelpad=18 if stage_labels else 4)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -89,7 +108,7 @@ def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, t
     """One lane per rank over one step: COMP in grey on top, each dim's communication in its color below, idle blank.
 
     ``windows``: rank, pp, start_ns, end_ns (lane order); ``intervals``: rank, lane, start_ns, end_ns;
-    ``critical``: the critical path's segments (rank, kind, start_ns, end_ns), drawn as a red line through the lanes.
+    ``critical``: the critical path's segments (rank, kind, start_ns, end_ns), drawn as a black line through the lanes.
     """
     origin = windows["start_ns"].min()
     dims = [d for d in DIM_LANES if d in set(intervals["lane"].to_list())]
@@ -112,7 +131,8 @@ def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, t
                                    / 1e6, 0.96, fill=False, edgecolor="0.75", linewidth=0.5))
     if critical is not None:
         _draw_path(ax, critical, rows, origin)
-    labels = [f"rank {r}" + (f" (stage {s})" if s is not None else "")
+    staged = pipelined(windows["pp"].to_list())
+    labels = [f"rank {r}" + (f" (stage {s})" if staged and s is not None else "")
               for r, s in zip(rows, windows["pp"].to_list(), strict=True)]
     every = max(1, len(rows) // 64)  # at most 64 labels
     ax.set_yticks([y + 0.5 for y in list(rows.values())[::every]], labels[::every], fontsize=7)
@@ -126,76 +146,109 @@ def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, t
     handles += [Patch(color=DIM_COLORS[d], label=f"{d} communication") for d in dims]
     handles += [Patch(facecolor="white", edgecolor="0.75", label="idle (blank) within the rank's step window")]
     if critical is not None:
-        handles += [Line2D([], [], color="red", linewidth=2, label="critical path (thin, pale: idle on it)")]
+        handles += [Line2D([], [], color=CRITICAL_PATH_COLOR, linewidth=2, label="critical path"),
+                    Line2D([], [], color=CRITICAL_PATH_COLOR, linewidth=1.2, linestyle=":",
+                           label="critical path through idle time")]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     save_figure(fig, path, dpi=130)
 
 
 def _draw_path(ax: plt.Axes, critical: pl.DataFrame, rows: dict[int, int], origin: int) -> None:
-    """The path in its lanes' middle: bold over work and communication, thin and pale over idle, vertical where it jumps
-    (line collections, so a path of many thousand segments draws at once)."""
+    """The path in its lanes' middle: bold over work and communication, thin and dotted over idle, vertical where it
+    jumps (line collections, so a path of many thousand segments draws at once)."""
     from matplotlib.collections import LineCollection
 
     path = critical.select(pl.col("rank").replace_strict(rows, return_dtype=pl.Float64).alias("y") + 0.5,
                            ((pl.col("start_ns") - origin) / 1e6).alias("x0"),
                            ((pl.col("end_ns") - origin) / 1e6).alias("x1"), (pl.col("kind") == "idle").alias("idle"))
-    for idle, color, width in ((False, "red", 2.4), (True, (1.0, 0.0, 0.0, 0.3), 1.4)):
+    for idle, width, style in ((False, 2.4, "solid"), (True, 1.2, "dotted")):
         spans = path.filter(pl.col("idle") == idle)
         ax.add_collection(LineCollection([((x0, y), (x1, y)) for y, x0, x1 in spans.select("y", "x0", "x1")
-                                          .iter_rows()], colors=color, linewidths=width))
+                                          .iter_rows()], colors=CRITICAL_PATH_COLOR, linewidths=width,
+                                         linestyles=style))
     jumps = path.with_columns(pl.col("y").shift(1).alias("from_y")).filter(pl.col("from_y") != pl.col("y"))
     ax.add_collection(LineCollection([((x0, y0), (x0, y1)) for x0, y0, y1 in jumps.select("x0", "from_y", "y")
-                                      .iter_rows()], colors="red", linewidths=1.2))
+                                      .iter_rows()], colors=CRITICAL_PATH_COLOR, linewidths=1.2))
 
 
 def comm_heatmaps(pairs: pl.DataFrame, world: int, path: Path, title: str) -> None:
-    """Two rank × rank heatmaps from comm_matrix rows (src, dst, bytes, time_ms): MB sent and achieved GB/s."""
+    """Two rank × rank heatmaps from comm_matrix rows (src, dst, bytes, time_ms, assumed_bytes): traffic and achieved
+    bandwidth, each in the unit its largest cell calls for; cells whose bytes an all-to-all's even split assumes
+    are hatched; a panel whose cells are all equal (to the 3 digits a cell prints) says so instead of a colour bar."""
     import numpy as np
 
-    summed = pairs.group_by("src", "dst").agg(pl.col("bytes").sum(), pl.col("time_ms").sum())
+    summed = pairs.group_by("src", "dst").agg(pl.col("bytes").sum(), pl.col("time_ms").sum(),
+                                              pl.col("assumed_bytes").sum())
     size = max(world, int(summed["src"].max()) + 1, int(summed["dst"].max()) + 1)
-    megabytes, bandwidth = np.full((size, size), np.nan), np.full((size, size), np.nan)
-    for src, dst, nbytes, ms in summed.iter_rows():
-        megabytes[src, dst] = nbytes / 1e6
-        bandwidth[src, dst] = nbytes / (ms * 1e6) if ms else np.nan
-    fig, axes = plt.subplots(1, 2, figsize=(min(6 + 0.5 * size, 24), min(3 + 0.25 * size, 12)))
-    for ax, values, unit, heading, cmap in (
-            (axes[0], megabytes, "MB sent (1e6 bytes)", "traffic", "viridis"),
-            (axes[1], bandwidth, "GB/s (bytes / transfer time)", "achieved bandwidth", "magma")):
-        image = ax.imshow(values, cmap=cmap, origin="upper")
-        fig.colorbar(image, ax=ax, label=unit, shrink=0.8)
+    traffic, bandwidth = np.full((size, size), np.nan), np.full((size, size), np.nan)
+    assumed = []
+    for src, dst, nbytes, ms, guessed in summed.iter_rows():
+        traffic[src, dst] = nbytes
+        bandwidth[src, dst] = nbytes / (ms / 1e3) if ms else np.nan
+        if guessed:
+            assumed.append((src, dst))
+    cell = 0.5 if size <= 16 else 0.25  # inches: room for a 4-character label at 8 ranks
+    side = min(max(cell * size, 3.0), 10.0)
+    fig, axes = plt.subplots(1, 2, figsize=(2 * side + 4.5, side + 2.4))
+    for ax, values, units, heading, cmap in ((axes[0], traffic, DECIMAL_BYTES, "traffic", "viridis"),
+                                             (axes[1], bandwidth, BANDWIDTH, "achieved bandwidth", "magma")):
+        shown = values[~np.isnan(values)]
+        unit, factor, meaning = unit_for(float(shown.max()) if shown.size else 0.0, units)
+        scaled = values / factor
+        low, high = (float(shown.min()) / factor, float(shown.max()) / factor) if shown.size else (0.0, 1.0)
+        equal = f"{low:.3g}" == f"{high:.3g}"  # as the cells print: a spread in the 4th digit is no spread
+        image = ax.imshow(scaled, cmap=cmap, origin="upper", vmin=low - 1 if equal else low,
+                          vmax=high + 1 if equal else high)
+        if equal:
+            heading += f": every pair {high:.3g} {unit} ({meaning})"
+        else:
+            heading += f" in {unit} ({meaning})"
+            fig.colorbar(image, ax=ax, label=unit, shrink=0.8)
+        for src, dst in assumed:
+            ax.add_patch(plt.Rectangle((dst - 0.5, src - 0.5), 1, 1, fill=False, hatch="///", edgecolor="white",
+                                       linewidth=0))
         if size <= 16:
-            for (i, j), v in np.ndenumerate(values):
+            for (i, j), v in np.ndenumerate(scaled):
                 if not np.isnan(v):
-                    ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=7,
-                            color="black" if image.norm(v) > 0.6 else "white")
+                    ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=7 if size <= 8 else 6,
+                            color="black" if image.norm(v) > 0.6 else "white",  # on the cell's colour, over hatching
+                            bbox={"facecolor": image.cmap(image.norm(v)), "edgecolor": "none", "pad": 1})
             ax.set_xticks(range(size))
             ax.set_yticks(range(size))
+            ax.tick_params(labelsize=7 if size <= 8 else 6)
         ax.set_xlabel("destination rank")
         ax.set_ylabel("source rank")
         ax.set_title(heading, fontsize=9)
+    if assumed:
+        title += ("\nhatched: an all-to-all's bytes split evenly over its group, assumed (collectives record no "
+                  "per-peer split)")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.93 if assumed else 0.96))  # the suptitle above the panel titles
     save_figure(fig, path, dpi=130)
 
 
-def memory_timeline(samples: pl.DataFrame, windows: pl.DataFrame, path: Path, title: str) -> None:
-    """Allocated (solid) and reserved (dashed) GiB over time, one color per rank (at most 16 drawn), a sample
-    holding its level until the next; step starts as dotted vertical lines."""
+def memory_timeline(samples: pl.DataFrame, windows: pl.DataFrame, path: Path, title: str,
+                    unit: tuple[str, float, str] | None = None) -> None:
+    """Allocated (solid) and reserved (dashed) memory over time, one color per rank (at most 16 drawn), a sample
+    holding its level until the next; step starts as dotted vertical lines. ``unit`` (units.unit_for of
+    BINARY_BYTES): the one the table beside it uses; by default the one the largest sample calls for."""
+    if unit is None:
+        unit = unit_for(max(samples["allocated_bytes"].max() or 0, samples["reserved_bytes"].max() or 0), BINARY_BYTES)
+    name, factor, meaning = unit
     origin = min(samples["ts_ns"].min(), windows["start_ns"].min() if windows.height else samples["ts_ns"].min())
     ranks = sorted(set(samples["rank"].to_list()))
     shown = ranks[:: max(1, len(ranks) // 16)][:16]
     fig, ax = plt.subplots(figsize=(12, 5))
-    colors = plt.get_cmap("tab20")
+    colors = plt.get_cmap("tab10" if len(shown) <= 10 else "tab20")  # tab20 pairs neighbours in one hue
     for i, rank in enumerate(shown):
         part = samples.filter(pl.col("rank") == rank)
         x = ((part["ts_ns"] - origin) / 1e6).to_list()
         color = colors(i % 20)
-        ax.step(x, (part["allocated_bytes"] / 2**30).to_list(), where="post", color=color, linewidth=1,
+        ax.step(x, (part["allocated_bytes"] / factor).to_list(), where="post", color=color, linewidth=1,
                 label=f"rank {rank} allocated")
         if part["reserved_bytes"].fill_null(0).max() > 0:
-            ax.step(x, (part["reserved_bytes"] / 2**30).to_list(), where="post", color=color, linewidth=1,
+            ax.step(x, (part["reserved_bytes"] / factor).to_list(), where="post", color=color, linewidth=1,
                     linestyle="--", label=f"rank {rank} reserved")
     for start, step in windows.group_by("step").agg(pl.col("start_ns").min()).select("start_ns", "step").iter_rows():
         x = (start - origin) / 1e6
@@ -203,7 +256,7 @@ def memory_timeline(samples: pl.DataFrame, windows: pl.DataFrame, path: Path, ti
         ax.annotate(f"step {step}", (x, 1), xycoords=("data", "axes fraction"), xytext=(2, -10),
                     textcoords="offset points", fontsize=7, color="0.4")
     ax.set_xlabel("time since the first sample or step start (ms)")
-    ax.set_ylabel("memory (GiB = 2^30 bytes)")
+    ax.set_ylabel(f"memory ({name} = {meaning})")
     suffix = "" if len(shown) == len(ranks) else f" ({len(shown)} of {len(ranks)} ranks drawn)"
     ax.set_title(title + suffix, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -231,6 +284,7 @@ def whatif_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
     ranks = frame["rank"].to_list()
     ticks = xs if len(xs) <= 64 else xs[:: len(xs) // 32]
     ax.set_xticks(ticks, [str(ranks[xs.index(t)]) for t in ticks], fontsize=7)
+    _bar_limits(ax, xs)
     for x, text in stage_labels:
         ax.annotate(text, (x, 0), xycoords=("data", "axes fraction"), xytext=(0, -28), textcoords="offset points",
                     ha="center", fontsize=8)
@@ -238,7 +292,8 @@ def whatif_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
     handles.append(Patch(facecolor="white", edgecolor="0.3", hatch="//"))
     labels.append("predicted (right bar of each rank)")
     ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_xlabel("rank (grouped by pipeline stage): measured | predicted", labelpad=18)
+    ax.set_xlabel(("rank (grouped by pipeline stage)" if stage_labels else "rank") + ": measured | predicted",
+                  labelpad=18 if stage_labels else 4)
     ax.set_ylabel("time per step (ms)")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
@@ -301,5 +356,54 @@ def roofline_chart(frame: pl.DataFrame, roofs: list[tuple[str, float]], hbm_gb_p
                 "time)", title_fontsize=7)
     side.text(0, 0, "\n".join(lines), transform=side.transAxes, fontsize=6.5, va="bottom", family="monospace")
     fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=130)
+
+
+def launch_timeline(delays: pl.DataFrame, queues: pl.DataFrame, ranks: pl.DataFrame, steps: pl.DataFrame, path: Path,
+                    title: str) -> None:
+    """Two panels over one time axis (ms since the run's first launch). Top: the launch delay per time bucket, all
+    ranks pooled (median and p95, log scale), with the launch cost (the ranks' median delay onto an idle device)
+    dashed. Bottom: the queue length of the streams with the longest mean queue (at most 8 drawn), each bucket's
+    max (solid) and time-weighted mean (dotted). Step starts as dotted vertical lines."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
+    width = float((delays["end_ms"] - delays["start_ms"]).max() or 1)
+    gaps = (delays["start_ms"].diff() > 1.5 * width).fill_null(False)  # buckets without launches: break the line
+    delays = pl.concat([delays, delays.filter(gaps).with_columns(
+        pl.col("start_ms") - width, pl.col("end_ms") - width, pl.lit(None, pl.Float64).alias("p50_delay_us"),
+        pl.lit(None, pl.Float64).alias("p95_delay_us")).select(delays.columns)]).sort("start_ms")
+    mid = ((delays["start_ms"] + delays["end_ms"]) / 2).to_list()
+    top.plot(mid, delays["p50_delay_us"].fill_null(float("nan")).to_list(), color="tab:blue", linewidth=1.2,
+             label="median delay")
+    top.plot(mid, delays["p95_delay_us"].fill_null(float("nan")).to_list(), color="tab:red", linewidth=1,
+             label="p95 delay")
+    cost = ranks["launch_cost_us"].median()
+    if cost is not None:
+        top.axhline(cost, color="0.3", linestyle="--", linewidth=1,
+                    label=f"launch cost {cost:,.1f} us (median delay onto an idle device)")
+    top.set_yscale("log")
+    top.set_ylabel("launch call start to kernel start (us)")
+    top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    means = queues.group_by("rank", "stream").agg(pl.col("mean_queue").mean()).sort(
+        "mean_queue", "rank", "stream", descending=[True, False, False])
+    shown = means.head(8)
+    colors = plt.get_cmap("tab10")
+    for i, (rank, stream, _) in enumerate(shown.iter_rows()):
+        part = queues.filter((pl.col("rank") == rank) & (pl.col("stream") == stream))
+        x = part["start_ms"].to_list()
+        bottom.step(x, part["max_queue"].to_list(), where="post", color=colors(i), linewidth=1,
+                    label=f"rank {rank} stream {stream} (max)")
+        bottom.step(x, part["mean_queue"].to_list(), where="post", color=colors(i), linewidth=0.8, linestyle=":")
+    bottom.set_ylabel("queued events (launched, not started)")
+    bottom.set_xlabel("time since the run's first launch (ms); dotted: bucket mean")
+    suffix = "" if shown.height == means.height else f" ({shown.height} of {means.height} streams drawn)"
+    bottom.set_title("queue length per stream" + suffix, fontsize=9)
+    bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    for start, step in steps.select(pl.col("start_ns") / 1e6, "step").iter_rows():
+        for ax in (top, bottom):
+            ax.axvline(start, color="0.6", linestyle=":", linewidth=0.8)
+        top.annotate(f"step {step}", (start, 1), xycoords=("data", "axes fraction"), xytext=(2, -10),
+                     textcoords="offset points", fontsize=7, color="0.4")
+    top.set_title(title, fontsize=10)
     fig.tight_layout()
     save_figure(fig, path, dpi=130)
