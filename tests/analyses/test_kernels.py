@@ -269,10 +269,13 @@ def test_runs_without_shapes_or_kernels_say_so(tmp_path: Path) -> None:
     db = tmp_path / "t.duckdb"
     run_cli("ingest", TRACES / "kineto" / "h200_hostbound_h512_L12_s256_gb8.json.gz", "--db", db)
     run_cli("ingest", TRACES / "kineto" / "hta_rank34of300_gloo_pgconfig.json.gz", "--db", db)
+    run_cli("ingest", TRACES / "nsys" / "pipit_saxpy_mpi_1rank_nsys2022.2.sqlite", "--db", db)
     code, _, err = run_main("kernels", "h200_hostbound_h512_L12_s256_gb8", "--roofline", "--db", db)
     assert "the trace recorded no op shapes" in one_line(code, err)
     code, _, err = run_main("kernels", "hta_rank34of300_gloo_pgconfig", "--roofline", "--db", db)
-    assert "no kernel is linked to the CPU op that launched it" in one_line(code, err)
+    assert "has no op shapes, so no roofline: no kernel in it is linked" in one_line(code, err)
+    code, _, err = run_main("kernels", "pipit_saxpy_mpi_1rank_nsys2022.2", "--roofline", "--db", db)
+    assert "(Kineto) traces only, and this run is nsys" in one_line(code, err)
 
 
 def test_cost_model_on_inputs_the_h200_trace_lacks() -> None:

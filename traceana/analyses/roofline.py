@@ -277,9 +277,10 @@ def measure(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "shape", prof
     device, fmt = con.execute("SELECT device, source_format FROM runs WHERE run_id = ?", [run_id]).fetchall()[0]
     roof = peaks(profile, device)
     if calls.is_empty():
-        raise TraceanaError(f"run {run_id!r}: no kernel is linked to the CPU op that launched it, so no roofline "
-                            f"(only Kineto GPU traces record the link; this run is {fmt}; a store written before "
-                            "the event_ops table existed needs the run ingested again)")
+        why = (f"traceana reads op shapes from PyTorch profiler (Kineto) traces only, and this run is {fmt}"
+               if fmt != "kineto" else "no kernel in it is linked to the CPU op that launched it (a CPU-only run "
+               "has no kernels; a store written before the event_ops table existed needs the run ingested again)")
+        raise TraceanaError(f"run {run_id!r} has no op shapes, so no roofline: {why}")
     shaped = calls.filter(pl.col("input_dims").is_not_null())
     if shaped.is_empty():
         raise TraceanaError(f"run {run_id!r}: the trace recorded no op shapes, so no roofline (profile with "

@@ -349,8 +349,8 @@ def roofline_chart(frame: pl.DataFrame, roofs: list[tuple[str, float]], hbm_gb_p
     ax.set_ylabel("achieved TFLOP/s (1e12 FLOP/s)")
     ax.grid(True, which="major", color="0.9", linewidth=0.6)
     if skipped := frame.height - drawn.height:
-        ax.annotate(f"{skipped} rows without FLOPs (copies, fills) not drawn", (0.99, 0.01), xycoords="axes fraction",
-                    ha="right", va="bottom", fontsize=7, color="0.4")
+        ax.annotate(f"{skipped} row{'s' if skipped > 1 else ''} without FLOPs (copies, fills) not drawn",
+                    (0.99, 0.01), xycoords="axes fraction", ha="right", va="bottom", fontsize=7, color="0.4")
     side.axis("off")
     side.legend(handles=handles, fontsize=7, loc="upper left", title="roofs; op families (point area: total kernel "
                 "time)", title_fontsize=7)
