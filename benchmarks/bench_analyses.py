@@ -45,6 +45,7 @@ def analyses(api: Traces, run: str) -> dict[str, Callable[[], object]]:
         "critical_path": lambda: api.critical_path(run=run),
         "comm": lambda: api.comm(run=run),
         "kernels": lambda: api.kernels(run=run),
+        "roofline": lambda: api.roofline(run=run),
         "idle": lambda: api.idle(run=run),
         "memory": lambda: api.memory(run=run),
         "launch_stats": lambda: [api.launch_stats(by=by, run=run) for by in ("kernel", "rank", "step", "time")],

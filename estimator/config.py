@@ -169,6 +169,8 @@ class Hardware:
     hbm_bandwidth_gb_per_s: float | None = None  # for memory-bound work (elementwise ops, optimizer step)
     profile: str | None = None               # a built-in profile (a100, h100, h200) or a profile YAML file
     peak_tflops_fp8: float | None = None
+    peak_tflops_fp32: float | None = None    # CUDA cores: work that uses no tensor cores (elementwise ops)
+    peak_tflops_tf32: float | None = None    # fp32 GEMMs on tensor cores (torch.backends.cuda.matmul.allow_tf32)
 
 
 @dataclass(frozen=True)
@@ -340,6 +342,28 @@ def _with_profile(raw: dict[str, Any], source: str, where: Path) -> tuple[dict[s
     for section, values in defaults.items():
         merged[section] = _merge(values, raw.get(section) or {})
     return merged, profile
+
+
+def profile_hardware(name: str, where: Path = Path(".")) -> Hardware:
+    """The hardware section of profile ``name`` (a built-in name or a YAML file, as ``hardware.profile`` takes):
+    the device's data-sheet peaks, for a report that needs no job config (`traceana kernels --roofline`)."""
+    raw, _ = _with_profile({"hardware": {"profile": name}}, "--profile", where)
+    hardware = _build(Hardware, raw["hardware"], f"profile {name}", "hardware.")
+    if not hardware.hbm_bandwidth_gb_per_s:
+        raise TraceanaError(f"profile {name}: hardware.hbm_bandwidth_gb_per_s is not set (the roofline needs it)")
+    return hardware
+
+
+def profile_for_device(device: str | None) -> str | None:
+    """The built-in profile whose ``hardware.device`` ('H200') is a word of the device name a trace gives ('NVIDIA
+    H200'), or None."""
+    import re
+
+    for path in sorted(PROFILES.glob("*.yaml")):
+        model = (read_yaml(path).get("hardware") or {}).get("device")
+        if device and model and re.search(rf"\b{re.escape(str(model))}\b", device, re.IGNORECASE):
+            return path.stem
+    return None
 
 
 # A profile table's columns: how many each row has, and which may be zero (attention's causal flag; a measured

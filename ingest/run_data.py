@@ -48,12 +48,17 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "rank": pl.Int32(), "kind": pl.String(), "name": pl.String(), "start_ns": pl.Int64(), "end_ns": pl.Int64(),
         "waited_event_id": pl.Int64(), "waiter_event_id": pl.Int64(),
     },
+    "event_ops": {
+        "rank": pl.Int32(), "event_id": pl.Int64(), "op_id": pl.Int64(), "op": pl.String(), "input_dims": pl.String(),
+        "input_types": pl.String(), "concrete_inputs": pl.String(),
+    },
 }
 TABLES = tuple(SCHEMAS)
 TIME_COLUMNS = {"device_events": ("start_ns", "end_ns", "launch_ns"), "annotations": ("start_ns", "end_ns"),
-                "steps": ("start_ns", "end_ns"), "memory": ("ts_ns",), "syncs": ("start_ns", "end_ns")}
+                "steps": ("start_ns", "end_ns"), "memory": ("ts_ns",), "syncs": ("start_ns", "end_ns"),
+                "event_ops": ()}
 # the tables that grow with events: written per file
-SPILLED = ("device_events", "annotations", "memory", "syncs")
+SPILLED = ("device_events", "annotations", "memory", "syncs", "event_ops")
 
 
 def conform(table: str, frame: pl.DataFrame | None) -> pl.DataFrame:
@@ -78,6 +83,7 @@ class RunData:
     tool_version: str | None = None
     rank_source: str | None = None
     notes: list[str] = field(default_factory=list)
+    device: str | None = None  # the device model the trace names ('NVIDIA H200'; several: comma-separated)
     frames: dict[str, pl.DataFrame] = field(default_factory=dict)
     layout: Layout | None = None  # the user's --layout, else one the trace states (MindSpeed distributed_args)
     spill: Spill | None = None

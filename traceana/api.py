@@ -178,6 +178,16 @@ class Traces:
 
         return self.read(run, lambda con, rid: ranking(con, rid, top, by))
 
+    def roofline(self, by: str = "shape", profile: str | None = None, top: int | None = None,
+                 run: str | None = None) -> pl.DataFrame:
+        """The measured roofline, as `traceana kernels --roofline`: per op and input shapes (``by="shape"``) or per
+        kernel (``by="kernel"``), FLOPs and bytes a call, TFLOP/s, GB/s, intensity, the ``profile``'s peak and
+        ridge (default: the profile of the trace's device), bound and share of the roof, longest first (``top``).
+        Its notes (the profile and why, what was left out): traceana.analyses.roofline.measure."""
+        from traceana.analyses.roofline import measure
+
+        return self.read(run, lambda con, rid: measure(con, rid, by, profile, top).frame)
+
     def launch_stats(self, by: str = "kernel", buckets: int = 200, run: str | None = None) -> pl.DataFrame:
         """Kernel-launch statistics, as `traceana kernels --launch`: the delay from each launch call's start to the
         event's start (µs: mean, p50, p95, max) and short_pct (events shorter than their rank's launch cost, the

@@ -45,8 +45,9 @@ def trace_files(path: Path) -> list[Path]:
     return [path] if path.name.endswith(_SUFFIXES) else []
 
 
-def load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
-    """Load one file's events into table ``ev`` (tagged with ``f = index``); return its metadata.
+def load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> tuple[dict, list[str]]:
+    """Load one file's events into table ``ev`` (tagged with ``f = index``); return its metadata and the device
+    names its deviceProperties list ('NVIDIA H200').
 
     One typed pass over the JSON: the document lands in a temporary table, from which the three metadata values
     and the events are read (a second read_json for the metadata alone cost as much as the events)."""
@@ -54,10 +55,12 @@ def load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
         raise TraceanaError(f"{file}: the file is empty")
     source = str(file).replace("'", "''")
     reader = (f"read_json('{source}', format='unstructured', maximum_object_size=4000000000, "
-              f"columns={{'traceEvents': '{_EVENT}', 'distributedInfo': 'JSON', 'baseTimeNanoseconds': 'JSON'}})")
+              f"columns={{'traceEvents': '{_EVENT}', 'distributedInfo': 'JSON', 'baseTimeNanoseconds': 'JSON', "
+              "'deviceProperties': 'JSON'})")
     try:
         con.execute(f"CREATE OR REPLACE TEMP TABLE kineto_file AS SELECT * FROM {reader}")
-        meta = con.execute("SELECT distributedInfo, baseTimeNanoseconds, len(traceEvents) FROM kineto_file").fetchall()
+        meta = con.execute("SELECT distributedInfo, baseTimeNanoseconds, len(traceEvents), "
+                           "json_extract_string(deviceProperties, '$[*].name') FROM kineto_file").fetchall()
         if len(meta) != 1 or meta[0][2] is None:
             raise TraceanaError(f"{file}: not a Kineto trace (no traceEvents array)")
         info, base = _metadata(file, meta[0][0], meta[0][1])
@@ -67,7 +70,7 @@ def load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> dict:
         raise TraceanaError(f"{file}: not a readable Kineto trace ({first_line(exc)})") from None
     finally:
         con.execute("DROP TABLE IF EXISTS kineto_file")
-    return info
+    return info, [n for n in meta[0][3] or [] if n]
 
 
 _INSERT = """INSERT INTO ev SELECT {index} AS f, e.ph, e.cat, e.name, e.pid->>'$' AS pid, e.tid->>'$' AS tid,

@@ -26,6 +26,34 @@ _GROUP_SIZE = f"""coalesce(group_size, CASE
          AND {_SECOND_INPUT_NELEMS} > 0 AND {FIRST_INPUT_NELEMS} % {_SECOND_INPUT_NELEMS} = 0
         THEN {FIRST_INPUT_NELEMS} // {_SECOND_INPUT_NELEMS} END)"""
 
+# Each device event's launching CPU op (by correlation id): the innermost cpu_op open on the launching runtime call's
+# thread when the call ran, with the input shapes, dtypes and scalar arguments record_shapes=True writes (NULL
+# without it). Ops of one thread nest, so a sweep finds it without a range join: an op opens (+1) at its start and
+# closes (-1) at its end, a call at t lies inside the d ops open then, and the innermost is the last to open at depth
+# d before t (ASOF). Ties: opens first (the longer first), then calls, then closes, as an op's interval is closed.
+# Newer traces also give the kernel that op's External id; older ones (2022) only the correlation. Both agree on
+# every kernel of the shared H200 traces.
+_OPS_SQL = """WITH launch AS (
+    SELECT f, corr, arg_min(pid, start_ns) AS pid, arg_min(tid, start_ns) AS tid, min(start_ns) AS t FROM ev
+    WHERE cat IN ('cuda_runtime', 'cuda_driver')
+      AND corr IN (SELECT corr FROM ev WHERE cat IN ('kernel', 'gpu_memcpy', 'gpu_memset'))
+    GROUP BY f, corr
+), marks AS (
+    SELECT f, pid, tid, start_ns AS t, 0 AS k, -end_ns AS tie, 1 AS delta, ext_id AS id FROM ev WHERE cat = 'cpu_op'
+    UNION ALL SELECT f, pid, tid, end_ns, 2, 0, -1, NULL FROM ev WHERE cat = 'cpu_op'
+    UNION ALL SELECT f, pid, tid, t, 1, 0, 0, corr FROM launch
+), depth AS (
+    SELECT *, sum(delta) OVER (PARTITION BY f, pid, tid ORDER BY t, k, tie ROWS UNBOUNDED PRECEDING) AS d FROM marks
+), linked AS (
+    SELECT c.f, c.id AS corr, o.id AS op_id
+    FROM (SELECT * FROM depth WHERE k = 1 AND d > 0) c
+    ASOF JOIN (SELECT * FROM depth WHERE k = 0) o ON o.f = c.f AND o.pid = c.pid AND o.tid = c.tid AND o.d = c.d
+                                                  AND o.t <= c.t
+)
+SELECT l.f, l.corr, l.op_id, e.name AS launch_op, e.input_dims, e.input_type AS input_types,
+       e.concrete AS concrete_inputs
+FROM linked l JOIN ev e ON e.f = l.f AND e.ext_id = l.op_id AND e.cat = 'cpu_op'"""
+
 # Each kernel's launch: the first runtime call of its correlation id (the host time it was queued).
 _LAUNCHES_SQL = """SELECT f, corr, min(start_ns) AS launch_ns FROM ev
     WHERE cat IN ('cuda_runtime', 'cuda_driver') AND corr IS NOT NULL GROUP BY f, corr"""
@@ -56,16 +84,18 @@ FROM linked GROUP BY ALL
 
 
 def device_frames(con: duckdb.DuckDBPyConnection, rules: list[Rule]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """device_events and the raw collective rows (op decided, pg by name) for all GPU files."""
+    """device_events (with each event's launching CPU op and its shapes: op_id, launch_op, input_dims, input_types,
+    concrete_inputs: the event_ops table) and the raw collective rows (op decided, pg by name) for all GPU files."""
     events = con.sql(
         f"""WITH launchers AS ({_LAUNCHERS_SQL})
         SELECT k.f, row_number() OVER (PARTITION BY k.f ORDER BY k.start_ns, k.end_ns, k.name) - 1 AS event_id,
                coalesce(k.stream, TRY_CAST(k.tid AS BIGINT)) AS stream, k.start_ns, k.end_ns, k.name, k.cat,
                k.coll_name, k.in_nelems, k.dtype, k.pg_name, k.seq, k.peer, l.launcher, l.l_coll_name,
                l.l_in_nelems, l.l_dtype, l.l_pg_name, l.l_seq, coalesce(k.group_size, l.l_group_size) AS group_size,
-               r.launch_ns, k.corr
+               r.launch_ns, k.corr, o.op_id, o.launch_op, o.input_dims, o.input_types, o.concrete_inputs
         FROM ev k LEFT JOIN launchers l ON l.f = k.f AND l.corr = k.corr AND l.k_start = k.start_ns
         LEFT JOIN ({_LAUNCHES_SQL}) r ON r.f = k.f AND r.corr = k.corr
+        LEFT JOIN ({_OPS_SQL}) o ON o.f = k.f AND o.corr = k.corr
         WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
     ).pl()
     events = with_classes(events, "name", rules).with_columns(

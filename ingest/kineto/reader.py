@@ -64,6 +64,7 @@ class ParsedFile:
     folder as part ``key`` (:func:`spill.spill_file`). Times are the file's own clock."""
 
     info: dict  # distributedInfo, checked
+    device_names: list[str]  # the device names deviceProperties lists
     key: str
     span: tuple[int, int] | None  # first and last ns of any event: files of one run overlap
     seen_groups: list[tuple[str, str | None, str]]  # (name, description, ranks) that kernel args state
@@ -84,7 +85,7 @@ def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) 
     con = duckdb.connect(config={"threads": threads})
     con.execute("SET enable_progress_bar = false")  # a worker's bar would garble the CLI's
     con.execute(EVENT_TABLE)
-    info = load(con, file, 0)
+    info, device_names = load(con, file, 0)
     span = con.execute("SELECT min(start_ns), max(end_ns) FROM ev").fetchall()[0]
     seen = con.execute("SELECT DISTINCT pg_name, pg_desc, pg_ranks FROM ev "
                        "WHERE pg_name IS NOT NULL AND pg_ranks IS NOT NULL").fetchall()
@@ -97,14 +98,17 @@ def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) 
         "memory": con.sql("SELECT 0 AS rank, start_ns AS ts_ns, mem_allocated AS allocated_bytes, mem_reserved AS "
                           "reserved_bytes FROM ev WHERE name = '[memory]' AND mem_device_type = 1").pl(),
         "annotations": con.sql("SELECT 0 AS rank, start_ns, end_ns, name, 'cpu' AS domain, cat AS kind FROM ev "
-                               "WHERE cat IN ('user_annotation', 'gpu_user_annotation')").pl()})
+                               "WHERE cat IN ('user_annotation', 'gpu_user_annotation')").pl(),
+        "event_ops": events.filter(pl.col("op_id").is_not_null()).select(
+            pl.col("f").alias("rank"), "event_id", "op_id", pl.col("launch_op").alias("op"), "input_dims",
+            "input_types", "concrete_inputs")})
     kept = frames["device_events"].select(pl.col("rank").alias("f"), "event_id")
     comm = comm.join(kept, on=["f", "event_id"], how="semi").select(
         *[c for c in SCHEMAS["collectives"] if c in comm.columns and c not in ("rank", "pg")], "f", "pg_name",
         "group_size", "stream", "start_ns", "end_ns")
-    return ParsedFile(info, key, span if span[0] is not None else None, seen, con.sql(_SAMPLES_SQL).pl(), comm,
-                      frames["steps"].rename({"rank": "f"}), links, unnumbered, dropped,
-                      sync_counts.count(frames["syncs"]),
+    return ParsedFile(info, device_names, key, span if span[0] is not None else None, seen,
+                      con.sql(_SAMPLES_SQL).pl(), comm, frames["steps"].rename({"rank": "f"}), links, unnumbered,
+                      dropped, sync_counts.count(frames["syncs"]),
                       None if devices else to_ipc(con.sql("SELECT * FROM ev").arrow()))
 
 
@@ -261,6 +265,7 @@ def _run(files: list[Path], parsed: list[ParsedFile], spill: Spill, options: Ing
     data.sources = [str(f.resolve()) for f in files]
     data.world_size = world
     data.rank_source = ",".join(sorted(set(rank_sources)))
+    data.device = ", ".join(sorted({d for p in parsed for d in p.device_names})) or None
     data.frames["ranks"] = ranks_frame
     return data
 

@@ -138,3 +138,18 @@ def test_stages_only_where_the_run_has_pipeline_stages(db: Path, figures: list[F
     assert [t.get_text() for t in gantt.get_yticklabels()] == [f"rank {r}" for r in range(4)]
     out = _run("stragglers", "moe_skewed", "--db", db)
     assert "straggler stage: all ranks (one pipeline stage: no pipeline parallelism)" in out
+
+
+def test_roofline_points_and_roofs_are_the_json_numbers(db: Path, figures: list[Figure], tmp_path: Path) -> None:
+    out = json.loads(_run("kernels", "h200", "--roofline", "--top", "40", "--json", "--plot", tmp_path / "r.png",
+                          "--db", db))
+    (fig,) = figures
+    ax = fig.axes[0]
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    drawn = sorted((float(x), float(y)) for c in ax.collections for x, y in c.get_offsets())
+    rows = sorted((r["FLOP_per_B"], r["TFLOP_per_s"]) for r in out["rows"] if r["FLOP_per_B"])
+    assert len(drawn) == len(rows) == 35  # of 40: 5 copies and fills have no FLOPs
+    assert [v for p in drawn for v in p] == pytest.approx([v for p in rows for v in p])
+    roofs = {line.get_label(): max(line.get_ydata()) for line in ax.get_lines()}
+    assert roofs == {"roof: bf16 / fp16 tensor cores 989 TFLOP/s, ridge 206 FLOP/B": 989,
+                     "roof: fp32 CUDA cores 67 TFLOP/s, ridge 14 FLOP/B": 67}

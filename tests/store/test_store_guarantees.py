@@ -134,14 +134,14 @@ def test_ingest_blocked_by_a_reader_says_a_reader_holds_the_file(store, tmp_path
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 3.5 MB tmpfs: a real ENOSPC from the kernel."""
-    with tmpfs(tmp_path / "disk", "size=3500k") as mount:
+    """A 3.8 MB tmpfs: a real ENOSPC from the kernel."""
+    with tmpfs(tmp_path / "disk", "size=3800k") as mount:
         yield mount
 
 
 def test_disk_full_says_so_and_leaves_the_store_unchanged(store, small_disk) -> None:
     copy = small_disk / "s.duckdb"
-    shutil.copy(store, copy)  # 3.1 MB: the 16-rank trace's rows do not fit in what is left
+    shutil.copy(store, copy)  # 3.7 MB: the 16-rank trace's rows do not fit in what is left
     before = fingerprint(small_disk)
     line = one_line(*run_main("ingest", BIG, "--db", copy)[::2])
     assert line in (f"error: {copy}: no space left on device; the store is unchanged",  # the spill ran out first

@@ -1,7 +1,7 @@
-"""The analysis commands beyond the breakdown: critical-path, comm, kernels (and its --launch statistics), idle,
-memory and diff. Each is thin: it opens the store, calls the module that owns the concept
-(traceana/analyses/critical_path.py, comm.py, kernels.py, launches.py, idle.py, memory.py, diff.py), and prints or
-plots. Those modules (and Polars) are imported where used, so that `traceana --help` stays cheap
+"""The analysis commands beyond the breakdown: critical-path, comm, kernels (and its --launch statistics and
+--roofline), idle, memory and diff. Each is thin: it opens the store, calls the module that owns the concept
+(traceana/analyses/critical_path.py, comm.py, kernels.py, launches.py, roofline.py, idle.py, memory.py, diff.py), and
+prints or plots. Those modules (and Polars) are imported where used, so that `traceana --help` stays cheap
 (tests/test_lazy_imports.py)."""
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from traceana.render.console import emit, emit_json, plot_path
 
 if TYPE_CHECKING:  # imported where used, as above
     import polars as pl
+
+    from traceana.analyses.roofline import Roofline
 
 
 def critical_path(
@@ -110,34 +112,82 @@ def kernels(
     run: RunArgument = None,
     top: Annotated[int, typer.Option("--top", help="How many kernels (per stage with --by stage; with --launch, "
                                      "kernels and streams).", callback=top_count)] = 20,
-    by: Annotated[str, typer.Option("--by", help="run (all ranks together) or stage.")] = "run",
+    by: Annotated[str | None, typer.Option("--by", help="run (all ranks together, the default) or stage; with "
+                                           "--roofline shape (op and input shapes, the default) or kernel.")]
+    = None,
     launch: Annotated[bool, typer.Option("--launch", help="Launch statistics instead: the delay from each launch "
                                          "call to the kernel's start per kernel, rank and step, the share of "
                                          "kernels shorter than their launch cost, and each stream's queue length "
                                          "(launched, not yet started).")] = False,
-    plot: Annotated[Path | None, typer.Option("--plot", help="With --launch: write the launch delay and the queue "
-                                              "length over time to this PNG.", callback=plot_path)] = None,
+    roofline: Annotated[bool, typer.Option("--roofline", help="The roofline instead: achieved TFLOP/s and GB/s "
+                                           "against the hardware's roof, from the launching ops' shapes (Kineto "
+                                           "record_shapes).")] = False,
+    profile: Annotated[str | None, typer.Option("--profile", help="With --roofline: the hardware profile (a100, "
+                                                "h100, h200 or a YAML file); default: the trace's device.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="With --launch: the launch delay and queue length over "
+                                              "time; with --roofline: the log-log roofline; to this PNG.",
+                                              callback=plot_path)] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """Top kernels by total device time: short name, category, calls, mean, share of COMP, time per rank-step;
-    or, with --launch, how long kernels waited from their launch and how deep each stream's queue ran."""
+    or, with --launch, how long kernels waited from their launch and how deep each stream's queue ran; or, with
+    --roofline, per op shape or kernel: FLOPs and bytes, intensity, TFLOP/s, GB/s, bound and share of the roof."""
+    if launch and roofline:
+        raise TraceanaError("--launch and --roofline are two reports: choose one")
+    if profile is not None and not roofline:
+        raise TraceanaError("--profile goes with --roofline")
     if launch:
-        if by != "run":
+        if by is not None:
             raise TraceanaError("--launch reports per kernel, rank and step: drop --by")
         _launches(run, top, plot, json, db)
         return
-    if plot is not None:
-        raise TraceanaError("--plot draws the launch statistics: add --launch")
+    if plot is not None and not roofline:
+        raise TraceanaError("--plot draws the launch statistics or the roofline: add --launch or --roofline")
     from traceana.analyses.kernels import ranking
 
     with store.connect(db, read_only=True) as con:
         rid = store.resolve_run(con, run)
-        frame = ranking(con, rid, top, by)
+        if roofline:
+            from traceana.analyses.roofline import measure
+
+            result = measure(con, rid, by or "shape", profile, top)
+        else:
+            frame = ranking(con, rid, top, by or "run")
+    if roofline:
+        _roofline(rid, result, by or "shape", top, plot, json)
+        return
     if frame.is_empty():
         raise TraceanaError(f"run {rid!r} has no device events in its steps, so no kernels")
     emit(frame, title=f"{rid}: top {top} kernels by total time" + (" per stage" if by == "stage" else "")
          + " (share of COMP over the same ranks and steps)", fmt="json" if json else "table")
+
+
+def _roofline(rid: str, result: Roofline, by: str, top: int, plot: Path | None, json: bool) -> None:
+    """Print (or write as JSON, or plot) what :func:`traceana.analyses.roofline.measure` gave."""
+    frame = result.frame
+    if plot is not None:
+        from traceana.render.plots import roofline_chart
+
+        peaks = set(frame["peak_TFLOP_per_s"].drop_nulls().to_list())
+        roofline_chart(frame, [r for r in result.peaks.roofs() if r[1] in peaks], result.peaks.hbm_gb_per_s, plot,
+                       f"{rid}: measured roofline per op {by}, profile {result.peaks.profile} (HBM "
+                       f"{result.peaks.hbm_gb_per_s:,.0f} GB/s), the {frame.height} longest")
+    if json:
+        emit_json({"run_id": rid, "by": by, "profile": result.peaks.profile, "notes": result.notes,
+                   "rows": frame.to_dicts()})
+    else:
+        import polars as pl
+
+        # to fit 100 columns, one text column (--json has them all): the op and its shapes, or the kernel
+        what = (pl.concat_str("op", pl.lit(": "), "shapes").alias("op: shapes") if by == "shape"
+                else pl.col("kernel").str.slice(0, 48))
+        emit(_compact(frame.select(what, "calls", "total_ms", "FLOP_per_B", "TFLOP_per_s", "GB_per_s", "bound",
+                                   "roof_pct")), title=f"{rid}: roofline per op {by}, the {top} longest by kernel time")
+        for note in result.notes:
+            typer.echo(f"note: {note}")
+    if plot is not None:
+        typer.echo(f"wrote {plot}", err=True)
 
 
 def _launches(run: str | None, top: int, plot: Path | None, json: bool, db: Path) -> None:
@@ -185,14 +235,15 @@ def _launches(run: str | None, top: int, plot: Path | None, json: bool, db: Path
 
 
 def _compact(frame: pl.DataFrame) -> pl.DataFrame:
-    """A launch table for a terminal of ~100 columns: short headers with their unit, 4 significant figures, no mean
-    delay beside the quantiles (the JSON keeps every column, full names and values)."""
+    """A launch or roofline table for a terminal of ~100 columns: short headers with their unit, 4 significant
+    figures, no mean delay beside the quantiles (the JSON keeps every column, full names and values)."""
     import polars as pl
 
     names = {"short_name": "kernel", "category": "cat", "span_ms": "span ms", "p50_delay_us": "p50 us",
              "p95_delay_us": "p95 us", "max_delay_us": "max us", "short_pct": "short %", "mean_duration_us":
              "dur us", "launch_cost_us": "cost us", "idle_device_events": "idle-device", "busy_queue_pct": "busy %",
-             "mean_queue": "mean queue", "max_queue": "max queue"}
+             "mean_queue": "mean queue", "max_queue": "max queue", "total_ms": "total ms", "FLOP_per_B": "FLOP/B",
+             "TFLOP_per_s": "TFLOP/s", "GB_per_s": "GB/s", "roof_pct": "roof %"}
     frame = frame.drop("mean_delay_us", strict=False)
     floats = [c for c, t in frame.schema.items() if t == pl.Float64]
     return frame.with_columns(pl.col(floats).round_sig_figs(4)).rename(

@@ -1,4 +1,5 @@
-"""The breakdown's two pictures: stacked bars per rank grouped by pipeline stage, and a Gantt of one step."""
+"""The pictures: stacked bars per rank grouped by pipeline stage, a Gantt of one step, the communication heatmaps,
+memory over time, what-if bars, and the roofline of measured kernels."""
 
 from __future__ import annotations
 
@@ -295,6 +296,66 @@ def whatif_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
                   labelpad=18 if stage_labels else 4)
     ax.set_ylabel("time per step (ms)")
     ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=130)
+
+
+FAMILY_COLORS = {"gemm": "tab:blue", "attention": "tab:purple", "elementwise": "tab:orange",
+                 "normalization": "tab:green", "softmax": "tab:red", "reduction": "tab:brown", "copy": "0.5"}
+
+
+def roofline_chart(frame: pl.DataFrame, roofs: list[tuple[str, float]], hbm_gb_per_s: float, path: Path,
+                   title: str, labelled: int = 10) -> None:
+    """Log-log roofline: each row of ``frame`` (traceana.analyses.roofline.measure) a point at its intensity and
+    achieved TFLOP/s, its area by total kernel time, coloured by family; the roofs min(peak, intensity x HBM), one per
+    peak in ``roofs`` (label, TFLOP/s); the ``labelled`` longest numbered on the plot and named beside it. Rows
+    without FLOPs (copies, fills) cannot sit on a log axis: a line under the plot counts them."""
+    import math
+
+    drawn = frame.filter(pl.col("FLOP_per_B") > 0).sort("total_ms", descending=True)
+    if drawn.is_empty():
+        raise TraceanaError("no op with FLOPs to place on the roofline plot")
+    low = min(drawn["FLOP_per_B"].min() / 3, 0.03)
+    high = max(drawn["FLOP_per_B"].max() * 3, max(p for _, p in roofs) * 3e3 / hbm_gb_per_s)
+    fig, (ax, side) = plt.subplots(1, 2, figsize=(14, 6.5), gridspec_kw={"width_ratios": [3, 2]})
+    xs = [low * (high / low) ** (i / 200) for i in range(201)]
+    handles = []
+    for (name, peak), style in zip(roofs, ["-", "--", ":", "-."], strict=False):
+        handles += ax.plot(xs, [min(peak, x * hbm_gb_per_s / 1e3) for x in xs], color="black", linestyle=style,
+                           linewidth=1.2, label=f"roof: {name} {peak:,.0f} TFLOP/s, ridge "
+                           f"{peak * 1e3 / hbm_gb_per_s:,.0f} FLOP/B")
+    biggest = drawn["total_ms"].max()
+    for family, color in FAMILY_COLORS.items():
+        part = drawn.filter(pl.col("family") == family)
+        if part.height:
+            ax.scatter(part["FLOP_per_B"].to_list(), part["TFLOP_per_s"].to_list(),
+                       s=[20 + 500 * t / biggest for t in part["total_ms"].to_list()], color=color, alpha=0.55,
+                       edgecolor="black", linewidth=0.4)
+            handles.append(Line2D([], [], marker="o", linestyle="", color=color, markeredgecolor="black",
+                                  markeredgewidth=0.4, label=family))
+    lines = []
+    for i, row in enumerate(drawn.head(labelled).iter_rows(named=True), start=1):
+        angle = 2 * math.pi * i / 8  # numbers of nearby points fan out around them
+        ax.annotate(str(i), (row["FLOP_per_B"], row["TFLOP_per_s"]), fontsize=8, fontweight="bold",
+                    xytext=(14 * math.cos(angle), 14 * math.sin(angle)), textcoords="offset points",
+                    ha="center", va="center", arrowprops={"arrowstyle": "-", "color": "0.5", "linewidth": 0.5})
+        what = f"{row['op']} {row.get('shapes') or ''}".strip()
+        lines.append(f"{i:>2} {row['kernel'][:58]}\n   {what[:58]}\n   {row['total_ms']:,.2f} ms, "
+                     f"{row['TFLOP_per_s']:,.2f} TFLOP/s, {row['GB_per_s']:,.0f} GB/s, {row['roof_pct']:,.0f}% of roof")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(low, high)
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved to or from HBM)")
+    ax.set_ylabel("achieved TFLOP/s (1e12 FLOP/s)")
+    ax.grid(True, which="major", color="0.9", linewidth=0.6)
+    if skipped := frame.height - drawn.height:
+        ax.annotate(f"{skipped} row{'s' if skipped > 1 else ''} without FLOPs (copies, fills) not drawn",
+                    (0.99, 0.01), xycoords="axes fraction", ha="right", va="bottom", fontsize=7, color="0.4")
+    side.axis("off")
+    side.legend(handles=handles, fontsize=7, loc="upper left", title="roofs; op families (point area: total kernel "
+                "time)", title_fontsize=7)
+    side.text(0, 0, "\n".join(lines), transform=side.transAxes, fontsize=6.5, va="bottom", family="monospace")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     save_figure(fig, path, dpi=130)
 

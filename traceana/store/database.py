@@ -131,10 +131,10 @@ def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData) -> Non
         for table in ("runs", *TABLES):
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
         con.execute(
-            "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [run_id, data.source_format, data.sources, dt.datetime.now(dt.UTC).replace(tzinfo=None),
              data.world_size, data.layout.spec if data.layout else None, data.tool_version, data.rank_source,
-             data.notes],
+             data.notes, data.device],
         )
         if data.spill is not None:
             con.register("spill_parts", data.spill.parts.to_arrow())

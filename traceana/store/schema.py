@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # imported where used, so that `traceana --help` loads no Duc
 OUTDATED = "this database was written by an older traceana and lacks columns this report reads: ingest the run again"
 # Tables a store written before they existed lacks: it is still read (a reader treats the table as empty) and its
 # next write creates them.
-ADDED_TABLES = frozenset({"syncs"})
+ADDED_TABLES = frozenset({"syncs", "event_ops"})
 FRESH = "ingest again into a new --db file"
 
 
@@ -91,5 +91,5 @@ def define_views(con: duckdb.DuckDBPyConnection) -> None:
 
     for sql in view_sql():
         # an older store may lack a column a view reads: the reports that need that view raise OUTDATED
-        with suppress(duckdb.BinderException):
+        with suppress(duckdb.BinderException, duckdb.CatalogException):
             con.execute(sql.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW", 1))

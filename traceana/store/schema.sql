@@ -8,8 +8,10 @@ CREATE TABLE IF NOT EXISTS runs (
     layout        VARCHAR,               -- the --layout spec, normalized; NULL when none was given
     tool_version  VARCHAR,               -- profiler / export version as the trace states it
     rank_source   VARCHAR,               -- how ranks were decided (distributedInfo, env:RANK, file-name, device-order, ...)
-    notes         VARCHAR[]              -- what the ingester noticed (missing tables, guessed values)
+    notes         VARCHAR[],             -- what the ingester noticed (missing tables, guessed values)
+    device        VARCHAR                -- the device model the trace names (Kineto deviceProperties: 'NVIDIA H200'); NULL when none
 );
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS device VARCHAR;  -- stores written before the column existed
 CREATE TABLE IF NOT EXISTS ranks (
     run_id          VARCHAR NOT NULL,
     rank            INTEGER NOT NULL,
@@ -97,4 +99,14 @@ CREATE TABLE IF NOT EXISTS syncs (
     end_ns   BIGINT NOT NULL,   -- host_wait: when the call returned; stream_wait: the wait's end (= start when instantaneous)
     waited_event_id BIGINT,     -- -> device_events.event_id (same run, rank): the last device event the wait covers; NULL when unresolved
     waiter_event_id BIGINT      -- -> device_events.event_id: stream_wait only, the first event on the waiting stream after the wait
+);
+CREATE TABLE IF NOT EXISTS event_ops (
+    run_id   VARCHAR NOT NULL,
+    rank     INTEGER NOT NULL,
+    event_id BIGINT NOT NULL,   -- -> device_events(run_id, rank, event_id)
+    op_id    BIGINT NOT NULL,   -- the launching CPU op's id in the trace (Kineto External id): the events of one call share it
+    op       VARCHAR NOT NULL,  -- the CPU op that launched the event (aten::mm, aten::_cudnn_attention_forward ...)
+    input_dims  VARCHAR,        -- JSON: the op's input shapes as recorded (Kineto Input Dims, record_shapes=True), NULL when not
+    input_types VARCHAR,        -- JSON: the inputs' types (c10::BFloat16, float, Scalar, TensorList ...)
+    concrete_inputs VARCHAR     -- JSON: the scalar arguments' values as text (is_causal 'True', a dim '[0]'), '' for tensors
 );
