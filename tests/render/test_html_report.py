@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SAMPLES, run_cli
+from tests.conftest import SAMPLES, TRACES, run_cli
 from tests.render.browser import MISSING, chromium
 
 TOY = "toy8_tp2pp2dp2_1f1b"
@@ -258,3 +258,17 @@ def test_a_64_rank_report_draws_hovers_and_drills_down(report_64: tuple[Path, Pa
         tips = " ".join(page.tooltips())
         assert "rank" in tips and "COMP" in tips and ms(longest["length_ns"] / 1e6) in tips, tips
         page.screenshot(tmp_path / "r64.png")
+
+
+def test_the_roofline_section_of_a_gpu_trace_has_the_hand_computed_flops(tmp_path: Path) -> None:
+    """On the H200 GPT trace the report's roofline rows are the op's FLOPs from its shapes: the MLP's addmm of a
+    2048 x 2048 by 2048 x 8192 product is 2·2048·2048·8192 FLOPs (the bias adds no product)."""
+    trace = TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz"
+    db, out = tmp_path / "h.duckdb", tmp_path / "h200.html"
+    run_cli("ingest", trace, "--db", db)
+    run_cli("report", "--html", out, "--db", db)
+    rows = Tables(out.read_text(encoding="utf-8")).find("per op, input shapes and kernel")
+    header = rows[0]
+    mlp = [r for r in rows[1:] if r[header.index("op")] == "aten::addmm"
+           and r[header.index("shapes")] == "8192, 2048x2048, 2048x8192"]
+    assert mlp and {r[header.index("GFLOP")] for r in mlp} == {f"{2 * 2048 * 2048 * 8192 / 1e9:,.3f}"}

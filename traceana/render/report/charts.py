@@ -55,7 +55,8 @@ def stacked_bars(frame: pl.DataFrame, x: str, parts: dict[str, str], title: str,
     fig = figure(x_range=factors, height=360, title=title, tools=TOOLS + (",tap" if pick else ""),
                  toolbar_location="above", sizing_mode="stretch_width")
     names = list(parts)
-    renderers = fig.vbar_stack(names, x=x, width=0.75, source=source, color=[hex_color(c) for c in parts.values()],
+    renderers = fig.vbar_stack(names, x=x, width=0.75 if len(factors) > 2 else 0.3, source=source,
+                               color=[hex_color(c) for c in parts.values()],
                                line_color="#555555", line_width=0.3, nonselection_fill_alpha=0.25)
     legend = Legend(items=[(_legend(c), [r]) for c, r in zip(names, renderers, strict=True)], location="top_left")
     fig.add_layout(legend, "right")
@@ -214,6 +215,43 @@ def _draw_path(fig: figure, path: pl.DataFrame, rows: dict[int, int], origin: in
         fig.add_tools(HoverTool(renderers=[drawn], tooltips=[("critical path", "@kind on rank @rank"),
                                                              ("length (ms)", "@ms{0,0.000}"),
                                                              ("segments", "@segments")]))
+
+
+ROOFLINE_FAMILIES = {"gemm": "tab:blue", "attention": "tab:orange", "elementwise": "tab:green",
+                     "normalization": "tab:purple", "softmax": "tab:red", "reduction": "tab:brown", "copy": "0.5"}
+
+
+def roofline(frame: pl.DataFrame, roofs: dict[str, float], hbm_gb_per_s: float, title: str) -> figure:
+    """Log-log roofline: each op shape at its intensity (FLOP/B) and achieved TFLOP/s, sized by its total time and
+    coloured by op family, under the roofs min(peak, intensity x HBM) of ``roofs`` (label -> peak TFLOP/s)."""
+    import math
+
+    fig = figure(height=460, title=title, tools="pan,wheel_zoom,box_zoom,reset,save", toolbar_location="above",
+                 sizing_mode="stretch_width", x_axis_type="log", y_axis_type="log")
+    low = max(min(frame["FLOP_per_B"].min(), 0.05), 1e-3)
+    high = max(frame["FLOP_per_B"].max() * 4, 1e3)
+    for name, peak in roofs.items():
+        ridge = peak * 1e3 / hbm_gb_per_s
+        fig.line([low, ridge, high], [low * hbm_gb_per_s / 1e3, peak, peak], line_color="#333333",
+                 line_dash="dashed" if "CUDA" in name else "solid", legend_label=f"roof: {name}")
+    largest = frame["total_ms"].max() or 1.0
+    for family, part in frame.group_by("family", maintain_order=True):
+        source = ColumnDataSource(_compact({c: part[c] for c in ("FLOP_per_B", "TFLOP_per_s", "GB_per_s",
+                                                                  "roof_pct", "total_ms", "calls", "op",
+                                                                  "shapes", "kernel")})
+                                  | {"size": [6 + 24 * math.sqrt(t / largest) for t in part["total_ms"]]})
+        dots = fig.scatter("FLOP_per_B", "TFLOP_per_s", size="size", source=source, fill_alpha=0.6,
+                           color=hex_color(ROOFLINE_FAMILIES.get(family[0], "0.3")), legend_label=family[0])
+        fig.add_tools(HoverTool(renderers=[dots], tooltips=[
+            ("op", "@op"), ("shapes", "@shapes"), ("kernel", "@kernel"), ("achieved", "@TFLOP_per_s{0,0.0} TFLOP/s, "
+                                                                              "@GB_per_s{0,0} GB/s"),
+            ("intensity", "@FLOP_per_B{0,0.00} FLOP/B"), ("of the roof", "@roof_pct{0.0}%"),
+            ("time", "@total_ms{0,0.000} ms over @calls calls")]))
+    fig.xaxis.axis_label = "arithmetic intensity (FLOP per byte moved)"
+    fig.yaxis.axis_label = "achieved TFLOP/s"
+    fig.legend.click_policy = "hide"
+    fig.add_layout(fig.legend[0], "right")
+    return fig
 
 
 def lines(series: Sequence[tuple[str, str, pl.Series, pl.Series]], title: str, x_label: str,

@@ -95,8 +95,9 @@ def first_screen(ctx: Context, advice: pl.DataFrame) -> str:
                            {bd.label(p): charts.PART_COLORS[p] for p in parts},
                            f"where the mean rank's step went ({which}); hover for each part")
     items = "".join(f"<li>{item}</li>" for item in look) or "<li>nothing stands out</li>"
+    over = f"{ranks.height} rank" + ("s" if ranks.height > 1 else "")
     return (f'<section class="first" id="first"><p class="big">Step time {total:,.3f} ms</p><p>{html.escape(which)}'
-            f", mean over {ranks.height} ranks: {html.escape(share)}.</p>{ctx.page.chart(bar)}"
+            f", mean over {over}: {html.escape(share)}.</p>{ctx.page.chart(bar)}"
             f"<h3>Look at first</h3><ol>{items}</ol></section>")
 
 
@@ -170,8 +171,9 @@ def critical_path(ctx: Context) -> str | None:
     step, windows, intervals, segments = ctx.traces.read(ctx.run, frames)
     parts = cp.report(segments)
     length_ms = (segments["end_ns"].max() - segments["start_ns"].min()) / 1e6
-    chart = charts.timeline(windows, intervals, segments, f"step {step} across {windows.height} ranks, critical "
-                            f"path ({length_ms:,.3f} ms) in black; wheel to zoom, hover for each interval")
+    ranks = f"{windows.height} rank" + ("s" if windows.height > 1 else "")
+    chart = charts.timeline(windows, intervals, segments, f"step {step} across {ranks}, critical path "
+                            f"({length_ms:,.3f} ms) in black; wheel to zoom, hover for each interval")
     return (f"<p>Step {step}: {length_ms:,.3f} ms from the first rank's start to the last rank's end, "
             f"{segments.height:,} segments on the path.</p>" + ctx.page.chart(chart)
             + ctx.page.table(parts["by_rank"], "the path's time per rank", filtered_by=("stage", "rank"))
@@ -226,6 +228,29 @@ def idle(ctx: Context) -> str | None:
 
 
 MEMORY_RANKS = 16  # lines drawn at most (evenly spaced ranks); the table keeps every rank
+
+
+def roofline(ctx: Context) -> str | None:
+    """The measured roofline per op shape (`traceana kernels --roofline`): the chart and the table, or why there is
+    none (no shapes recorded, not a Kineto trace)."""
+    from traceana.analyses.roofline import measure
+    from traceana.errors import TraceanaError
+
+    try:
+        roof = ctx.traces.read(ctx.run, lambda con, rid: measure(con, rid, "shape", None, None))
+    except TraceanaError as exc:
+        return f"<p class=note>no roofline: {html.escape(str(exc))}</p>"
+    used = set(roof.frame["peak_TFLOP_per_s"].drop_nulls().to_list())
+    roofs = {f"{dtype} tensor cores": peak for dtype, peak in roof.peaks.tensor.items()
+             if peak in used and dtype in set(roof.frame["dtype"].to_list())}
+    if roof.peaks.cuda_core in used:
+        roofs["fp32 CUDA cores"] = roof.peaks.cuda_core
+    chart = charts.roofline(roof.frame, roofs, roof.peaks.hbm_gb_per_s, f"measured roofline, profile "
+                            f"{roof.peaks.profile}: each op shape's achieved TFLOP/s (dot size: its total time)")
+    return (ctx.page.chart(chart) + ctx.page.table(roof.frame.drop("input_dims"), "per op, input shapes and kernel: "
+                                                   "FLOPs and bytes a call (from the op's shapes), achieved rates, "
+                                                   "the profile's peak and the share of the roof")
+            + "".join(f"<p class=note>note: {html.escape(n)}</p>" for n in roof.notes))
 
 
 QUEUE_STREAMS = 8  # queue lines drawn at most (the deepest streams); the table keeps every stream
@@ -339,6 +364,7 @@ SECTIONS: list[tuple[str, Callable[[Context], str | None]]] = [
     ("Stragglers", stragglers),
     ("Communication", communication),
     ("Top kernels", kernels),
+    ("Roofline", roofline),
     ("Kernel launches and queues", launches),
     ("Why the device was idle", idle),
     ("Memory", memory),
