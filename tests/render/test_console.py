@@ -43,3 +43,17 @@ def test_a_wide_table_prints_in_parts_with_its_keys(screen: io.StringIO) -> None
     assert sum(line.count("126.0 (34.7%)") for line in body) == 8  # no number cut or wrapped
     assert sum(line.count("7.655 (2.1%)") for line in body) == 8
     assert "wide (continued)" in screen.getvalue()
+
+
+def test_a_part_that_fits_only_with_wrapped_headers_wraps_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `kernels --roofline` at 100 columns cut "compute" to "comput": its part fitted only with "total ms" wrapped,
+    # and rich shrank a cell rather than wrap the header
+    screen = io.StringIO()
+    monkeypatch.setattr(console, "console", Console(file=screen, width=100, color_system=None))
+    row = {"op: shapes": ["aten::_cudnn_attention_backward: 5 x 2x16x1024x128, 2x16x1024x1"], "calls": [32],
+           "total ms": [3.045], "FLOP/B": [319.4], "TFLOP/s": [225.7], "GB/s": [706.7], "bound": ["compute"],
+           "roof %": [22.82]}
+    console.emit(pl.DataFrame(row))
+    lines = screen.getvalue().splitlines()
+    assert max(map(len, lines)) <= 100
+    assert any("│ compute │" in line for line in lines) and any("total" in line for line in lines)

@@ -63,9 +63,11 @@ def emit_rows(columns: list[str], rows: list[tuple], numeric: list[bool], *, tit
     for part, shown in enumerate(_parts(widths, min(keys, len(columns)), console.width)):
         heading = title if part == 0 or title is None else f"{title} (continued)"
         table = Table(title=heading, show_lines=False)
+        # where the part fits only with its headers wrapped, wrap them (rich would rather cut a cell)
+        wrap = 1 + sum(max(widths[i], len(columns[i])) + 3 for i in shown) > console.width
         for i in shown:
             table.add_column(columns[i], justify="right" if numeric[i] else "left", min_width=widths[i],
-                             overflow="fold")
+                             max_width=widths[i] if wrap else None, overflow="fold")
         for row in cells:
             table.add_row(*(row[i] for i in shown))
         console.print(table)
