@@ -50,6 +50,8 @@ def analyses(api: Traces, run: str) -> dict[str, Callable[[], object]]:
         "memory": lambda: api.memory(run=run),
         "launch_stats": lambda: [api.launch_stats(by=by, run=run) for by in ("kernel", "rank", "step", "time")],
         "queue_length": lambda: [api.queue_length(by=by, run=run) for by in ("stream", "time")],
+        # the whole HTML report: every analysis above plus advise's replays and the page (imports warm)
+        "report --html": lambda: api.report(Path(tempfile.gettempdir()) / f"bench_report_{run}.html", run=run),
     }
 
 

@@ -10,7 +10,8 @@ A new analysis adds one method here, reading its view through :meth:`Traces.read
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -34,21 +35,44 @@ class Traces:
     def __init__(self, db: str | Path = store.DEFAULT_DB, run: str | None = None) -> None:
         self.db = Path(db)
         self.run = run
+        self._held: duckdb.DuckDBPyConnection | None = None
         with store.connect(self.db, read_only=True) as con:  # a one-line error now for a missing file or run
             if run is not None:
                 store.resolve_run(con, run)
+
+    @contextmanager
+    def session(self) -> Iterator[Traces]:
+        """Every call inside reads through one connection (a report makes dozens; each would open the file and
+        set up its views anew, 0.08 s apiece); outside it, each call opens the file afresh and holds nothing."""
+        if self._held is not None:
+            yield self
+            return
+        with store.connect(self.db, read_only=True) as con:
+            self._held = con
+            try:
+                yield self
+            finally:
+                self._held = None
+
+    @contextmanager
+    def _connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        if self._held is not None:
+            yield self._held
+        else:
+            with store.connect(self.db, read_only=True) as con:
+                yield con
 
     def __repr__(self) -> str:
         return f"traceana.open({str(self.db)!r}, run={self.run!r})"
 
     def read(self, run: str | None, read: Callable[[duckdb.DuckDBPyConnection, str], T]) -> T:
         """``read(connection, run_id)`` on a read-only connection, for the run named here, else ``self.run``."""
-        with store.connect(self.db, read_only=True) as con:
+        with self._connect() as con:
             return read(con, store.resolve_run(con, run or self.run))
 
     def runs(self) -> pl.DataFrame:
         """One row per ingested run: format, world size, layout, sources, notes."""
-        with store.connect(self.db, read_only=True) as con:
+        with self._connect() as con:
             return con.sql("SELECT * FROM runs ORDER BY ingested_at").pl()
 
     def ranks(self, run: str | None = None) -> pl.DataFrame:
@@ -236,7 +260,7 @@ class Traces:
                    "collectives": diff.collective_diff}
         if part not in readers:
             raise TraceanaError(f"part={part!r}: choose {', '.join(map(repr, readers))}")
-        with store.connect(self.db, read_only=True) as con:
+        with self._connect() as con:
             for name in (run_a, run_b):
                 store.resolve_run(con, name)
             return readers[part](con, run_a, run_b)
@@ -260,7 +284,7 @@ class Traces:
         need_bokeh()
         from traceana.render.report.diff import write
 
-        with store.connect(self.db, read_only=True) as con:
+        with self._connect() as con:
             for name in (run_a, run_b):
                 store.resolve_run(con, name)
             return write(con, Path(self.db), run_a, run_b, Path(html))
@@ -290,7 +314,7 @@ class Traces:
         """Ad-hoc SQL over the tables and views; with ``run`` (or the run given to open), that run's rows only."""
         if not query.strip():
             raise TraceanaError("sql: the query is empty")
-        with store.connect(self.db, read_only=True) as con:
+        with self._connect() as con:
             if run or self.run:
                 store.restrict_to_run(con, store.resolve_run(con, run or self.run))
             try:

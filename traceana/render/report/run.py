@@ -30,9 +30,13 @@ class Context:
     run: str
     page: Page
     estimate: Path | None = None
+    _stages: bool | None = None
 
     def has_stages(self) -> bool:
-        return self.traces.ranks(run=self.run)["pp"].drop_nulls().n_unique() > 1
+        """Whether the run has more than one pipeline stage (read once)."""
+        if self._stages is None:
+            self._stages = self.traces.ranks(run=self.run)["pp"].drop_nulls().n_unique() > 1
+        return self._stages
 
 
 def _shown_parts(frame: pl.DataFrame, suffix: str = "_ms") -> list[str]:
@@ -377,9 +381,10 @@ def write(traces: Traces, run: str, out: Path, estimate_config: Path | None = No
     page = Page(f"traceana report: {run}", f"{traces.db}; times in ms per step unless a column says otherwise; "
                                           "MP_WAIT is tensor parallel's exposed wait")
     ctx = Context(traces, run, page, estimate_config)
-    advice = _advice(ctx)
-    first = first_screen(ctx, advice)
-    page.add("What to change (advise)", advise(ctx, advice))
-    for heading, section in SECTIONS:
-        page.add(heading, section(ctx))
+    with traces.session():  # one connection for the dozens of reads below
+        advice = _advice(ctx)
+        first = first_screen(ctx, advice)
+        page.add("What to change (advise)", advise(ctx, advice))
+        for heading, section in SECTIONS:
+            page.add(heading, section(ctx))
     return page.write(out, first)
