@@ -12,6 +12,7 @@ import pytest
 
 import traceana
 from tests.conftest import ROOT, SAMPLES, run_cli
+from traceana import store
 from traceana.errors import TraceanaError
 
 TOY = "toy8_tp2pp2dp2_1f1b"
@@ -133,3 +134,26 @@ def test_the_readme_python_block_runs_as_written(tmp_path: Path, monkeypatch: py
     monkeypatch.chdir(ROOT)
     exec(compile(block.replace('"traceana.duckdb"', repr(str(path))), "README.md", "exec"), {})
     assert "MP_WAIT_mean_ms" in capsys.readouterr().out  # its print
+
+
+def test_a_session_reads_through_one_connection_and_releases_it(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    traces = traceana.open(db)
+    outside = traces.breakdown()
+    opened: list[object] = []
+    real = store.connect
+
+    def counting(*args: object, **kwargs: object) -> object:
+        opened.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "connect", counting)
+    with traces.session() as held:
+        same_rows = held.breakdown().equals(outside)
+        held.stragglers()
+        held.kernels()
+        held.idle()
+        with traces.session():  # nested: still the one connection
+            held.comm()
+    assert same_rows and len(opened) == 1
+    traces.ranks()  # outside again: a connection of its own
+    assert len(opened) == 2
