@@ -25,6 +25,11 @@ TIMES = ("start", "end")  # read as they are: a time that is not an integer is a
 META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")  # 2023+ name, 2022 name
 
 
+def pid_of(gid: str) -> pl.Expr:
+    """The process id in a globalPid / globalTid (layout hw:8 vm:8 pid:24 tid:24)."""
+    return (pl.col(gid) // 16777216) & 16777215
+
+
 def is_sqlite(path: Path) -> bool:
     try:
         with path.open("rb") as handle:
@@ -121,6 +126,18 @@ class Export(ProfilerSqlite):
         """StringIds as (id, value): every name in the export is an id into it."""
         frame = self.frame("StringIds", {"id": pl.Int64(), "value": pl.String()}, required=("id", "value"))
         return frame if frame is not None else pl.DataFrame(schema={"id": pl.Int64(), "value": pl.String()})
+
+    def runtime(self) -> pl.DataFrame | None:
+        """CUPTI_ACTIVITY_KIND_RUNTIME as pid, tid, correlationId, nameId, start, end (None where the export has no
+        such table): read once for both of its readers, the launch times of device work and the syncs, since after
+        the kernels it is the export's largest table."""
+        runtime = self.frame("CUPTI_ACTIVITY_KIND_RUNTIME", {"start": pl.Int64(), "end": pl.Int64(),
+                                                             "globalTid": pl.Int64(), "correlationId": pl.Int64(),
+                                                             "nameId": pl.Int64()})
+        if runtime is None:
+            return None
+        return runtime.select(pid_of("globalTid").alias("pid"), (pl.col("globalTid") & 16777215).alias("tid"),
+                              "correlationId", "nameId", "start", "end")
 
     def capture_env(self) -> dict[str, str]:
         """The launched process's environment as recorded in META_DATA_CAPTURE (3.x exports), else empty."""
