@@ -43,7 +43,7 @@ def launch_steps(events: pl.DataFrame, markers: pl.DataFrame) -> pl.Series:
              .select("_row", pl.when(pl.col("launch_ns") < pl.col("_first")).then(pl.lit(_BEFORE))
                      .when(pl.col("launch_ns") >= pl.col("_last")).then(pl.lit(_AFTER))
                      .otherwise(pl.col("step")).cast(pl.Int64).alias("step")))
-    return keyed.join(found, on="_row", how="left").sort("_row")["step"]
+    return pl.Series("step", dtype=pl.Int64).extend_constant(None, keyed.height).scatter(found["_row"], found["step"])
 
 
 @dataclass
