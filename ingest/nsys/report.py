@@ -12,7 +12,7 @@ import polars as pl
 
 from traceana.errors import TraceanaError
 from traceana.ingest.nsys.comm import collective_ops
-from traceana.ingest.nsys.export import Export, export_report, pid_of
+from traceana.ingest.nsys.export import RUNTIME_COLUMNS, Export, export_report, pid_of
 from traceana.ingest.nsys.syncs import RAW_SCHEMA, read_syncs
 from traceana.ingest.rules import Rule, with_classes
 from traceana.ingest.validate import MAX_TIME_NS, checked_rank
@@ -27,6 +27,8 @@ _PYTORCH_SUFFIX = r"(?s), (?:seq|op_id|sizes) = .*$"  # emit_nvtx appends these 
 _I64 = pl.Int64()
 _STR = pl.String()
 _DEVICE_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+_NVTX_COLUMNS = {"start": _I64, "end": _I64, "eventType": _I64, "text": _STR, "textId": _I64, "domainId": _I64,
+                 "globalTid": _I64}
 _DEVICE_COLUMNS = {"start": _I64, "end": _I64, "deviceId": _I64, "streamId": _I64, "correlationId": _I64,
                    "globalPid": _I64}
 
@@ -99,9 +101,7 @@ def _attributed(frame: pl.DataFrame, notes: list[str], source: str) -> pl.DataFr
 
 def _nvtx_ranges(export: Export, strings: pl.DataFrame) -> pl.DataFrame | None:
     """NVTX ranges as pid, tid, start_ns, end_ns, name, domain, args (PyTorch's op_id / seq moved to args)."""
-    nvtx = export.frame("NVTX_EVENTS", {"start": _I64, "end": _I64, "eventType": _I64, "text": _STR,
-                                        "textId": _I64, "domainId": _I64, "globalTid": _I64},
-                        required=("start", "eventType"))
+    nvtx = export.frame("NVTX_EVENTS", _NVTX_COLUMNS, required=("start", "eventType"))
     if nvtx is None:
         return None
     nvtx = nvtx.with_columns(pid_of("globalTid").alias("pid"), (pl.col("globalTid") & 16777215).alias("tid"))
@@ -175,6 +175,10 @@ def read_report(source: Path, cache_dir: Path, rules: list[Rule]) -> Report:
     path = export_report(source, cache_dir) if source.suffix == ".nsys-rep" else source
     export = Export(path)
     try:
+        # Read while this thread reads the kernels: the NVTX ranges, and the runtime calls where there is GPU work.
+        export.prefetch_table("NVTX_EVENTS", _NVTX_COLUMNS)
+        if any(t in export.tables for t in _DEVICE_TABLES):
+            export.prefetch_table("CUPTI_ACTIVITY_KIND_RUNTIME", RUNTIME_COLUMNS)
         strings = export.strings()
         device = _device_activity(export, strings)
         ranges = _nvtx_ranges(export, strings)
