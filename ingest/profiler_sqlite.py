@@ -134,15 +134,6 @@ class ArrowQueries:
             self._con = None
 
 
-def _read_apart(uri: str, sql: str, schema: dict[str, pl.DataType], ids: tuple[str, ...]) -> pl.DataFrame | None:
-    """:meth:`ArrowQueries.frame` on a connection of its own (one connection is never used by two threads)."""
-    queries = ArrowQueries(uri)
-    try:
-        return queries.frame(sql, schema, ids)
-    finally:
-        queries.close()
-
-
 def _cast(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame | None:
     """``frame`` in ``schema`` where each column holds what sqlite3 would have read into it without a question: NULLs
     only, or 64-bit integers for an integer or float column, text for a text one, reals for a float one."""
@@ -173,7 +164,8 @@ class ProfilerSqlite:
         self._uri = f"file:{quote(str(path.resolve()))}?mode={mode}"
         self._arrow: ArrowQueries | None = None
         self._columns: dict[str, list[str]] = {}
-        self._early: ThreadPoolExecutor | None = None
+        self._early: ThreadPoolExecutor | None = None  # one thread, with a connection of its own (_apart)
+        self._apart: ArrowQueries | None = None
         self._prefetched: dict[str, Future[pl.DataFrame | None]] = {}
         con = None
         try:
@@ -192,6 +184,8 @@ class ProfilerSqlite:
     def close(self) -> None:
         if self._early is not None:  # no thread outlives the file (a query not yet started is dropped)
             self._early.shutdown(wait=True, cancel_futures=True)
+        if self._apart is not None:
+            self._apart.close()
         self._con.close()
         if self._arrow is not None:
             self._arrow.close()
@@ -202,7 +196,13 @@ class ProfilerSqlite:
         if self._arrow is None or not self._arrow.available:
             return
         self._early = self._early or ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-prefetch")
-        self._prefetched[sql] = self._early.submit(_read_apart, self._uri, sql, schema, ids)
+        self._prefetched[sql] = self._early.submit(self._read_apart, sql, schema, ids)
+
+    def _read_apart(self, sql: str, schema: dict[str, pl.DataType], ids: tuple[str, ...]) -> pl.DataFrame | None:
+        """:meth:`ArrowQueries.frame` on the background thread's own connection (a connection is never used by two
+        threads at once)."""
+        self._apart = self._apart or ArrowQueries(self._uri)
+        return self._apart.frame(sql, schema, ids)
 
     def _unreadable(self, what: str, exc: sqlite3.Error) -> TraceanaError:
         return TraceanaError(f"{self.path}: cannot read {what} ({exc}); is the file complete?")
