@@ -1,17 +1,26 @@
 """nsys ingest throughput: the largest shared SQLite export (read + finish, then the store write), and a synthetic
-run of N ranks (`traceana synth --format nsys`) read in 1 and in 2 worker processes.
+run of N ranks (`traceana synth --format nsys`) read in 1 and in 2 worker processes; and the whole `traceana ingest`
+command beside `nsys stats --report cuda_gpu_kern_sum` (`gpukernsum` before nsys 2023) on the same export, the
+largest shared one and one synthetic rank of --steps steps (160: 731,040 kernels), each the best of --repeats runs
+taken in turn (the machine is shared: wall and CPU seconds, the CPU of every process the command ran).
 
 Prints seconds, MB/s of export file and kernels/s (and all device events + NVTX ranges per second); for the
 synthetic run, the reading of the files (the per-report work that --jobs spreads) apart from the whole read_run
 (which adds ranks, clocks, step windows and collectives across reports, in the main process).
-Run: .venv/bin/python benchmarks/bench_nsys.py [--ranks 16] [--repeats 3]
+Run: .venv/bin/python benchmarks/bench_nsys.py [--ranks 16] [--repeats 3] [--steps 160] [--against-nsys-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
+import shutil
 import sqlite3
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 from ingest_timing import load, print_phases, sqlite_reader, synthesize, time_ingest
@@ -49,15 +58,76 @@ def synthetic(ranks: int, repeats: int) -> None:
         print_phases(folder, "nsys", repeats, mb, kernels, "kernels")
 
 
+def timed(command: list[str], cwd: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds of ``command``, which must succeed; CPU is user + system of it and its children."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(command, check=True, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
+def kernel_summary(nsys: str, export: Path, cwd: Path) -> list[str]:
+    """The `nsys stats` command of the CUDA kernel summary this nsys has (renamed in 2023.1): the one that writes
+    its table (nsys exits 0 for an unknown report too)."""
+    for report in ("cuda_gpu_kern_sum", "gpukernsum"):
+        command = [nsys, "stats", "--report", report, "--format", "csv", "--force-overwrite", "true",
+                   "--output", str(cwd / "summary"), str(export)]
+        table = cwd / f"summary_{report}.csv"
+        table.unlink(missing_ok=True)
+        subprocess.run(command, cwd=cwd, capture_output=True, check=False)
+        if table.is_file():
+            return command
+    raise SystemExit(f"nsys stats has no kernel summary report for {export}")
+
+
+def against_nsys_stats(exports: list[Path], repeats: int) -> None:
+    """The whole `traceana ingest` (a new store each time) beside the kernel summary of `nsys stats`."""
+    nsys = shutil.which("nsys")
+    if nsys is None:
+        print("\nnsys not on PATH: no `nsys stats` comparison")
+        return
+    traceana = str(Path(sys.executable).with_name("traceana"))
+    print(f"\nwhole ingest against nsys stats (best of {repeats}; wall / CPU seconds)")
+    print(f"{'export':<40}{'kernels':>10}{'nsys stats':>14}{'traceana ingest':>18}{'ratio':>7}")
+    with tempfile.TemporaryDirectory() as tmp:
+        cwd = Path(tmp)
+        for export in exports:
+            summary = kernel_summary(nsys, export, cwd)
+            best = {"nsys": (float("inf"), 0.0), "ingest": (float("inf"), 0.0)}
+            for _ in range(repeats):
+                (cwd / "bench.duckdb").unlink(missing_ok=True)
+                for side, command in (("nsys", summary), ("ingest", [traceana, "ingest", str(export), "--db",
+                                                                      str(cwd / "bench.duckdb")])):
+                    best[side] = min(best[side], timed(command, cwd))
+            (nw, nc), (iw, ic) = best["nsys"], best["ingest"]
+            print(f"{export.name[:39]:<40}{kernel_count([export]):>10,}{nw:>7.2f} / {nc:<4.2f}{iw:>10.2f} / {ic:<5.2f}"
+                  f"{iw / nw:>7.2f}")
+
+
+def synthetic_rank(steps: int, folder: Path) -> Path:
+    """Rank 0 of a 4-rank synthetic run of ``steps`` steps, alone (one export of 4,569 kernels per step)."""
+    export = synthesize("nsys", 4, folder / "run", steps=steps) / "report_rank0000_node0000.sqlite"
+    return export.rename(folder / f"synth_rank0_{steps}steps.sqlite")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=160, help="steps of the synthetic rank beside nsys stats")
+    parser.add_argument("--against-nsys-only", action="store_true", help="only the comparison with nsys stats")
     args = parser.parse_args()
     print(f"SQLite reader: {sqlite_reader()}; {load()}")
-    shared_export(args.repeats)
-    synthetic(args.ranks, args.repeats)
-    print(load())
+    if not args.against_nsys_only:
+        shared_export(args.repeats)
+        synthetic(args.ranks, args.repeats)
+    with tempfile.TemporaryDirectory() as tmp:
+        big = synthetic_rank(args.steps, Path(tmp))
+        shutil.rmtree(Path(tmp) / "run")
+        against_nsys_stats([max(SHARED.glob("*.sqlite"), key=lambda p: p.stat().st_size), big], args.repeats)
+    print(load(), f"({os.cpu_count()} cores)")
 
 
 if __name__ == "__main__":

@@ -8,12 +8,15 @@ plain integer is read as unknown (NULL): that is data, not an error. A value tha
 :class:`ProfilerSqlite` is one export opened read-only, which the nsys and Ascend readers build on. Queries are read
 straight into Arrow by ADBC's SQLite driver (:class:`ArrowQueries`, native code, the optional
 extra ``traceana[sqlite]``) where it is installed; Python's sqlite3 rows and :func:`typed_frame` read what it does
-not (the driver absent, or a result it cannot type plainly), and give the same frame or the one-line error.
+not (the driver absent, or a result it cannot type plainly), and give the same frame or the one-line error. A
+reader may start a large query early on a thread of its own (:meth:`ProfilerSqlite.prefetch`): SQLite and the
+driver hold no GIL, so on a second core it is read while the reader works on another table.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote
 
@@ -119,6 +122,11 @@ class ArrowQueries:
             return frame
         return frame.with_columns(pl.when(~pl.col(c).is_in(UNKNOWN_IDS)).then(pl.col(c)).alias(c) for c in ids)
 
+    @property
+    def available(self) -> bool:
+        """Whether the driver is installed and opened the file."""
+        return self._con is not None
+
     def close(self) -> None:
         if self._con is not None:
             self._con.close()
@@ -156,6 +164,9 @@ class ProfilerSqlite:
         self._uri = f"file:{quote(str(path.resolve()))}?mode={mode}"
         self._arrow: ArrowQueries | None = None
         self._columns: dict[str, list[str]] = {}
+        self._early: ThreadPoolExecutor | None = None  # one thread, with a connection of its own (_apart)
+        self._apart: ArrowQueries | None = None
+        self._prefetched: dict[str, Future[pl.DataFrame | None]] = {}
         con = None
         try:
             con = sqlite3.connect(self._uri, uri=True)
@@ -171,9 +182,27 @@ class ProfilerSqlite:
         self._arrow = ArrowQueries(self._uri)
 
     def close(self) -> None:
+        if self._early is not None:  # no thread outlives the file (a query not yet started is dropped)
+            self._early.shutdown(wait=True, cancel_futures=True)
+        if self._apart is not None:
+            self._apart.close()
         self._con.close()
         if self._arrow is not None:
             self._arrow.close()
+
+    def prefetch(self, sql: str, schema: dict[str, pl.DataType], ids: tuple[str, ...] = ()) -> None:
+        """Start reading ``sql`` through Arrow on this file's background thread, with a connection of its own, for
+        the :meth:`query` of the same ``sql`` to take (prefetched queries run one after another, in order)."""
+        if self._arrow is None or not self._arrow.available:
+            return
+        self._early = self._early or ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-prefetch")
+        self._prefetched[sql] = self._early.submit(self._read_apart, sql, schema, ids)
+
+    def _read_apart(self, sql: str, schema: dict[str, pl.DataType], ids: tuple[str, ...]) -> pl.DataFrame | None:
+        """:meth:`ArrowQueries.frame` on the background thread's own connection (a connection is never used by two
+        threads at once)."""
+        self._apart = self._apart or ArrowQueries(self._uri)
+        return self._apart.frame(sql, schema, ids)
 
     def _unreadable(self, what: str, exc: sqlite3.Error) -> TraceanaError:
         return TraceanaError(f"{self.path}: cannot read {what} ({exc}); is the file complete?")
@@ -210,7 +239,10 @@ class ProfilerSqlite:
         """The result of ``sql`` typed by ``schema`` (looked up by the result's column names), through Arrow where it
         can be; else through sqlite3 (``slow_sql`` where the caller has a form better for it) and
         :func:`typed_frame`. ``where`` names the table in an error; ``ids`` as in :meth:`ArrowQueries.frame`."""
-        if self._arrow is not None and (fast := self._arrow.frame(sql, schema, ids)) is not None:
+        early = self._prefetched.pop(sql, None)
+        fast = early.result() if early is not None else \
+            self._arrow.frame(sql, schema, ids) if self._arrow is not None else None
+        if fast is not None:
             return fast
         try:
             cursor = self._con.execute(slow_sql or sql)

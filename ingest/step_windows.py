@@ -43,7 +43,7 @@ def launch_steps(events: pl.DataFrame, markers: pl.DataFrame) -> pl.Series:
              .select("_row", pl.when(pl.col("launch_ns") < pl.col("_first")).then(pl.lit(_BEFORE))
                      .when(pl.col("launch_ns") >= pl.col("_last")).then(pl.lit(_AFTER))
                      .otherwise(pl.col("step")).cast(pl.Int64).alias("step")))
-    return keyed.join(found, on="_row", how="left").sort("_row")["step"]
+    return pl.Series("step", dtype=pl.Int64).extend_constant(None, keyed.height).scatter(found["_row"], found["step"])
 
 
 @dataclass
@@ -138,19 +138,28 @@ def device_step_windows(events: pl.DataFrame) -> pl.DataFrame:
     side of the cut (time of this step's events after it plus time of the next step's events before it). The
     first step opens at its first event, or at its cut from the earlier work; the last closes at its last event's
     end, or at its cut from the later work. Windows are contiguous and never overlap."""
-    events = events.filter(pl.col("end_ns") >= pl.col("start_ns")).sort("rank", "stream", "start_ns", "end_ns")
-    events = events.with_columns(pl.col("step").forward_fill().over("rank", "stream").fill_null(_BEFORE))
+    events = events.filter(pl.col("end_ns") >= pl.col("start_ns"))
+    if events["step"].null_count():  # the stream's previous event: the only step that needs the events in order
+        events = events.sort("rank", "stream", "start_ns", "end_ns").with_columns(
+            pl.col("step").forward_fill().over("rank", "stream"))
+    events = events.with_columns(pl.col("step").fill_null(_BEFORE))
     groups = (events.group_by("rank", "step").agg(pl.col("start_ns").min().alias("lo"),
                                                   pl.col("end_ns").max().alias("hi"))
               .sort("rank", "step").with_columns(pl.int_range(pl.len()).over("rank").alias("g")))
     # Pair g is the boundary between group g and group g + 1: their work overlaps on [lo of g+1, hi of g].
     pairs = groups.select("rank", "g", "hi", pl.col("lo").shift(-1).over("rank").alias("lo")).drop_nulls()
-    events = events.join(groups.select("rank", "step", "g"), on=["rank", "step"])
-    # Moving the cut past t changes the misplaced time at the rate (open events of g+1) - (open events of g).
-    earlier = events.select("rank", "g", t=pl.concat_list("start_ns", "end_ns"), d=pl.lit([-1, 1]))
-    later = events.select("rank", g=pl.col("g") - 1, t=pl.concat_list("start_ns", "end_ns"), d=pl.lit([1, -1]))
     zone = pairs.filter(pl.col("lo") < pl.col("hi"))
-    points = (pl.concat([earlier, later]).explode("t", "d").join(zone, on=["rank", "g"])
+    # Moving the cut past t changes the misplaced time at the rate (open events of g+1) - (open events of g). Only
+    # events in the overlap move it: group g's ending after lo (one ending by then adds -1 and +1 at lo) and group
+    # g+1's starting by hi, so only those are exploded into points (the rest are most of a long run's events).
+    steps = groups.select("rank", "step", "g")
+    earlier = events.join(zone.join(steps, on=["rank", "g"]), on=["rank", "step"]).filter(
+        pl.col("end_ns") > pl.col("lo")).select("rank", "g", "lo", "hi", t=pl.concat_list("start_ns", "end_ns"),
+                                                d=pl.lit([-1, 1]))
+    later = events.join(zone.join(steps.with_columns(pl.col("g") - 1), on=["rank", "g"]), on=["rank", "step"]).filter(
+        pl.col("start_ns") <= pl.col("hi")).select("rank", "g", "lo", "hi", t=pl.concat_list("start_ns", "end_ns"),
+                                                   d=pl.lit([1, -1]))
+    points = (pl.concat([earlier, later]).explode("t", "d")
               .filter(pl.col("t") <= pl.col("hi")).with_columns(pl.max_horizontal("t", "lo").alias("t")))
     points = pl.concat([points, zone.with_columns(t=pl.col("lo"), d=pl.lit(0, points.schema["d"]))],
                        how="diagonal_relaxed")

@@ -151,10 +151,13 @@ def _unlink_lost_events(data: RunData) -> None:
     if syncs is None or syncs.is_empty() or events is None:
         return
     syncs = conform("syncs", syncs)
-    for column in ("waited_event_id", "waiter_event_id"):
-        stored = events.select(pl.col("rank").cast(pl.Int32), pl.col("event_id").cast(pl.Int64).alias(column),
-                                pl.lit(True).alias("_stored"))
-        syncs = syncs.join(stored.unique(), on=["rank", column], how="left", maintain_order="left").with_columns(
+    columns = ("waited_event_id", "waiter_event_id")
+    events = events.select(pl.col("rank").cast(pl.Int32), pl.col("event_id").cast(pl.Int64))
+    named = pl.concat([syncs[c] for c in columns]).drop_nulls()  # a few ids: only those events are looked up
+    stored = events.filter(pl.col("event_id").is_in(named.implode())).unique().with_columns(_stored=pl.lit(True))
+    for column in columns:
+        syncs = syncs.join(stored.rename({"event_id": column}), on=["rank", column], how="left",
+                           maintain_order="left").with_columns(
             pl.when(pl.col("_stored")).then(pl.col(column)).alias(column)).drop("_stored")
     data.frames["syncs"] = syncs
 

@@ -23,6 +23,13 @@ from traceana.ingest.profiler_sqlite import ProfilerSqlite, unknown_id
 SQLITE_MAGIC = b"SQLite format 3\x00"
 TIMES = ("start", "end")  # read as they are: a time that is not an integer is an error; other ids may be unknown
 META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")  # 2023+ name, 2022 name
+RUNTIME_COLUMNS = {"start": pl.Int64(), "end": pl.Int64(), "globalTid": pl.Int64(), "correlationId": pl.Int64(),
+                   "nameId": pl.Int64()}
+
+
+def pid_of(gid: str) -> pl.Expr:
+    """The process id in a globalPid / globalTid (layout hw:8 vm:8 pid:24 tid:24)."""
+    return (pl.col(gid) // 16777216) & 16777215
 
 
 def is_sqlite(path: Path) -> bool:
@@ -112,15 +119,38 @@ class Export(ProfilerSqlite):
         if missing:
             self.notes.append(f"{self.path.name}: {table} has no column {', '.join(missing)}")
         select = ", ".join(_read(c, t) if c in present else f'NULL AS "{c}"' for c, t in columns.items())
+        stored, ids = self._stored(table, columns)
+        return self.query(stored, columns, f"table {table}", ids=ids,
+                          slow_sql=f'SELECT {select} FROM "{table}" {narrow}')
+
+    def _stored(self, table: str, columns: dict[str, pl.DataType]) -> tuple[str, tuple[str, ...]]:
+        """The query the Arrow reader runs for :meth:`frame` (ids as stored), and its id columns."""
+        present = set(self.columns(table))
         ids = tuple(c for c, t in columns.items() if c in present and t.is_integer() and c not in TIMES)
         stored = ", ".join(f'"{c}"' if c in present else f'NULL AS "{c}"' for c in columns)
-        return self.query(f'SELECT {stored} FROM "{table}"', columns, f"table {table}", ids=ids,
-                          slow_sql=f'SELECT {select} FROM "{table}" {narrow}')
+        return f'SELECT {stored} FROM "{table}"', ids
+
+    def prefetch_table(self, table: str, columns: dict[str, pl.DataType]) -> None:
+        """Start reading what :meth:`frame` of ``table`` and ``columns`` will ask for (ProfilerSqlite.prefetch); that
+        call still checks the columns and says what the table lacks, in its place among the notes."""
+        if table in self.tables:
+            sql, ids = self._stored(table, columns)
+            self.prefetch(sql, columns, ids)
 
     def strings(self) -> pl.DataFrame:
         """StringIds as (id, value): every name in the export is an id into it."""
         frame = self.frame("StringIds", {"id": pl.Int64(), "value": pl.String()}, required=("id", "value"))
         return frame if frame is not None else pl.DataFrame(schema={"id": pl.Int64(), "value": pl.String()})
+
+    def runtime(self) -> pl.DataFrame | None:
+        """CUPTI_ACTIVITY_KIND_RUNTIME as pid, tid, correlationId, nameId, start, end (None where the export has no
+        such table): read once for both of its readers, the launch times of device work and the syncs, since after
+        the kernels it is the export's largest table."""
+        runtime = self.frame("CUPTI_ACTIVITY_KIND_RUNTIME", RUNTIME_COLUMNS)
+        if runtime is None:
+            return None
+        return runtime.select(pid_of("globalTid").alias("pid"), (pl.col("globalTid") & 16777215).alias("tid"),
+                              "correlationId", "nameId", "start", "end")
 
     def capture_env(self) -> dict[str, str]:
         """The launched process's environment as recorded in META_DATA_CAPTURE (3.x exports), else empty."""

@@ -12,7 +12,7 @@ import polars as pl
 
 from traceana.errors import TraceanaError
 from traceana.ingest.nsys.comm import collective_ops
-from traceana.ingest.nsys.export import Export, export_report
+from traceana.ingest.nsys.export import RUNTIME_COLUMNS, Export, export_report, pid_of
 from traceana.ingest.nsys.syncs import RAW_SCHEMA, read_syncs
 from traceana.ingest.rules import Rule, with_classes
 from traceana.ingest.validate import MAX_TIME_NS, checked_rank
@@ -27,6 +27,8 @@ _PYTORCH_SUFFIX = r"(?s), (?:seq|op_id|sizes) = .*$"  # emit_nvtx appends these 
 _I64 = pl.Int64()
 _STR = pl.String()
 _DEVICE_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+_NVTX_COLUMNS = {"start": _I64, "end": _I64, "eventType": _I64, "text": _STR, "textId": _I64, "domainId": _I64,
+                 "globalTid": _I64}
 _DEVICE_COLUMNS = {"start": _I64, "end": _I64, "deviceId": _I64, "streamId": _I64, "correlationId": _I64,
                    "globalPid": _I64}
 
@@ -44,11 +46,6 @@ class Report:
     session_start: int | None
     version: str | None
     notes: list[str]
-
-
-def _pid(gid: str) -> pl.Expr:
-    """globalPid / globalTid layout: hw:8 vm:8 pid:24 tid:24."""
-    return (pl.col(gid) // 16777216) & 16777215
 
 
 def _device_activity(export: Export, strings: pl.DataFrame) -> pl.DataFrame | None:
@@ -81,7 +78,7 @@ def _device_activity(export: Export, strings: pl.DataFrame) -> pl.DataFrame | No
     frame = pl.concat([p.select(*_DEVICE_COLUMNS, "name", pl.col("short") if "short" in p.columns
                                 else pl.lit(None, _STR).alias("short")) for p in parts])
     frame = frame.select(
-        _pid("globalPid").alias("pid"), pl.col("deviceId").alias("device"), pl.col("streamId").alias("stream"),
+        pid_of("globalPid").alias("pid"), pl.col("deviceId").alias("device"), pl.col("streamId").alias("stream"),
         pl.col("start").alias("start_ns"), pl.col("end").alias("end_ns"), "name",
         pl.coalesce("short", "name").alias("short"), "correlationId",
     )
@@ -104,12 +101,10 @@ def _attributed(frame: pl.DataFrame, notes: list[str], source: str) -> pl.DataFr
 
 def _nvtx_ranges(export: Export, strings: pl.DataFrame) -> pl.DataFrame | None:
     """NVTX ranges as pid, tid, start_ns, end_ns, name, domain, args (PyTorch's op_id / seq moved to args)."""
-    nvtx = export.frame("NVTX_EVENTS", {"start": _I64, "end": _I64, "eventType": _I64, "text": _STR,
-                                        "textId": _I64, "domainId": _I64, "globalTid": _I64},
-                        required=("start", "eventType"))
+    nvtx = export.frame("NVTX_EVENTS", _NVTX_COLUMNS, required=("start", "eventType"))
     if nvtx is None:
         return None
-    nvtx = nvtx.with_columns(_pid("globalTid").alias("pid"), (pl.col("globalTid") & 16777215).alias("tid"))
+    nvtx = nvtx.with_columns(pid_of("globalTid").alias("pid"), (pl.col("globalTid") & 16777215).alias("tid"))
     domains = nvtx.filter(pl.col("eventType") == NVTX_DOMAIN_CREATE).group_by("pid", "domainId").agg(
         pl.col("text").first().alias("_domain")
     )
@@ -128,23 +123,14 @@ def _nvtx_ranges(export: Export, strings: pl.DataFrame) -> pl.DataFrame | None:
     )
 
 
-def _launches(export: Export, launched: pl.Series) -> pl.DataFrame | None:
-    """The runtime calls that launched device work: only those whose correlationId a kernel, copy or memset has
-    (``launched``; the rest, synchronizations, allocations, event records, are never joined: 64% of the runtime
-    rows of the shared H100 export)."""
-    if "CUPTI_ACTIVITY_KIND_RUNTIME" not in export.tables:
-        return None
-    tables = [f'SELECT correlationId FROM "{t}"' for t in _DEVICE_TABLES
-              if t in export.tables and "correlationId" in export.columns(t)]
-    narrow = (f"WHERE correlationId IN ({' UNION ALL '.join(tables)})"
-              if tables and "correlationId" in export.columns("CUPTI_ACTIVITY_KIND_RUNTIME") else "")
-    runtime = export.frame("CUPTI_ACTIVITY_KIND_RUNTIME", {"start": _I64, "globalTid": _I64, "correlationId": _I64},
-                           narrow=narrow)
+def _launches(runtime: pl.DataFrame | None, launched: pl.Series) -> pl.DataFrame | None:
+    """The runtime calls that launched device work (pid, tid, correlationId, launch_ns): only those whose
+    correlationId a kernel, copy or memset has (``launched``; the rest, synchronizations, allocations, event
+    records, are never joined: 64% of the runtime rows of the shared H100 export)."""
     if runtime is None:
         return None
     return runtime.filter(pl.col("correlationId").is_in(launched.implode())).select(
-        _pid("globalTid").alias("pid"), (pl.col("globalTid") & 16777215).alias("tid"), "correlationId",
-        pl.col("start").alias("launch_ns"))
+        "pid", "tid", "correlationId", pl.col("start").alias("launch_ns"))
 
 
 def _session_start(value: object, path: Path) -> int | None:
@@ -167,14 +153,14 @@ def _stated_ranks(export: Export, strings: pl.DataFrame, pids: list[int | None])
     threads = export.frame("ThreadNames", {"nameId": _I64, "globalTid": _I64})
     if threads is not None:
         named = threads.join(strings.rename({"id": "nameId"}), on="nameId").select(
-            _pid("globalTid").alias("pid"), pl.col("value").str.extract(r"^MPI Rank (\d+)$").alias("rank")
+            pid_of("globalTid").alias("pid"), pl.col("value").str.extract(r"^MPI Rank (\d+)$").alias("rank")
         ).drop_nulls()  # the digits as text: a number past int64 is checked_rank's one line, not a failed cast
         stated |= {pid: (checked_rank(int(rank), str(export.path), "thread name 'MPI Rank N'"), "thread-name")
                    for pid, rank in named.unique("pid").iter_rows()}
     mpi = export.frame("MPI_RANKS", {"globalTid": _I64, "rank": _I64})
     if mpi is not None:
         stated |= {pid: (checked_rank(rank, str(export.path), "MPI_RANKS.rank"), "MPI_RANKS") for pid, rank in
-                   mpi.select(_pid("globalTid").alias("pid"), "rank").drop_nulls().unique("pid").iter_rows()}
+                   mpi.select(pid_of("globalTid").alias("pid"), "rank").drop_nulls().unique("pid").iter_rows()}
     if len(pids) == 1 and pids[0] not in stated:  # the captured environment is the launched process's
         env = export.capture_env()
         var = next((v for v in ENV_RANK_VARS if env.get(v, "").isdigit()), None)
@@ -189,6 +175,10 @@ def read_report(source: Path, cache_dir: Path, rules: list[Rule]) -> Report:
     path = export_report(source, cache_dir) if source.suffix == ".nsys-rep" else source
     export = Export(path)
     try:
+        # Read while this thread reads the kernels: the NVTX ranges, and the runtime calls where there is GPU work.
+        export.prefetch_table("NVTX_EVENTS", _NVTX_COLUMNS)
+        if any(t in export.tables for t in _DEVICE_TABLES):
+            export.prefetch_table("CUPTI_ACTIVITY_KIND_RUNTIME", RUNTIME_COLUMNS)
         strings = export.strings()
         device = _device_activity(export, strings)
         ranges = _nvtx_ranges(export, strings)
@@ -200,11 +190,13 @@ def read_report(source: Path, cache_dir: Path, rules: list[Rule]) -> Report:
                 raise TraceanaError(f"{source}: nothing to ingest (no kernels, memory copies or NVTX ranges)")
             export.notes.append(f"{source.name}: no GPU activity; ranks are the processes with NVTX ranges")
             units = ranges.select("pid", pl.lit(None, _I64).alias("device")).unique()
-            device = None
+            device = runtime = None
         else:
             units = device.select("pid", "device").unique()
-            device = _with_collectives(device, export, ranges, rules)
-        syncs, odd = read_syncs(export, strings) if device is not None else (pl.DataFrame(schema=RAW_SCHEMA), None)
+            runtime = export.runtime()
+            device = _with_collectives(device, runtime, ranges, rules)
+        syncs, odd = (read_syncs(export, strings, runtime) if device is not None
+                      else (pl.DataFrame(schema=RAW_SCHEMA), None))
         export.notes += [odd] if odd else []
         stated = _stated_ranks(export, strings, units["pid"].unique().to_list())
         units = units.with_columns(
@@ -236,14 +228,17 @@ def _no_device() -> pl.DataFrame:
     return pl.DataFrame(schema=_DEVICE_SCHEMA)
 
 
-def _with_collectives(device: pl.DataFrame, export: Export, ranges: pl.DataFrame | None,
+def _with_collectives(device: pl.DataFrame, runtime: pl.DataFrame | None, ranges: pl.DataFrame | None,
                       rules: list[Rule]) -> pl.DataFrame:
     """Classify every device event; add op, kernel_op, dtype and evidence to the communication ones, and the time
-    of the runtime call that launched each event (launch_ns, by pid and correlationId)."""
+    of the runtime call that launched each event (launch_ns, by pid and correlationId: the earliest, where a
+    2022.x export writes a call twice; where every correlationId is once, no grouping is needed)."""
     device = with_classes(device, "short", rules)
-    launches = _launches(export, device["correlationId"])
+    launches = _launches(runtime, device["correlationId"])
     if launches is not None:
-        first = launches.group_by("pid", "correlationId").agg(pl.col("launch_ns").min())  # 2022.x: some twice
+        first = launches.select("pid", "correlationId", "launch_ns")
+        if first["correlationId"].n_unique() < first.height:
+            first = first.group_by("pid", "correlationId").agg(pl.col("launch_ns").min())
         device = device.join(first, on=["pid", "correlationId"], how="left")
     comm = device.filter(pl.col("category") == "comm").select("key", "pid", "correlationId", "short", "rule_op")
     needs_launches = comm["short"].str.contains(r"^nccl(?:Dev)?Kernel_(?:SendRecv|Generic)").any()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from traceana.ingest.nsys.export import Export
+from traceana.ingest.nsys.export import Export, pid_of
 from traceana.ingest.syncs.edges import SyncCounts, host_waits, stream_waits
 
 _I64 = pl.Int64()
@@ -29,20 +29,22 @@ RAW_SCHEMA = {"pid": _I64, "device": _I64, "name": _STR, "stream_wait": pl.Boole
               "end_ns": _I64, "stream": _I64, "correlationId": _I64, "record_stream": _I64, "record_ns": _I64}
 
 
-def _pid(gid: str) -> pl.Expr:
-    return (pl.col(gid) // 16777216) & 16777215
-
-
-def _runtime(export: Export, strings: pl.DataFrame) -> pl.DataFrame:
-    """Runtime calls as pid, correlationId, call (name without its _vNNNN), start, end: the outermost of a
-    correlation id (2022 exports write some calls twice, as cudaMemcpy and cudaMemcpy_v3020)."""
-    runtime = export.frame("CUPTI_ACTIVITY_KIND_RUNTIME", {"start": _I64, "end": _I64, "globalTid": _I64,
-                                                           "correlationId": _I64, "nameId": _I64})
+def _calls(runtime: pl.DataFrame | None, strings: pl.DataFrame, *correlated: pl.DataFrame | None) -> pl.DataFrame:
+    """The runtime calls the syncs look up, as pid, correlationId, call (name without its _vNNNN), start, end: those
+    of a correlationId that a ``correlated`` frame (sync records, CUDA event records) names or that a blocking copy
+    has; of each correlation id the outermost (2022 exports write some calls twice, as cudaMemcpy and
+    cudaMemcpy_v3020). Kernel launches, most of the table, are never looked up here, so they are not deduplicated."""
+    empty = pl.DataFrame(schema={"pid": _I64, "correlationId": _I64, "call": _STR, "start": _I64, "end": _I64})
     if runtime is None:
-        return pl.DataFrame(schema={"pid": _I64, "correlationId": _I64, "call": _STR, "start": _I64, "end": _I64})
+        return empty
+    copies = strings.filter(pl.col("value").str.replace(_VERSION, "").str.contains(_BLOCKING_COPY))["id"]
+    wanted = pl.concat([runtime.filter(pl.col("nameId").is_in(copies.implode()))["correlationId"],
+                        *(f["correlationId"] for f in correlated if f is not None)])
+    runtime = runtime.filter(pl.col("correlationId").is_in(wanted.implode()))
     return runtime.join(strings.rename({"id": "nameId", "value": "call"}), on="nameId", how="left").select(
-        _pid("globalTid").alias("pid"), "correlationId", pl.col("call").str.replace(_VERSION, ""), "start", "end",
-    ).drop_nulls("correlationId").sort("start").unique(["pid", "correlationId"], keep="first", maintain_order=True)
+        "pid", "correlationId", pl.col("call").str.replace(_VERSION, ""), "start", "end",
+    ).drop_nulls("correlationId").sort("start", maintain_order=True).unique(["pid", "correlationId"], keep="first",
+                                                                            maintain_order=True)
 
 
 def _labels(export: Export) -> dict[int, str]:
@@ -52,29 +54,37 @@ def _labels(export: Export) -> dict[int, str]:
     return SYNC_TYPES
 
 
-def _records(export: Export, runtime: pl.DataFrame) -> pl.DataFrame | None:
-    """CUDA event records as pid, eventId, record_stream, record_ns (the record call's start, else the row's
-    timestamp), sorted by record_ns; None where the export has none."""
+def _events(export: Export) -> pl.DataFrame | None:
+    """CUPTI_ACTIVITY_KIND_CUDA_EVENT's rows (None where the export has none)."""
     events = export.frame("CUPTI_ACTIVITY_KIND_CUDA_EVENT", {"timestamp": _I64, "streamId": _I64,
                                                              "correlationId": _I64, "globalPid": _I64, "eventId": _I64})
-    if events is None or events.is_empty():
+    return None if events is None or events.is_empty() else events
+
+
+def _records(events: pl.DataFrame | None, runtime: pl.DataFrame) -> pl.DataFrame | None:
+    """CUDA event records as pid, eventId, record_stream, record_ns (the record call's start, else the row's
+    timestamp), sorted by record_ns; None where the export has none."""
+    if events is None:
         return None
-    events = events.with_columns(_pid("globalPid").alias("pid")).join(
+    events = events.with_columns(pid_of("globalPid").alias("pid")).join(
         runtime.select("pid", "correlationId", "start"), on=["pid", "correlationId"], how="left")
     return events.select("pid", "eventId", pl.col("streamId").alias("record_stream"),
                          pl.coalesce("start", "timestamp").alias("record_ns")).drop_nulls("record_ns").sort("record_ns")
 
 
-def read_syncs(export: Export, strings: pl.DataFrame) -> tuple[pl.DataFrame, str | None]:
-    """The report's sync records and blocking copies (RAW_SCHEMA), and a note where the kind and the call disagree."""
-    runtime = _runtime(export, strings)
+def read_syncs(export: Export, strings: pl.DataFrame,
+               runtime: pl.DataFrame | None) -> tuple[pl.DataFrame, str | None]:
+    """The report's sync records and blocking copies (RAW_SCHEMA), and a note where the kind and the call disagree;
+    ``runtime`` is the export's runtime table (Export.runtime)."""
     sync = export.frame("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", {
         "start": _I64, "end": _I64, "deviceId": _I64, "streamId": _I64, "correlationId": _I64, "globalPid": _I64,
         "syncType": _I64, "eventId": _I64})
+    events = _events(export) if sync is not None and not sync.is_empty() else None
+    runtime = _calls(runtime, strings, sync, events)
     parts, note = [], None
     if sync is not None and not sync.is_empty():
         labels = _labels(export)
-        sync = sync.with_columns(_pid("globalPid").alias("pid")).join(
+        sync = sync.with_columns(pid_of("globalPid").alias("pid")).join(
             runtime.select("pid", "correlationId", "call"), on=["pid", "correlationId"], how="left")
         label = pl.col("syncType").replace_strict(labels, default=None, return_dtype=_STR)
         by_call = pl.col("call").str.contains("StreamWaitEvent")
@@ -87,7 +97,7 @@ def read_syncs(export: Export, strings: pl.DataFrame) -> tuple[pl.DataFrame, str
             pairs = odd.group_by("_label", "call").len().sort("len", descending=True).rows()
             note = (f"{export.path.name}: {odd.height} synchronization records' syncType disagrees with their runtime "
                     f"call ({', '.join(f'{n} {lab} for {call}' for lab, call, n in pairs)}): the call is kept")
-        records = _records(export, runtime)
+        records = _records(events, runtime)
         waits = sync.filter(pl.col("stream_wait"))
         if records is not None and not waits.is_empty():
             waits = waits.sort("start").join_asof(records, left_on="start", right_on="record_ns", by=["pid", "eventId"],

@@ -81,6 +81,8 @@ def _asof(waits: pl.DataFrame, events: pl.DataFrame, left: str, right: str, stre
           exact: bool) -> pl.Series:
     """The event_id on each wait's ``stream`` column nearest ``left`` by the events' ``right``, in waits' order."""
     keyed = waits.with_row_index("_row").filter(pl.col(stream).is_not_null() & pl.col(left).is_not_null())
+    if keyed.is_empty():  # (most exports have no stream waits: the events need no sorting then)
+        return pl.Series("event_id", [None] * waits.height, _I64)
     found = keyed.sort(left).join_asof(
         events.select("rank", pl.col("stream").alias(stream), pl.col(right).alias("_key"), "event_id")
         .drop_nulls("_key").sort("_key"),

@@ -9,11 +9,14 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import tempfile
+from itertools import pairwise
 from pathlib import Path
 
 import duckdb
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import ROOT, TRACES, run_cli
 from traceana import store
@@ -21,6 +24,7 @@ from traceana.errors import TraceanaError
 from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.ingest.nsys import reader as nsys
 from traceana.ingest.run_data import RunData
+from traceana.ingest.step_windows import device_step_windows
 
 NSYS = TRACES / "nsys"
 SAXPY = NSYS / "pipit_saxpy_mpi_1rank_nsys2022.2.sqlite"
@@ -371,3 +375,42 @@ def test_reports_of_two_recordings_are_refused() -> None:
     with pytest.raises(TraceanaError, match=r"^\S*nsysai_h100_2proc_nsys2026.2.sqlite: recorded at times that never "
                                             r"overlap those of pipit_saxpy_mpi_1rank_nsys2022.2.sqlite"):
         ingest(SAXPY, H100)
+
+
+def _misplaced_at(cut: int, earlier: list[tuple[int, int]], later: list[tuple[int, int]]) -> int:
+    """Device time on the wrong side of ``cut``: the earlier step's after it, the later step's before it."""
+    return (sum(max(0, end - max(start, cut)) for start, end in earlier)
+            + sum(max(0, min(end, cut) - start) for start, end in later))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 120), st.integers(0, 40), st.integers(0, 3)),
+                min_size=1, max_size=30))
+def test_step_windows_cut_where_the_least_work_is_misplaced(rows: list[tuple[int, int, int, int]]) -> None:
+    """DESIGN §4's cut (shared by the Kineto and nsys readers), by brute force: windows tile the rank's timeline
+    from the first step's first event to the last step's last end, and each cut between consecutive steps is at
+    their later step's first event where their work does not overlap, else at an instant of the overlap that
+    misplaces the least device time (checked against every integer instant of it)."""
+    events = pl.DataFrame([(0, *r[:2], r[0] + r[1] + r[2], r[3]) for r in rows], orient="row",
+                          schema={"rank": pl.Int64, "stream": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                                  "step": pl.Int64})
+    events = events.with_columns(pl.col("end_ns") - pl.col("stream"))  # some zero-length and shifted ends
+    events = events.filter(pl.col("end_ns") >= pl.col("start_ns"))
+    if events.is_empty():
+        return
+    windows = device_step_windows(events).rows(named=True)
+    spans = {s: [(a, b) for _, _, a, b, t in events.rows() if t == s] for s in sorted(set(events["step"]))}
+    steps = list(spans)
+    assert [w["step"] for w in windows] == steps
+    assert windows[0]["start_ns"] == min(a for a, _ in spans[steps[0]])
+    assert windows[-1]["end_ns"] == max(b for _, b in spans[steps[-1]])
+    for (before, s), (after, t) in pairwise(zip(windows, steps, strict=True)):
+        cut = before["end_ns"]
+        assert after["start_ns"] == cut
+        lo, hi = min(a for a, _ in spans[t]), max(b for _, b in spans[s])
+        if lo >= hi:
+            assert cut == lo
+        else:
+            assert lo <= cut <= hi
+            best = min(_misplaced_at(c, spans[s], spans[t]) for c in range(lo, hi + 1))
+            assert _misplaced_at(cut, spans[s], spans[t]) == best
