@@ -163,7 +163,8 @@ def parse_report(source: Path, *, cache_dir: Path, rules: list[Rule], marker: st
     units = report.units.with_row_index("unit").with_columns(pl.col("unit").cast(_I64))
     keys = units.select("pid", "device", pl.col("unit").alias("rank"))
     device = report.device.join(keys, on=["pid", "device"], nulls_equal=True)
-    device = device.sort("rank", "start_ns", "end_ns", "stream").with_columns(
+    # a stable sort, so that events tied on all four keys get the same ids on every ingest
+    device = device.sort("rank", "start_ns", "end_ns", "stream", maintain_order=True).with_columns(
         pl.int_range(pl.len()).over("rank").cast(_I64).alias("event_id"))
     owners = keys.select("pid", "rank")
     annotations = report.ranges.join(owners, on="pid", nulls_equal=True)  # a multi-GPU process: every rank
