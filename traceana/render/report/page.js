@@ -40,7 +40,11 @@ const traceana = {
     const numeric = th.classList.contains("n"), asc = !th.classList.contains("sorted-asc");
     for (const other of th.parentNode.children) other.classList.remove("sorted-asc", "sorted-desc");
     th.classList.add(asc ? "sorted-asc" : "sorted-desc");
-    const value = (row) => { const cell = row.cells[col]; return numeric ? (cell.dataset.v === "" ? -Infinity : Number(cell.dataset.v)) : cell.textContent; };
+    // a number sorts by its shown value (thousands separators dropped; an empty cell first)
+    const value = (row) => {
+      const text = row.cells[col].textContent;
+      return numeric ? (text === "" ? -Infinity : Number(text.replace(/,/g, ""))) : text;
+    };
     const rows = [...table.tBodies[0].rows].sort((a, b) => { const x = value(a), y = value(b); return (x < y ? -1 : x > y ? 1 : 0) * (asc ? 1 : -1); });
     table.tBodies[0].append(...rows);
   },

@@ -82,7 +82,7 @@ class Page:
             attrs = "".join(f' data-{k}="{html.escape(number(row[index[c]]).replace(",", ""))}"'
                             for k, c in keys.items() if c is not None)
             cells = "".join(
-                f'<td class="n" data-v="{"" if v is None else v}">{html.escape(number(v))}</td>' if n
+                f"<td class=n>{html.escape(number(v))}</td>" if n
                 else f'<td class="s">{html.escape(number(v))}</td>'
                 for v, n in zip(row, numeric, strict=True))
             rows.append(f"<tr{attrs}>{cells}</tr>")

@@ -164,6 +164,20 @@ def rank_steps(ctx: Context) -> str:
                           filtered_by=("stage", "rank"))
 
 
+TIMELINE_RANKS = 128  # lanes drawn at most: more would be under 11 px each; the tables keep every rank
+
+
+def _timeline_ranks(ranks: list[int], on_path: set[int]) -> list[int]:
+    """The ranks the timeline draws: all up to TIMELINE_RANKS, else every rank on the critical path and evenly
+    spaced others up to that count, in their order."""
+    if len(ranks) <= TIMELINE_RANKS:
+        return ranks
+    others = [r for r in ranks if r not in on_path]
+    room = max(TIMELINE_RANKS - len(on_path), 0)
+    chosen = set(on_path) | set(others[:: max(1, -(-len(others) // room))] if room else [])
+    return [r for r in ranks if r in chosen]
+
+
 def critical_path(ctx: Context) -> str | None:
     """A step's timeline across ranks with the critical path drawn through it, and the path's totals."""
     from traceana.analyses import critical_path as cp
@@ -173,11 +187,15 @@ def critical_path(ctx: Context) -> str | None:
         return step, windows, bd.timeline(con, rid, step)[1], segments
 
     step, windows, intervals, segments = ctx.traces.read(ctx.run, frames)
+    drawn = _timeline_ranks(windows["rank"].to_list(), set(segments["rank"].to_list()))
     parts = cp.report(segments)
     length_ms = (segments["end_ns"].max() - segments["start_ns"].min()) / 1e6
     ranks = f"{windows.height} rank" + ("s" if windows.height > 1 else "")
-    chart = charts.timeline(windows, intervals, segments, f"step {step} across {ranks}, critical path "
-                            f"({length_ms:,.3f} ms) in black; wheel to zoom, hover for each interval")
+    if len(drawn) < windows.height:
+        ranks += f" ({len(drawn)} drawn: the path's and evenly spaced others)"
+    chart = charts.timeline(windows.filter(pl.col("rank").is_in(drawn)), intervals.filter(pl.col("rank").is_in(drawn)),
+                            segments, f"step {step} across {ranks}, critical path ({length_ms:,.3f} ms) in black; "
+                            "wheel to zoom, hover for each interval")
     return (f"<p>Step {step}: {length_ms:,.3f} ms from the first rank's start to the last rank's end, "
             f"{segments.height:,} segments on the path.</p>" + ctx.page.chart(chart)
             + ctx.page.table(parts["by_rank"], "the path's time per rank", filtered_by=("stage", "rank"))
