@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import html
+import itertools
 import json
 import re
 from html.parser import HTMLParser
@@ -272,3 +273,14 @@ def test_the_roofline_section_of_a_gpu_trace_has_the_hand_computed_flops(tmp_pat
     mlp = [r for r in rows[1:] if r[header.index("op")] == "aten::addmm"
            and r[header.index("shapes")] == "8192, 2048x2048, 2048x8192"]
     assert mlp and {r[header.index("GFLOP")] for r in mlp} == {f"{2 * 2048 * 2048 * 8192 / 1e9:,.3f}"}
+
+
+def test_a_timeline_of_many_ranks_keeps_the_paths_ranks_and_spaces_the_rest() -> None:
+    from traceana.render.report.run import TIMELINE_RANKS, _timeline_ranks
+
+    ranks = list(range(1024))
+    drawn = _timeline_ranks(ranks, {5, 6, 1023})
+    assert len(drawn) <= TIMELINE_RANKS and {5, 6, 1023} <= set(drawn) and drawn == sorted(drawn)
+    gaps = {b - a for a, b in itertools.pairwise(drawn) if a not in (5, 6) and b not in (5, 6, 1023)}
+    assert len(gaps) == 1  # the others evenly spaced
+    assert _timeline_ranks(ranks[:64], {3}) == ranks[:64]  # few ranks: all drawn
