@@ -153,3 +153,14 @@ def test_roofline_points_and_roofs_are_the_json_numbers(db: Path, figures: list[
     roofs = {line.get_label(): max(line.get_ydata()) for line in ax.get_lines()}
     assert roofs == {"roof: bf16 / fp16 tensor cores 989 TFLOP/s, ridge 206 FLOP/B": 989,
                      "roof: fp32 CUDA cores 67 TFLOP/s, ridge 14 FLOP/B": 67}
+
+
+def test_diff_bars_are_the_json_numbers(db: Path, figures: list[Figure], tmp_path: Path) -> None:
+    said = json.loads(_run("diff", "toy8_tp2pp2dp2_1f1b", "moe_skewed", "--json", "--plot", tmp_path / "d.png",
+                           "--db", db))
+    (fig,) = figures
+    bars = [p for p in fig.axes[0].patches if isinstance(p, Rectangle)]
+    drawn = {r["part"] for r in said["breakdown"] if r["ms_A"] or r["ms_B"]} - {"OVERLAPPED"}
+    expected = [r[c] or 0.0 for r in said["breakdown"] if r["part"] in drawn for c in ("ms_A", "ms_B")]
+    assert sorted(p.get_height() for p in bars) == pytest.approx(sorted(expected), abs=1e-6)
+    assert sum(bool(p.get_hatch()) for p in bars) == len(bars) // 2  # B hatched, A solid

@@ -341,6 +341,8 @@ def diff(
                                      callback=top_count)] = 15,
     html: Annotated[Path | None, typer.Option("--html", help="Also write the diff as one interactive HTML file "
                                               "(every kernel, not --top).")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write A beside B per stage and part to this PNG.",
+                                              callback=plot_path)] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -367,6 +369,11 @@ def diff(
 
             size = write(con, db, run_a, run_b, html)
             typer.echo(f"wrote {html} ({size / 1e6:.1f} MB)", err=True)
+    if plot is not None:
+        from traceana.render.plots import diff_bars
+
+        diff_bars(parts, plot, f"{run_a} (A) -> {run_b} (B): ms per typical step, B − A over each pair")
+        typer.echo(f"wrote {plot}", err=True)
     changed = kernel_rows.filter(pl.col("status") == "both").head(top)
     new = kernel_rows.filter(pl.col("status") == "new").head(top)
     vanished = kernel_rows.filter(pl.col("status") == "vanished").sort("ms_A", descending=True).head(top)

@@ -407,3 +407,40 @@ def launch_timeline(delays: pl.DataFrame, queues: pl.DataFrame, ranks: pl.DataFr
     top.set_title(title, fontsize=10)
     fig.tight_layout()
     save_figure(fig, path, dpi=130)
+
+
+def diff_bars(parts: pl.DataFrame, path: Path, title: str) -> None:
+    """`diff --plot`: per stage, each part's ms per typical step in A (solid) beside B (hatched), in the part's colour,
+    with B − A written over each pair; a part zero in both runs is left out. ``parts``: breakdown_diff's rows."""
+    shown = parts.filter(pl.col("part").is_in(["TOTAL", *PART_COLORS]) & (
+        (pl.col("ms_A").fill_null(0).abs() + pl.col("ms_B").fill_null(0).abs()).sum().over("part") > 0))
+    stages = shown["stage"].unique(maintain_order=True).to_list()
+    names = [p for p in ["TOTAL", *PART_COLORS] if p in set(shown["part"].to_list())]
+    fig, ax = plt.subplots(figsize=(max(9.0, min(1.1 * len(names) * len(stages) + 4, 40.0)), 5))
+    ticks: list[tuple[float, str]] = []
+    for s, stage in enumerate(stages):
+        for i, part in enumerate(names):
+            row = shown.filter((pl.col("stage").is_null() if stage is None else pl.col("stage") == stage)
+                               & (pl.col("part") == part))
+            if row.is_empty():
+                continue
+            a, b = (row[c][0] or 0.0 for c in ("ms_A", "ms_B"))
+            x = s * (len(names) + 1) + i
+            color = "white" if part == "TOTAL" else PART_COLORS[part]
+            ax.bar(x - 0.2, a, width=0.38, color=color, edgecolor="0.25", linewidth=0.6)
+            ax.bar(x + 0.2, b, width=0.38, color=color, edgecolor="0.25", linewidth=0.6, hatch="//")
+            ax.annotate(f"{b - a:+,.3g}", (x, max(a, b)), xytext=(0, 3), textcoords="offset points", ha="center",
+                        fontsize=7)
+            ticks.append((x, label(part)))
+        if stage is not None and len(stages) > 1:
+            ax.annotate(f"stage {stage}", (s * (len(names) + 1) + (len(names) - 1) / 2, 0),
+                        xycoords=("data", "axes fraction"), xytext=(0, -40), textcoords="offset points",
+                        ha="center", fontsize=9)
+    ax.set_xticks([t for t, _ in ticks], [n for _, n in ticks], fontsize=7, rotation=30, ha="right")
+    ax.set_ylabel("time per typical step (ms)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(handles=[Patch(facecolor="white", edgecolor="0.25", label="A (solid)"),
+                       Patch(facecolor="white", edgecolor="0.25", hatch="//", label="B (hatched)")],
+              fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    save_figure(fig, path, dpi=130)
