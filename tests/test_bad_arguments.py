@@ -44,6 +44,20 @@ def test_plot_path_is_checked_before_any_work_for_every_command(store, tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no DIR.png, no partial file
 
 
+@pytest.mark.parametrize(("name", "message"), [
+    ("missing/report.html", "folder {tmp}/missing does not exist"),
+    ("", "is a folder; give a file name ending in .html"),
+    ("report.png", "unknown page type .png; use .html, .htm"),
+])
+def test_html_path_is_checked_before_the_report_is_computed(store, tmp_path, name, message) -> None:
+    page = tmp_path / name if name else tmp_path
+    run = "hta_rank0of2_pg_args"
+    for args in (["report", "--db", store], ["diff", run, run, "--db", store]):
+        line = one_error(run_main(*args, "--html", page))
+        assert f"--html {page}: " in line and message.format(tmp=tmp_path) in line, (args, line)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_plot_into_a_folder_that_cannot_be_written_is_one_line(store, tmp_path) -> None:
     """Root may write anywhere, so the refusal comes from the file system: a name longer than it allows."""
     plot = tmp_path / ("x" * 300 + ".png")

@@ -14,7 +14,7 @@ import typer
 from traceana import store
 from traceana.cli.options import DbOption, JsonOption, RunArgument, top_count
 from traceana.errors import TraceanaError
-from traceana.render.console import emit, emit_json, plot_path
+from traceana.render.console import emit, emit_json, html_path, plot_path
 
 if TYPE_CHECKING:  # imported where used, as above
     import polars as pl
@@ -340,7 +340,7 @@ def diff(
     top: Annotated[int, typer.Option("--top", help="How many kernels to list in each table.",
                                      callback=top_count)] = 15,
     html: Annotated[Path | None, typer.Option("--html", help="Also write the diff as one interactive HTML file "
-                                              "(every kernel, not --top).")] = None,
+                                              "(every kernel, not --top).", callback=html_path)] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write A beside B per stage and part to this PNG.",
                                               callback=plot_path)] = None,
     json: JsonOption = False,

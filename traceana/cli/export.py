@@ -14,7 +14,7 @@ import typer
 from traceana import store
 from traceana.cli.options import DbOption, RunArgument
 from traceana.errors import TraceanaError
-from traceana.render.console import progress
+from traceana.render.console import html_path, progress
 
 
 def parse_steps(text: str) -> tuple[int, int]:
@@ -87,7 +87,7 @@ def import_parquet(
 
 def report(
     html: Annotated[Path, typer.Option("--html", help="HTML file to write (self-contained and interactive: opens "
-                                       "offline).")],
+                                       "offline).", callback=html_path)],
     run: RunArgument = None,
     estimate: Annotated[Path | None, typer.Option("--estimate", help="Job YAML: add estimate vs measured.")] = None,
     db: DbOption = Path(store.DEFAULT_DB),

@@ -158,23 +158,34 @@ def ingest_progress() -> Iterator[IngestProgress]:
 IMAGE_TYPES = (".png", ".svg", ".pdf")
 
 
-def plot_path(path: Path | None) -> Path | None:
-    """The callback of every --plot: an image file name in a folder that exists and can be written, checked before
-    any work is done (matplotlib would add .png to a folder's name, or fail only at the end)."""
-    if path is None:
-        return None
+def _writable(option: str, path: Path, what: str, kind: str, types: tuple[str, ...]) -> Path:
+    """``path`` as a ``kind`` file (one of ``types``) in a folder that exists and can be written, checked before any
+    work; ``what`` names the thing written in the errors."""
     try:
         is_dir, folder_exists = path.is_dir(), path.parent.is_dir()
         path.resolve()
     except (OSError, RuntimeError) as exc:  # a name too long, a symlink loop
-        raise TraceanaError(f"--plot {path}: cannot write the plot ({getattr(exc, 'strerror', None) or exc})") from None
+        raise TraceanaError(f"{option} {path}: cannot write the {what} ({getattr(exc, 'strerror', None) or exc})") \
+            from None
     if is_dir:
-        raise TraceanaError(f"--plot {path}: is a folder; give a file name ending in .png")
-    if path.suffix.lower() not in IMAGE_TYPES:
-        raise TraceanaError(f"--plot {path}: unknown image type {path.suffix or '(no extension)'}; "
-                            f"use {', '.join(IMAGE_TYPES)}")
+        raise TraceanaError(f"{option} {path}: is a folder; give a file name ending in {types[0]}")
+    if path.suffix.lower() not in types:
+        raise TraceanaError(f"{option} {path}: unknown {kind} type {path.suffix or '(no extension)'}; "
+                            f"use {', '.join(types)}")
     if not folder_exists:
-        raise TraceanaError(f"--plot {path}: folder {path.parent} does not exist")
+        raise TraceanaError(f"{option} {path}: folder {path.parent} does not exist")
     if not os.access(path.parent, os.W_OK):
-        raise TraceanaError(f"--plot {path}: cannot write in {path.parent}")
+        raise TraceanaError(f"{option} {path}: cannot write in {path.parent}")
     return path
+
+
+def plot_path(path: Path | None) -> Path | None:
+    """The callback of every --plot: an image file name in a folder that exists and can be written, checked before
+    any work is done (matplotlib would add .png to a folder's name, or fail only at the end)."""
+    return None if path is None else _writable("--plot", path, "plot", "image", IMAGE_TYPES)
+
+
+def html_path(path: Path | None) -> Path | None:
+    """The callback of every --html: an .html file in a folder that exists and can be written, checked before the
+    report is computed (that takes seconds; the write would fail only at the end)."""
+    return None if path is None else _writable("--html", path, "page", "page", (".html", ".htm"))
