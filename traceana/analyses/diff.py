@@ -56,6 +56,13 @@ def breakdown_diff(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str) -> pl
                   nulls_last=False))
 
 
+def occurring(parts: pl.DataFrame) -> pl.DataFrame:
+    """:func:`breakdown_diff`'s rows of the parts that are nonzero in A or B on some stage (a dim neither run has
+    is left out of every table and plot of the diff)."""
+    return parts.filter((pl.col("ms_A").fill_null(0).abs() + pl.col("ms_B").fill_null(0).abs()).sum().over("part")
+                        > 0)
+
+
 def _per_rank_step(con: duckdb.DuckDBPyConnection, view: str, run: str, keys: str, sums: str) -> pl.DataFrame:
     """``sums`` of ``view`` grouped by ``keys``, each divided by the run's rank-steps (Σ steps over its ranks)."""
     return con.sql(f"""

@@ -350,7 +350,7 @@ def diff(
     kernels whose time changed most, new and vanished kernels, collectives by op and dim (all per rank and step)."""
     import polars as pl
 
-    from traceana.analyses.diff import breakdown_diff, collective_diff, kernel_diff
+    from traceana.analyses.diff import breakdown_diff, collective_diff, kernel_diff, occurring
 
     if html is not None:
         from traceana.render.report.page import need_bokeh
@@ -383,8 +383,7 @@ def diff(
                    "collectives": comms.to_dicts()})
         return
     title = f"{run_a} (A) -> {run_b} (B)"
-    nonzero = (pl.col("ms_A").fill_null(0).abs() + pl.col("ms_B").fill_null(0).abs()).sum().over("part") > 0
-    emit(parts.filter(nonzero), title=f"{title}: breakdown per stage, ms per typical step (mean over the stage's "
+    emit(occurring(parts), title=f"{title}: breakdown per stage, ms per typical step (mean over the stage's "
                                       "ranks); explains_pct = share of the stage's TOTAL change", keys=2)
     from traceana.analyses.breakdown import PARTS
 

@@ -15,6 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from traceana.analyses.breakdown import DIM_LANES, WAITS, label
+from traceana.analyses.diff import occurring
 from traceana.analyses.idle import CAUSES
 from traceana.errors import TraceanaError
 from traceana.render.units import BANDWIDTH, BINARY_BYTES, DECIMAL_BYTES, unit_for
@@ -412,8 +413,7 @@ def launch_timeline(delays: pl.DataFrame, queues: pl.DataFrame, ranks: pl.DataFr
 def diff_bars(parts: pl.DataFrame, path: Path, title: str) -> None:
     """`diff --plot`: per stage, each part's ms per typical step in A (solid) beside B (hatched), in the part's colour,
     with B − A written over each pair; a part zero in both runs is left out. ``parts``: breakdown_diff's rows."""
-    shown = parts.filter(pl.col("part").is_in(["TOTAL", *PART_COLORS]) & (
-        (pl.col("ms_A").fill_null(0).abs() + pl.col("ms_B").fill_null(0).abs()).sum().over("part") > 0))
+    shown = occurring(parts).filter(pl.col("part").is_in(["TOTAL", *PART_COLORS]))
     stages = shown["stage"].unique(maintain_order=True).to_list()
     names = [p for p in ["TOTAL", *PART_COLORS] if p in set(shown["part"].to_list())]
     fig, ax = plt.subplots(figsize=(max(9.0, min(1.1 * len(names) * len(stages) + 4, 40.0)), 5))

@@ -12,7 +12,7 @@ import duckdb
 import polars as pl
 
 from traceana.analyses.breakdown import label
-from traceana.analyses.diff import breakdown_diff, collective_diff, kernel_diff
+from traceana.analyses.diff import breakdown_diff, collective_diff, kernel_diff, occurring
 from traceana.render.report import charts
 from traceana.render.report.page import Page
 
@@ -50,8 +50,7 @@ def write(con: duckdb.DuckDBPyConnection, db: Path, run_a: str, run_b: str, out:
     comms = collective_diff(con, run_a, run_b)
     page = Page(f"traceana diff: {run_a} → {run_b}", f"{db}; ms per typical step (mean over each stage's ranks) "
                                                      "or per rank and step")
-    shown = parts.filter((pl.col("ms_A").fill_null(0).abs() + pl.col("ms_B").fill_null(0).abs()).sum()
-                         .over("part") > 0)
+    shown = occurring(parts)
     bars = shown.filter(pl.col("part") != "OVERLAPPED").with_columns(
         pl.concat_str(pl.col("stage").map_elements(_stage, return_dtype=pl.String), pl.lit(" · "),
                       pl.col("part").map_elements(label, return_dtype=pl.String)).alias("stage and part"),
