@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,19 +25,28 @@ if TYPE_CHECKING:
 
 @dataclass
 class Context:
-    """What every section may read: the store, the run, the page being built and an optional job config."""
+    """What every section may read: the store, the run, the page being built and an optional job config; and,
+    read once for all the sections that show them, the rank breakdown and which step it is."""
 
     traces: Traces
     run: str
     page: Page
     estimate: Path | None = None
-    _stages: bool | None = None
 
+    @cached_property
+    def ranks(self) -> pl.DataFrame:
+        """The typical step's breakdown per rank (`traceana breakdown`)."""
+        return self.traces.breakdown(run=self.run)
+
+    @cached_property
+    def which(self) -> str:
+        """Which step the breakdown is, in words."""
+        return self.traces.read(self.run, lambda con, rid: bd.which_step(con, rid, None))
+
+    @cached_property
     def has_stages(self) -> bool:
-        """Whether the run has more than one pipeline stage (read once)."""
-        if self._stages is None:
-            self._stages = self.traces.ranks(run=self.run)["pp"].drop_nulls().n_unique() > 1
-        return self._stages
+        """Whether the run has more than one pipeline stage."""
+        return self.ranks["pp"].drop_nulls().n_unique() > 1
 
 
 def _shown_parts(frame: pl.DataFrame, suffix: str = "_ms") -> list[str]:
@@ -62,12 +72,11 @@ def _advice(ctx: Context) -> pl.DataFrame:
 def first_screen(ctx: Context, advice: pl.DataFrame) -> str:
     """Where a step's time went (the mean rank's parts, one bar) and what to look at first: the top findings of
     advise, the largest exposed wait, the straggler and the largest idle cause."""
-    ranks = ctx.traces.breakdown(run=ctx.run)
+    ranks, which = ctx.ranks, ctx.which
     total = ranks["TOTAL_ms"].mean()
     parts = [p for p in bd.PARTS if ranks[f"{p}_ms"].sum() > 0 or p == "COMP"]
     share = ", ".join(f"{bd.label(p)} {ranks[f'{p}_ms'].mean():,.3f} ms ({100 * ranks[f'{p}_ms'].mean() / total:.1f}%)"
                       for p in parts) if total else "no time measured"
-    which = ctx.traces.read(ctx.run, lambda con, rid: bd.which_step(con, rid, None))
     overlap = bd.run_overlap_pct(ranks)
     if overlap is not None:
         share += (f"; communication/compute overlap {overlap:.1f}% (OVERLAPPED {ranks['OVERLAPPED_ms'].mean():,.3f} ms"
@@ -85,7 +94,7 @@ def first_screen(ctx: Context, advice: pl.DataFrame) -> str:
     late = ctx.traces.stragglers(run=ctx.run)
     slowest = late.sort("COMP_ms", descending=True).row(0, named=True) if late.height else None
     if slowest is not None and late.height > 1:
-        where = f" on stage {slowest['pp']}" if ctx.has_stages() else ""
+        where = f" on stage {slowest['pp']}" if ctx.has_stages else ""
         look.append(f"Slowest compute: rank {slowest['rank']}{where}, COMP {slowest['COMP_ms']:,.3f} ms per step "
                     f"against its stage's median {slowest['stage_median_COMP_ms']:,.3f} ms.")
     idle = ctx.traces.idle(run=ctx.run)
@@ -130,7 +139,7 @@ def advise(ctx: Context, advice: pl.DataFrame) -> str | None:
 
 def stages(ctx: Context) -> str | None:
     """Per stage: stacked bars (click one to see its ranks) and the table; only for runs with pipeline stages."""
-    if not ctx.has_stages():
+    if not ctx.has_stages:
         return None
     frame = ctx.traces.breakdown(by="stage", run=ctx.run)
     frame = frame.rename({c: c.replace("_mean_ms", "_ms") for c in frame.columns if c.endswith("_mean_ms")})
@@ -144,14 +153,12 @@ def stages(ctx: Context) -> str | None:
 
 def ranks(ctx: Context) -> str:
     """Per rank: stacked bars and the table (click a rank for its steps), filtered by a picked stage."""
-    frame = ctx.traces.breakdown(run=ctx.run).with_columns(pl.col("pp").alias("stage"))
-    frame = frame.sort(pl.col("stage").fill_null(-1), "rank")
+    frame = ctx.ranks.with_columns(pl.col("pp").alias("stage")).sort(pl.col("stage").fill_null(-1), "rank")
     parts = _shown_parts(frame)
     coords = [c for c in bd.COORDS if frame[c].n_unique() > 1 and c != "pp"]
-    which = ctx.traces.read(ctx.run, lambda con, rid: bd.which_step(con, rid, None))
     bars = charts.stacked_bars(frame, "rank", {c: charts.PART_COLUMNS[c] for c in parts[1:-1]},
-                               f"time per rank, {which} (click a rank for its steps)", "rank", pick="rank")
-    shown = frame.select("rank", *(["stage"] if ctx.has_stages() else []), *coords, *parts, "OVERLAP_pct")
+                               f"time per rank, {ctx.which} (click a rank for its steps)", "rank", pick="rank")
+    shown = frame.select("rank", *(["stage"] if ctx.has_stages else []), *coords, *parts, "OVERLAP_pct")
     return (ctx.page.chart(bars) + ctx.page.table(_labelled(shown), "each rank's typical step, ms (click a row "
                                                   "for its steps)", pick="rank", filtered_by=("stage",)))
 
@@ -159,7 +166,7 @@ def ranks(ctx: Context) -> str:
 def rank_steps(ctx: Context) -> str:
     """Every rank-step's breakdown, filtered by a picked rank or stage: the drill-down's last level."""
     frame = ctx.traces.read(ctx.run, bd.rank_steps).with_columns(pl.col("pp").alias("stage"))
-    shown = frame.select("rank", *(["stage"] if ctx.has_stages() else []), "step", *_shown_parts(frame))
+    shown = frame.select("rank", *(["stage"] if ctx.has_stages else []), "step", *_shown_parts(frame))
     return ctx.page.table(_labelled(shown), "each rank's steps, ms (pick a rank or stage above to filter)",
                           filtered_by=("stage", "rank"))
 
@@ -243,7 +250,7 @@ def idle(ctx: Context) -> str | None:
     causes = {f"{c}_ms": IDLE_CAUSE_COLORS[c] for c in CAUSES if frame[f"{c}_ms"].sum() > 0}
     bars = charts.stacked_bars(frame, "rank", causes, "why each rank was idle, typical step (click a rank for its "
                                "steps)", "rank", pick="rank", y_label="idle time per step (ms)")
-    shown = frame.select("rank", *(["stage"] if ctx.has_stages() else []), "IDLE_ms", *causes)
+    shown = frame.select("rank", *(["stage"] if ctx.has_stages else []), "IDLE_ms", *causes)
     return ctx.page.chart(bars) + ctx.page.table(_labelled(shown), "IDLE per rank in its typical step (mean over "
                                                  "steps after the first), by cause, as `traceana idle`",
                                                  filtered_by=("stage",))
@@ -365,7 +372,7 @@ def estimate(ctx: Context) -> str | None:
 def stragglers(ctx: Context) -> str:
     per_rank = ctx.traces.stragglers(run=ctx.run).rename({"pp": "stage"})
     stage = per_rank.filter(pl.col("straggler_stage"))
-    where = (f"stage {stage['stage'][0]}" if ctx.has_stages() else
+    where = (f"stage {stage['stage'][0]}" if ctx.has_stages else
              "all ranks (one pipeline stage: no pipeline parallelism)" if stage["stage"][0] is not None else
              "all ranks (no pipeline stages: the run has no layout)")
     return (f"<p>Straggler stage (largest mean COMP): {html.escape(where)}, mean COMP "
