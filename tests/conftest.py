@@ -88,6 +88,21 @@ def store_rows(db: Path) -> dict[str, list[tuple]]:
     return out
 
 
+def ingested(db: Path, runs: dict[str, tuple[Path, str | None]]) -> Path:
+    """A store at ``db`` holding each run (name -> its trace file or folder and the ``--layout`` it needs, or None),
+    read in-process with its format detected and the parse cache beside the store: the analysis tests' fixture."""
+    from traceana import store
+    from traceana.ingest.dispatch import IngestOptions, read_run
+    from traceana.layout import Layout
+
+    with store.connect(db) as con:
+        for name, (path, layout) in runs.items():
+            options = IngestOptions(layout=None if layout is None else Layout.parse(layout),
+                                    cache_dir=db.parent / "cache")
+            store.write_run(con, name, read_run([path], "auto", options))
+    return db
+
+
 def job_config(base: dict, **sections: dict) -> Config:
     """The job config ``base`` (a YAML-shaped dict) with ``sections`` merged into its sections, validated as a file
     named gpt.yaml would be: the estimator tests' way to vary one knob against hand formulas."""

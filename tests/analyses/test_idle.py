@@ -13,28 +13,21 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import SAMPLES, TRACES
+from tests.conftest import SAMPLES, TRACES, ingested
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.analyses.idle import idle_causes
 from traceana.cli.main import app
 from traceana.ingest.dispatch import IngestOptions, read_run
-from traceana.layout import Layout
 
 HOSTBOUND = TRACES / "kineto" / "h200_hostbound_h512_L12_s256_gb8.json.gz"
 
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("idle")
-    path = folder / "t.duckdb"
-    with store.connect(path) as con:
-        options = IngestOptions(cache_dir=folder / "cache")
-        store.write_run(con, "hostbound", read_run([HOSTBOUND], "kineto", options))
-        store.write_run(con, "npu", read_run([TRACES / "ascend" / "torch_npu_2rank_level1"], "ascend", options))
-        options = IngestOptions(layout=Layout.parse(EXPERIMENTS["moe_skewed"][0]), cache_dir=folder / "cache")
-        store.write_run(con, "moe_skewed", read_run([SAMPLES / "moe_skewed"], "kineto", options))
-    return path
+    return ingested(tmp_path_factory.mktemp("idle") / "t.duckdb", {
+        "hostbound": (HOSTBOUND, None), "npu": (TRACES / "ascend" / "torch_npu_2rank_level1", None),
+        "moe_skewed": (SAMPLES / "moe_skewed", EXPERIMENTS["moe_skewed"][0])})
 
 
 @pytest.fixture

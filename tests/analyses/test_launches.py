@@ -19,13 +19,12 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tests.conftest import ROOT, SAMPLES, TRACES, one_line, run_main
+from tests.conftest import ROOT, SAMPLES, TRACES, ingested, one_line, run_main
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.api import Traces
 from traceana.errors import TraceanaError
 from traceana.ingest.dispatch import IngestOptions, read_run
-from traceana.layout import Layout
 from traceana.synth.schedule import LAUNCH_LEAD_NS
 
 GPT = TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz"
@@ -35,16 +34,9 @@ HTA3 = TRACES / "kineto" / "hta_rank3of8_6steps.json.gz"
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("launches")
-    path = folder / "t.duckdb"
-    with store.connect(path) as con:
-        options = IngestOptions(cache_dir=folder / "cache")
-        store.write_run(con, "gpt", read_run([GPT], "kineto", options))
-        store.write_run(con, "hta16", read_run([HTA16], "kineto", options))
-        store.write_run(con, "hta3", read_run([HTA3], "kineto", options))
-        options = IngestOptions(layout=Layout.parse(EXPERIMENTS["moe_skewed"][0]), cache_dir=folder / "cache")
-        store.write_run(con, "cpu", read_run([SAMPLES / "moe_skewed"], "kineto", options))
-    return path
+    return ingested(tmp_path_factory.mktemp("launches") / "t.duckdb", {
+        "gpt": (GPT, None), "hta16": (HTA16, None), "hta3": (HTA3, None),
+        "cpu": (SAMPLES / "moe_skewed", EXPERIMENTS["moe_skewed"][0])})
 
 
 def _raw_launches(trace: Path) -> list[tuple[int, int, int, int]]:

@@ -14,11 +14,8 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from tests.conftest import SAMPLES, TRACES, run_main
+from tests.conftest import SAMPLES, TRACES, ingested, run_main
 from tests.test_sample_traces import EXPERIMENTS
-from traceana import store
-from traceana.ingest.dispatch import IngestOptions, read_run
-from traceana.layout import Layout
 from traceana.render import plots
 from traceana.render.units import BANDWIDTH, BINARY_BYTES, DECIMAL_BYTES, unit_for
 
@@ -27,13 +24,9 @@ H200 = TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz"
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("plots")
-    with store.connect(folder / "t.duckdb") as con:
-        for name in ("toy8_tp2pp2dp2_1f1b", "moe_skewed"):
-            options = IngestOptions(layout=Layout.parse(EXPERIMENTS[name][0]), cache_dir=folder / "cache")
-            store.write_run(con, name, read_run([SAMPLES / name], "kineto", options))
-        store.write_run(con, "h200", read_run([H200], "kineto", IngestOptions(cache_dir=folder / "cache")))
-    return folder / "t.duckdb"
+    return ingested(tmp_path_factory.mktemp("plots") / "t.duckdb", {
+        **{name: (SAMPLES / name, EXPERIMENTS[name][0]) for name in ("toy8_tp2pp2dp2_1f1b", "moe_skewed")},
+        "h200": (H200, None)})
 
 
 @pytest.fixture
