@@ -16,7 +16,7 @@ from matplotlib.patches import Rectangle
 
 from tests.conftest import SAMPLES, TRACES, ingested, run_main
 from tests.test_sample_traces import EXPERIMENTS
-from traceana.render import plots
+from traceana.render import colours, plots
 from traceana.render.units import BANDWIDTH, BINARY_BYTES, DECIMAL_BYTES, unit_for
 
 H200 = TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz"
@@ -49,16 +49,16 @@ def _run(*args: object) -> str:
 
 def test_the_critical_path_has_a_colour_no_dim_has(db: Path, figures: list[Figure], tmp_path: Path) -> None:
     # it was red on a chart whose PP communication is red (tab:red)
-    taken = {to_rgba(c) for c in (*plots.DIM_COLORS.values(), plots.COMP_COLOR, plots.IDLE_COLOR)}
-    assert to_rgba(plots.CRITICAL_PATH_COLOR) not in taken
-    assert not taken & {to_rgba(c) for c in plots.IDLE_CAUSE_COLORS.values()}
+    taken = {to_rgba(c) for c in (*colours.DIM_COLORS.values(), colours.COMP_COLOR, colours.IDLE_COLOR)}
+    assert to_rgba(colours.CRITICAL_PATH_COLOR) not in taken
+    assert not taken & {to_rgba(c) for c in colours.IDLE_CAUSE_COLORS.values()}
     _run("critical-path", "toy8_tp2pp2dp2_1f1b", "--plot", tmp_path / "cp.png", "--db", db)
     ax = figures[0].axes[0]
     lines = [c for c in ax.collections if isinstance(c, LineCollection)]
-    assert lines and all({tuple(rgba) for rgba in c.get_colors()} == {to_rgba(plots.CRITICAL_PATH_COLOR)}
+    assert lines and all({tuple(rgba) for rgba in c.get_colors()} == {to_rgba(colours.CRITICAL_PATH_COLOR)}
                          for c in lines)
     drawn = {tuple(rgba) for c in ax.collections if not isinstance(c, LineCollection) for rgba in c.get_facecolors()}
-    assert to_rgba(plots.DIM_COLORS["PP"]) in drawn  # the sample's pipeline sends are on the chart too
+    assert to_rgba(colours.DIM_COLORS["PP"]) in drawn  # the sample's pipeline sends are on the chart too
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "critical path" in legend and "PP communication" in legend
 

@@ -276,7 +276,8 @@ def idle(
                                   "correlation): interior gaps are left whole as 'unknown'")
     which = f"step {step}" if step is not None else "typical step (mean over steps after the first)"
     if plot is not None:
-        from traceana.render.plots import IDLE_CAUSE_COLORS, breakdown_bars
+        from traceana.render.colours import IDLE_CAUSE_COLORS
+        from traceana.render.plots import breakdown_bars
 
         breakdown_bars(frame, plot, f"{rid}\nwhy the device was idle, {which}", stack=IDLE_CAUSE_COLORS,
                        ylabel="idle time per step (ms)")

@@ -13,7 +13,8 @@ from matplotlib.axes import Axes
 
 from traceana.analyses.breakdown import label
 from traceana.model.compare import DIMS, PEAK, RunComparison
-from traceana.render.plots import PART_COLORS, save_figure
+from traceana.render.colours import PART_COLORS
+from traceana.render.plots import save_figure
 
 COLORS = {**PART_COLORS, "COMP": "0.35", "IDLE": "tab:olive", "TOTAL": "black", "peak_memory": "tab:cyan"}
 ORDER = {d: i for i, d in enumerate((*DIMS, "peak_memory"))}

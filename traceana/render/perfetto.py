@@ -32,7 +32,7 @@ import duckdb
 from traceana.analyses.breakdown import COORDS, DIM_LANES
 from traceana.errors import TraceanaError
 
-# chrome://tracing reserved colours closest to plots.DIM_COLORS (tab:blue, purple, orange, green, red, brown) and
+# chrome://tracing reserved colours closest to colours.DIM_COLORS (tab:blue, purple, orange, green, red, brown) and
 # to COMP's grey.
 CNAME = {"TP": "rail_response", "CP": "detailed_memory_dump", "EP": "rail_idle", "DP": "rail_load",
          "PP": "rail_animation", "OTHER": "thread_state_unknown"}

@@ -14,20 +14,11 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from traceana.analyses.breakdown import DIM_LANES, WAITS, label
+from traceana.analyses.breakdown import label
 from traceana.analyses.diff import occurring
-from traceana.analyses.idle import CAUSES
 from traceana.errors import TraceanaError
+from traceana.render.colours import COMP_COLOR, CRITICAL_PATH_COLOR, DIM_COLORS, FAMILY_COLORS, PART_COLORS
 from traceana.render.units import BANDWIDTH, BINARY_BYTES, DECIMAL_BYTES, unit_for
-
-COMP_COLOR = "0.55"
-IDLE_COLOR = "0.93"
-DIM_COLORS = dict(zip(DIM_LANES, ["tab:blue", "tab:purple", "tab:orange", "tab:green", "tab:red", "tab:brown"],
-                      strict=True))
-PART_COLORS = {"COMP": COMP_COLOR, **dict(zip(WAITS, DIM_COLORS.values(), strict=True)), "IDLE": IDLE_COLOR}
-# Colours no dim uses, so that nothing else reads as a dim's communication: the idle causes, the critical path.
-IDLE_CAUSE_COLORS = dict(zip(CAUSES, ["tab:pink", "tab:cyan", "tab:olive", "gold", "0.8"], strict=True))
-CRITICAL_PATH_COLOR = "black"
 
 
 def save_figure(fig: Figure, path: Path, dpi: int) -> None:
@@ -112,7 +103,7 @@ def timeline_gantt(windows: pl.DataFrame, intervals: pl.DataFrame, path: Path, t
     ``critical``: the critical path's segments (rank, kind, start_ns, end_ns), drawn as a black line through the lanes.
     """
     origin = windows["start_ns"].min()
-    dims = [d for d in DIM_LANES if d in set(intervals["lane"].to_list())]
+    dims = [d for d in DIM_COLORS if d in set(intervals["lane"].to_list())]
     rows = {rank: i for i, rank in enumerate(windows["rank"].to_list())}
     fig, ax = plt.subplots(figsize=(12, min(max(3.0, 0.45 * len(rows) + 1.5), 30.0)))
     band = 0.45 / max(len(dims), 1)  # the lower half of a lane is shared by the dims that communicate in this step
@@ -299,10 +290,6 @@ def whatif_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     save_figure(fig, path, dpi=130)
-
-
-FAMILY_COLORS = {"gemm": "tab:blue", "attention": "tab:purple", "elementwise": "tab:orange",
-                 "normalization": "tab:green", "softmax": "tab:red", "reduction": "tab:brown", "copy": "0.5"}
 
 
 def roofline_chart(frame: pl.DataFrame, roofs: list[tuple[str, float]], hbm_gb_per_s: float, path: Path,

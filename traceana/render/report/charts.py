@@ -10,17 +10,19 @@ from collections.abc import Sequence
 import polars as pl
 from bokeh.models import ColumnDataSource, CustomJS, HoverTool, Legend
 from bokeh.plotting import figure
-from matplotlib.colors import to_hex
 
 from traceana.analyses.breakdown import label
-from traceana.render.plots import COMP_COLOR, CRITICAL_PATH_COLOR, DIM_COLORS, PART_COLORS
+from traceana.render.colours import (
+    COMP_COLOR,
+    CRITICAL_PATH_COLOR,
+    DIM_COLORS,
+    FAMILY_COLORS,
+    OTHER_FAMILY_COLOR,
+    PART_COLORS,
+)
 
 TOOLS = "xpan,xwheel_zoom,box_zoom,reset,save"
 TIMELINE_PIXELS = 2000  # intervals closer than the step's length / this are drawn as one
-
-
-def hex_color(color: str) -> str:
-    return to_hex(color)
 
 
 def _compact(columns: dict[str, pl.Series]) -> dict[str, object]:
@@ -56,7 +58,7 @@ def stacked_bars(frame: pl.DataFrame, x: str, parts: dict[str, str], title: str,
                  toolbar_location="above", sizing_mode="stretch_width")
     names = list(parts)
     renderers = fig.vbar_stack(names, x=x, width=0.75 if len(factors) > 2 else 0.3, source=source,
-                               color=[hex_color(c) for c in parts.values()],
+                               color=[c for c in parts.values()],
                                line_color="#555555", line_width=0.3, nonselection_fill_alpha=0.25)
     legend = Legend(items=[(_legend(c), [r]) for c, r in zip(names, renderers, strict=True)], location="top_left")
     fig.add_layout(legend, "right")
@@ -75,7 +77,7 @@ def parts_bar(values: dict[str, float], colors: dict[str, str], title: str) -> f
     source = ColumnDataSource({name: [v] for name, v in values.items()} | {"y": ["step"]})
     fig = figure(y_range=["step"], height=150, title=title, tools="save", toolbar_location=None,
                  sizing_mode="stretch_width")
-    drawn = fig.hbar_stack(list(values), y="y", height=0.7, source=source, color=[hex_color(colors[n]) for n in values],
+    drawn = fig.hbar_stack(list(values), y="y", height=0.7, source=source, color=[colors[n] for n in values],
                            line_color="#555555", line_width=0.3)
     fig.add_layout(Legend(items=[(n, [r]) for n, r in zip(values, drawn, strict=True)], orientation="horizontal"),
                    "below")
@@ -104,7 +106,7 @@ def grouped_bars(frame: pl.DataFrame, x: str, series: dict[str, str], title: str
     for i, (column, color) in enumerate(series.items()):
         offset = (i - (len(series) - 1) / 2) * width
         bars = fig.vbar(x=dodge(x, offset, range=fig.x_range), top=column, width=width * 0.95, source=source,
-                        color=hex_color(color), legend_label=column)
+                        color=color, legend_label=column)
         fig.add_tools(HoverTool(renderers=[bars], tooltips=[(x_label, f"@{{{x}}}"),
                                                             (column, f"@{{{column}}}{{0,0.000}}")]))
     fig.xaxis.axis_label = x_label
@@ -121,7 +123,7 @@ def bars(frame: pl.DataFrame, x: str, value: str, colors: list[str], title: str,
     (label -> column)."""
     factors = [str(v) for v in frame[x].to_list()]
     extra = extra or {}
-    source = ColumnDataSource({x: factors, value: frame[value].to_list(), "color": [hex_color(c) for c in colors]}
+    source = ColumnDataSource({x: factors, value: frame[value].to_list(), "color": [c for c in colors]}
                               | {c: frame[c].to_list() for c in extra.values()})
     fig = figure(x_range=factors, height=320, title=title, tools=TOOLS, toolbar_location="above",
                  sizing_mode="stretch_width")
@@ -174,7 +176,7 @@ def timeline(windows: pl.DataFrame, intervals: pl.DataFrame, path: pl.DataFrame 
             "ms": (part["end_ns"] - part["start_ns"]) / 1e6, "merged": part["merged"]}))
         color = COMP_COLOR if lane == "COMP" else DIM_COLORS[lane]
         quads = fig.quad(left="left", right="right", top="top", bottom="bottom", source=source,
-                         color=hex_color(color), line_width=0,
+                         color=color, line_width=0,
                          legend_label="COMP (compute, memcpy, memset)" if lane == "COMP" else f"{lane} communication")
         fig.add_tools(HoverTool(renderers=[quads], tooltips=[("rank", "@rank"), ("lane", lane),
                                                              ("start (ms)", "@left{0,0.000}"),
@@ -204,7 +206,7 @@ def _draw_path(fig: figure, path: pl.DataFrame, rows: dict[int, int], origin: in
                        ((pl.col("start_ns") - origin) / 1e6).alias("x0"),
                        ((pl.col("end_ns") - origin) / 1e6).alias("x1"))
     jumps = segs.with_columns(pl.col("y").shift(1).alias("y0")).filter(pl.col("y0") != pl.col("y"))
-    color = hex_color(CRITICAL_PATH_COLOR)
+    color = CRITICAL_PATH_COLOR
     fig.segment(x0="x0", x1="x0", y0="y0", y1="y", line_color=color, line_width=1.2,
                 source=ColumnDataSource(_compact({c: jumps[c] for c in ("x0", "y0", "y")})))
     for idle, width, alpha in ((False, 3, 1.0), (True, 1.5, 0.5)):
@@ -215,10 +217,6 @@ def _draw_path(fig: figure, path: pl.DataFrame, rows: dict[int, int], origin: in
         fig.add_tools(HoverTool(renderers=[drawn], tooltips=[("critical path", "@kind on rank @rank"),
                                                              ("length (ms)", "@ms{0,0.000}"),
                                                              ("segments", "@segments")]))
-
-
-ROOFLINE_FAMILIES = {"gemm": "tab:blue", "attention": "tab:orange", "elementwise": "tab:green",
-                     "normalization": "tab:purple", "softmax": "tab:red", "reduction": "tab:brown", "copy": "0.5"}
 
 
 def roofline(frame: pl.DataFrame, roofs: dict[str, float], hbm_gb_per_s: float, title: str) -> figure:
@@ -241,7 +239,7 @@ def roofline(frame: pl.DataFrame, roofs: dict[str, float], hbm_gb_per_s: float, 
                                                                   "shapes", "kernel")})
                                   | {"size": [6 + 24 * math.sqrt(t / largest) for t in part["total_ms"]]})
         dots = fig.scatter("FLOP_per_B", "TFLOP_per_s", size="size", source=source, fill_alpha=0.6,
-                           color=hex_color(ROOFLINE_FAMILIES.get(family[0], "0.3")), legend_label=family[0])
+                           color=FAMILY_COLORS.get(family[0], OTHER_FAMILY_COLOR), legend_label=family[0])
         fig.add_tools(HoverTool(renderers=[dots], tooltips=[
             ("op", "@op"), ("shapes", "@shapes"), ("kernel", "@kernel"), ("achieved", "@TFLOP_per_s{0,0.0} TFLOP/s, "
                                                                               "@GB_per_s{0,0} GB/s"),

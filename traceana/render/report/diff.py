@@ -13,6 +13,7 @@ import polars as pl
 
 from traceana.analyses.breakdown import label
 from traceana.analyses.diff import breakdown_diff, collective_diff, kernel_diff, occurring
+from traceana.render.colours import FIRST_COLOR, SECOND_COLOR
 from traceana.render.report import charts
 from traceana.render.report.page import Page
 
@@ -55,7 +56,7 @@ def write(con: duckdb.DuckDBPyConnection, db: Path, run_a: str, run_b: str, out:
         pl.concat_str(pl.col("stage").map_elements(_stage, return_dtype=pl.String), pl.lit(" · "),
                       pl.col("part").map_elements(label, return_dtype=pl.String)).alias("stage and part"),
         pl.col("ms_A").alias("A ms"), pl.col("ms_B").alias("B ms"))
-    chart = charts.grouped_bars(bars, "stage and part", {"A ms": "0.35", "B ms": "tab:cyan"},
+    chart = charts.grouped_bars(bars, "stage and part", {"A ms": FIRST_COLOR, "B ms": SECOND_COLOR},
                                 f"A ({run_a}) beside B ({run_b}), ms per typical step", "stage and part",
                                 "time per step (ms)")
     chart.xaxis.major_label_orientation = 0.8
@@ -64,7 +65,7 @@ def write(con: duckdb.DuckDBPyConnection, db: Path, run_a: str, run_b: str, out:
     both = kernels.filter(pl.col("status") == "both")
     if not both.is_empty():
         top = both.head(KERNEL_BARS)
-        changes = charts.bars(top, "short_name", "ms_delta", ["tab:cyan"] * top.height,
+        changes = charts.bars(top, "short_name", "ms_delta", [SECOND_COLOR] * top.height,
                               f"the {top.height} kernels whose time changed most (B − A, ms per rank and step)",
                               "change (ms per rank and step)", extra={"A ms": "ms_A", "B ms": "ms_B"})
         changes.xaxis.major_label_orientation = 0.8

@@ -15,6 +15,14 @@ import duckdb
 import polars as pl
 
 from traceana.analyses import breakdown as bd
+from traceana.render.colours import (
+    DIM_COLORS,
+    FIRST_COLOR,
+    IDLE_CAUSE_COLORS,
+    PART_COLORS,
+    SECOND_COLOR,
+    UNKNOWN_DIM_COLOR,
+)
 from traceana.render.report import charts
 from traceana.render.report.page import Page
 from traceana.render.units import BINARY_BYTES, unit_for
@@ -105,7 +113,7 @@ def first_screen(ctx: Context, advice: pl.DataFrame) -> str:
         look.append(f"Idle: {idle['IDLE_ms'].mean():,.3f} ms per step on the mean rank, most of it "
                     f"<b>{cause.replace('_', ' ')}</b> ({idle[f'{cause}_ms'].mean():,.3f} ms).")
     bar = charts.parts_bar({bd.label(p): ranks[f"{p}_ms"].mean() for p in parts},
-                           {bd.label(p): charts.PART_COLORS[p] for p in parts},
+                           {bd.label(p): PART_COLORS[p] for p in parts},
                            f"where the mean rank's step went ({which}); hover for each part")
     items = "".join(f"<li>{item}</li>" for item in look) or "<li>nothing stands out</li>"
     over = f"{ranks.height} rank" + ("s" if ranks.height > 1 else "")
@@ -219,7 +227,7 @@ def communication(ctx: Context) -> str | None:
            .sort("time_ms", descending=True)
            .with_columns(pl.when(pl.col("link").is_null()).then(pl.col("dim"))
                          .otherwise(pl.concat_str("dim", pl.lit(" "), "link")).alias("dim and link")))
-    bars = charts.bars(per, "dim and link", "time_ms", [charts.DIM_COLORS.get(d, "tab:gray") for d in per["dim"]],
+    bars = charts.bars(per, "dim and link", "time_ms", [DIM_COLORS.get(d, UNKNOWN_DIM_COLOR) for d in per["dim"]],
                        "communication time per dim and link, summed over ranks and steps", "time (ms)",
                        extra={"bytes": "size_bytes"})
     slow = ctx.traces.slow_links(run=ctx.run)
@@ -241,7 +249,6 @@ def kernels(ctx: Context) -> str | None:
 def idle(ctx: Context) -> str | None:
     """IDLE per rank split by cause: stacked bars and the table."""
     from traceana.analyses.idle import CAUSES
-    from traceana.render.plots import IDLE_CAUSE_COLORS
 
     frame = ctx.traces.idle(run=ctx.run)
     if frame.is_empty() or frame["IDLE_ms"].sum() == 0:
@@ -357,7 +364,7 @@ def estimate(ctx: Context) -> str | None:
     result = ctx.traces.read(ctx.run, lambda con, rid: compare_run(con, rid, est))
     dims = result.by_dimension.with_columns(pl.col("dim").replace("MP_WAIT", "MP_WAIT (TP)"))
     bars = charts.grouped_bars(dims.rename({"measured_ms": "measured ms", "estimated_ms": "estimated ms"}), "dim",
-                               {"measured ms": "0.35", "estimated ms": "tab:cyan"},
+                               {"measured ms": FIRST_COLOR, "estimated ms": SECOND_COLOR},
                                f"estimate ({ctx.estimate.name}) against measured, ms per step", "dimension",
                                "time per step (ms)")
     parts = [ctx.page.chart(bars), ctx.page.table(dims, f"per dimension: {ctx.estimate.name} vs measured (ms per "
