@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 
 import duckdb
 import numpy as np
@@ -85,32 +86,43 @@ def timeline(graph: Graph, times: np.ndarray, ends_window: np.ndarray | None = N
     return events, windows
 
 
+@cache
+def _empty_store() -> duckdb.DuckDBPyConnection:
+    """An in-memory store with this version's tables and views, and no rows: set up once per process (the schema
+    and two dozen views take about 0.1 s to define, as long as a small run's whole replay)."""
+    con = duckdb.connect()
+    con.execute(schema.schema_sql())
+    for view in schema.view_sql():
+        con.execute(view)
+    return con
+
+
 @contextmanager
 def simulated_store(run_id: str, events: pl.DataFrame, windows: pl.DataFrame,
                     ranks: pl.DataFrame) -> Iterator[duckdb.DuckDBPyConnection]:
-    """An in-memory store holding one simulated step: its device events, collectives, windows (as the steps table)
-    and the run's ranks, with the views of queries/*.sql over them."""
-    con = duckdb.connect()
+    """A store holding one simulated run: its device events, collectives, windows (as the steps table) and the
+    run's ranks, with the views of queries/*.sql over them. The rows live in a transaction of their own on a cursor
+    of :func:`_empty_store`, rolled back at the end, so each simulation sees only its own run."""
+    run = pl.lit(run_id)
+    device = events.select(run.alias("run_id"), "rank", "event_id", "stream", "start_ns", "end_ns", "name",  # noqa: F841
+                           "category", pl.lit(None, pl.Int64).alias("launch_ns"))
+    comm = events.filter(pl.col("op").is_not_null()).select(  # noqa: F841
+        run.alias("run_id"), "rank", "event_id", "op", pl.lit(None, pl.String).alias("kernel_op"),
+        pl.lit(None, pl.Int64).alias("bytes"), pl.lit(None, pl.String).alias("dtype"),
+        pl.lit(None, pl.String).alias("pg"), "dim", pl.lit(None, pl.Int64).alias("seq"), "instance",
+        pl.lit(None, pl.Int32).alias("peer"), pl.lit("replay").alias("evidence"))
+    cut = windows.select(run.alias("run_id"), "rank", "step", "start_ns", "end_ns")  # noqa: F841
+    known = ranks  # noqa: F841
+    con = _empty_store().cursor()
     try:
-        con.execute(schema.schema_sql())
-        run = pl.lit(run_id)
-        device = events.select(run.alias("run_id"), "rank", "event_id", "stream", "start_ns", "end_ns", "name",  # noqa: F841
-                               "category", pl.lit(None, pl.Int64).alias("launch_ns"))
-        comm = events.filter(pl.col("op").is_not_null()).select(  # noqa: F841
-            run.alias("run_id"), "rank", "event_id", "op", pl.lit(None, pl.String).alias("kernel_op"),
-            pl.lit(None, pl.Int64).alias("bytes"), pl.lit(None, pl.String).alias("dtype"),
-            pl.lit(None, pl.String).alias("pg"), "dim", pl.lit(None, pl.Int64).alias("seq"), "instance",
-            pl.lit(None, pl.Int32).alias("peer"), pl.lit("replay").alias("evidence"))
-        cut = windows.select(run.alias("run_id"), "rank", "step", "start_ns", "end_ns")  # noqa: F841
-        known = ranks  # noqa: F841
+        con.execute("BEGIN TRANSACTION")
         con.execute("INSERT INTO device_events SELECT * FROM device")
         con.execute("INSERT INTO collectives SELECT * FROM comm")
         con.execute("INSERT INTO steps SELECT * FROM cut")  # frames are named apart from the tables
         con.execute("INSERT INTO ranks BY NAME SELECT * FROM known")
-        for view in schema.view_sql():
-            con.execute(view)
         yield con
     finally:
+        con.execute("ROLLBACK")
         con.close()
 
 
