@@ -36,7 +36,7 @@ class Traces:
         self.db = Path(db)
         self.run = run
         self._held: duckdb.DuckDBPyConnection | None = None
-        with store.connect(self.db, read_only=True) as con:  # a one-line error now for a missing file or run
+        with store.connect(self.db, read_only=True, views=False) as con:  # one line now for a missing file or run
             if run is not None:
                 store.resolve_run(con, run)
 
@@ -273,8 +273,9 @@ class Traces:
         need_bokeh()
         from traceana.render.report.run import write
 
-        rid = self.read(run, lambda _con, rid: rid)
-        return write(Traces(self.db, rid), rid, Path(html), None if estimate is None else Path(estimate))
+        with self.session():  # one connection for the dozens of reads of the report
+            rid = self.read(run, lambda _con, rid: rid)
+            return write(self, rid, Path(html), None if estimate is None else Path(estimate))
 
     def diff_report(self, run_a: str, run_b: str, html: str | Path) -> int:
         """Write run A against run B as one interactive HTML page, as `traceana diff A B --html`; returns its size

@@ -98,6 +98,7 @@ def report(
     from traceana.api import Traces
 
     traces = Traces(db, run)
-    rid = traces.read(None, lambda _con, rid: rid)
-    size = traces.report(html, estimate, run=rid)
+    with traces.session():
+        rid = traces.read(None, lambda _con, rid: rid)
+        size = traces.report(html, estimate, run=rid)
     typer.echo(f"wrote {html} ({rid}; {size / 1e6:.1f} MB)")
