@@ -389,9 +389,10 @@ def _check_tables(profile: Profile, path: Path) -> None:
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A config file's top-level mapping, or a one-line error naming the file."""
+    """A config file's top-level mapping, or a one-line error naming the file. Read with libyaml's safe loader
+    where PyYAML was built with it (8x the pure-Python one: a profile's tables are 0.03 s apiece otherwise)."""
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except OSError as exc:
         raise TraceanaError(f"{path}: cannot read ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
