@@ -40,16 +40,10 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
     measured = con.sql("SELECT * FROM rank_step_breakdown WHERE run_id = $run AND step = $step",
                        params={"run": run_id, "step": step}).pl()
     total = float(measured["TOTAL_ns"].median())
-    rows: list[dict] = []
-    base = whatif.baseline(con, run_id)
+    proposed: list[tuple[str, str, list[str]]] = []  # (finding, evidence, changes), replayed together below
 
     def propose(finding: str, evidence: str, changes: list[str]) -> None:
-        _, g, frame, _ = whatif.whatif_step(con, run_id, [whatif.parse(c) for c in changes], step, base)
-        step_ms = float(frame["predicted_TOTAL_ms"].median())
-        rows.append({"finding": finding, "evidence": evidence, "change": " ".join(changes),
-                     "measured_step_ms": total / 1e6, "predicted_step_ms": step_ms,
-                     "gain_ms": total / 1e6 - step_ms, "error_bar_ms": float(frame["error_bar_ms"].max()),
-                     "graph": _graph_note(g)})
+        proposed.append((finding, evidence, changes))
 
     mean = measured.select(pl.exclude("run_id", "rank", "tp", "cp", "ep", "dp", "pp", "step").mean()).row(0, named=True)
     idle = mean["IDLE_ns"] / mean["TOTAL_ns"] if mean["TOTAL_ns"] else 0
@@ -98,6 +92,17 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
             propose(f"straggler stage {slow}", f"stage_breakdown: stage {slow} mean COMP {comp / 1e6:.2f} ms, "
                     f"{100 * (comp / others - 1):.0f}% above the other stages' median {others / 1e6:.2f} ms: "
                     "rebalance its layers", [f"stage={slow}:median"])
+    rows: list[dict] = []
+    if proposed:
+        g, frames, _ = whatif.whatif_runs(con, run_id, [[whatif.parse(c) for c in changes]
+                                                        for _, _, changes in proposed])
+        for (finding, evidence, changes), frame in zip(proposed, frames, strict=True):
+            frame = frame.filter(pl.col("step") == step)
+            step_ms = float(frame["predicted_TOTAL_ms"].median())
+            rows.append({"finding": finding, "evidence": evidence, "change": " ".join(changes),
+                         "measured_step_ms": total / 1e6, "predicted_step_ms": step_ms,
+                         "gain_ms": total / 1e6 - step_ms, "error_bar_ms": float(frame["error_bar_ms"].max()),
+                         "graph": _graph_note(g)})
     if config_path is not None:
         stage_comp = {int(k): v / 1e6 for k, v in zip(stages["pp"], stages["COMP_ns"], strict=True)}
         peak = con.execute("SELECT max(greatest(allocated_bytes, coalesce(reserved_bytes, 0))) FROM memory "

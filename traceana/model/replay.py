@@ -9,8 +9,9 @@ per node and edge, over plain lists (about 1 µs per edge), since each node's ti
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cache
 
 import duckdb
@@ -98,21 +99,23 @@ def _empty_store() -> duckdb.DuckDBPyConnection:
 
 
 @contextmanager
-def simulated_store(run_id: str, events: pl.DataFrame, windows: pl.DataFrame,
+def simulated_store(runs: Sequence[tuple[str, pl.DataFrame, pl.DataFrame]],
                     ranks: pl.DataFrame) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A store holding one simulated run: its device events, collectives, windows (as the steps table) and the
-    run's ranks, with the views of queries/*.sql over them. The rows live in a transaction of their own on a cursor
-    of :func:`_empty_store`, rolled back at the end, so each simulation sees only its own run."""
-    run = pl.lit(run_id)
-    device = events.select(run.alias("run_id"), "rank", "event_id", "stream", "start_ns", "end_ns", "name",  # noqa: F841
-                           "category", pl.lit(None, pl.Int64).alias("launch_ns"))
-    comm = events.filter(pl.col("op").is_not_null()).select(  # noqa: F841
-        run.alias("run_id"), "rank", "event_id", "op", pl.lit(None, pl.String).alias("kernel_op"),
+    """A store holding simulated runs, each (run id, events, windows): its device events, collectives, windows (as
+    the steps table) and a copy of ``ranks`` (the measured run's), with the views of queries/*.sql over them. The
+    rows live in a transaction of their own on a cursor of :func:`_empty_store`, rolled back at the end, so each
+    store sees only its own runs."""
+    device = pl.concat([events.select(pl.lit(run_id).alias("run_id"), "rank", "event_id", "stream",  # noqa: F841
+                                      "start_ns", "end_ns", "name", "category",
+                                      pl.lit(None, pl.Int64).alias("launch_ns")) for run_id, events, _ in runs])
+    comm = pl.concat([events.filter(pl.col("op").is_not_null()).select(  # noqa: F841
+        pl.lit(run_id).alias("run_id"), "rank", "event_id", "op", pl.lit(None, pl.String).alias("kernel_op"),
         pl.lit(None, pl.Int64).alias("bytes"), pl.lit(None, pl.String).alias("dtype"),
         pl.lit(None, pl.String).alias("pg"), "dim", pl.lit(None, pl.Int64).alias("seq"), "instance",
-        pl.lit(None, pl.Int32).alias("peer"), pl.lit("replay").alias("evidence"))
-    cut = windows.select(run.alias("run_id"), "rank", "step", "start_ns", "end_ns")  # noqa: F841
-    known = ranks  # noqa: F841
+        pl.lit(None, pl.Int32).alias("peer"), pl.lit("replay").alias("evidence")) for run_id, events, _ in runs])
+    cut = pl.concat([windows.select(pl.lit(run_id).alias("run_id"), "rank", "step", "start_ns", "end_ns")  # noqa: F841
+                     for run_id, _, windows in runs])
+    known = pl.concat([ranks.with_columns(run_id=pl.lit(run_id)) for run_id, _, _ in runs])  # noqa: F841
     con = _empty_store().cursor()
     try:
         con.execute("BEGIN TRANSACTION")
@@ -127,11 +130,13 @@ def simulated_store(run_id: str, events: pl.DataFrame, windows: pl.DataFrame,
 
 
 def breakdown_of(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> pl.DataFrame:
-    """rank_step_breakdown (of ``run_id``, else the store's only run): rank, pp, step, then the parts in ns."""
-    where = "" if run_id is None else "WHERE run_id = $run"
-    return con.sql(f"SELECT rank, pp, step, TOTAL_ns, {', '.join(p + '_ns' for p in PARTS)}, OVERLAPPED_ns "
-                   f"FROM rank_step_breakdown {where} ORDER BY step, rank",
-                   params=None if run_id is None else {"run": run_id}).pl()
+    """rank_step_breakdown (of ``run_id``, else every run of the store, with its run_id first): rank, pp, step, then
+    the parts in ns."""
+    parts = f"rank, pp, step, TOTAL_ns, {', '.join(p + '_ns' for p in PARTS)}, OVERLAPPED_ns"
+    if run_id is None:
+        return con.sql(f"SELECT run_id, {parts} FROM rank_step_breakdown ORDER BY run_id, step, rank").pl()
+    return con.sql(f"SELECT {parts} FROM rank_step_breakdown WHERE run_id = $run ORDER BY step, rank",
+                   params={"run": run_id}).pl()
 
 
 def ranks_of(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
@@ -149,18 +154,32 @@ def side_by_side(measured: pl.DataFrame, replayed: pl.DataFrame) -> pl.DataFrame
         (100 * (pl.col("TOTAL_ns_r") - pl.col("TOTAL_ns")) / pl.col("TOTAL_ns")).alias("error_pct"))
 
 
-def simulate(con: duckdb.DuckDBPyConnection, graph: Graph, weight: np.ndarray | None = None,
-             keep: np.ndarray | None = None, ends_window: np.ndarray | None = None,
-             path_step: int | None = None) -> tuple[pl.DataFrame, pl.DataFrame | None]:
-    """(breakdown per rank and step, critical path segments of ``path_step`` when given) of the graph replayed with
-    ``weight`` / ``keep``."""
+@dataclass(frozen=True)
+class Edit:
+    """A what-if's edit of the graph (whatif.edit): each edge's weight, the edges kept (a mask), the events whose
+    ends close their window; None for the graph as measured."""
+
+    weight: np.ndarray | None = None
+    keep: np.ndarray | None = None
+    ends_window: np.ndarray | None = None
+
+
+def simulate(con: duckdb.DuckDBPyConnection, graph: Graph, edits: Sequence[Edit] = (Edit(),),
+             path_step: int | None = None) -> tuple[list[pl.DataFrame], pl.DataFrame | None]:
+    """(per edit, the breakdown per rank and step of the graph replayed with it; critical path segments of
+    ``path_step`` under the first edit, when given). The replays share one store, each a run of its own, and are
+    measured by one query (advise replays eight changes of one graph)."""
     from traceana.analyses import critical_path
 
-    events, windows = timeline(graph, longest_path(graph, weight, keep), ends_window)
-    with simulated_store(graph.run_id, events, windows, ranks_of(con, graph.run_id)) as sim:
-        segments = (critical_path.walk(*critical_path.load_step(sim, graph.run_id, path_step))
+    names = [f"{graph.run_id}#{i}" for i in range(len(edits))]
+    runs = [(name, *timeline(graph, longest_path(graph, e.weight, e.keep), e.ends_window))
+            for name, e in zip(names, edits, strict=True)]
+    with simulated_store(runs, ranks_of(con, graph.run_id)) as sim:
+        segments = (critical_path.walk(*critical_path.load_step(sim, names[0], path_step))
                     if path_step is not None else None)
-        return breakdown_of(sim), segments
+        frame = breakdown_of(sim)
+    parted = frame.partition_by("run_id", as_dict=True, include_key=False)
+    return [parted.get((name,), frame.clear().drop("run_id")) for name in names], segments
 
 
 def replay_run(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None) -> tuple[Graph, pl.DataFrame]:
@@ -172,7 +191,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = N
     if step is not None:
         check_step(con, run_id, step)
     g = dependency.build(con, run_id)
-    replayed, _ = simulate(con, g)
+    (replayed,), _ = simulate(con, g)
     frame = side_by_side(breakdown_of(con, run_id), replayed)
     held = g.windows.select("rank", "step", (pl.col("held_ns") / 1e6).alias("unexplained_hold_ms"),
                             (pl.col("external_ns") / 1e6).alias("external_hold_ms"))

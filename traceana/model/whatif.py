@@ -195,7 +195,24 @@ def baseline(con: duckdb.DuckDBPyConnection, run_id: str) -> Baseline:
     g = dependency.build(con, run_id)
     groups = frozenset(r[0] for r in con.execute("SELECT pg FROM process_groups WHERE run_id = ?",
                                                  [run_id]).fetchall())
-    return Baseline(g, replay.breakdown_of(con, run_id), replay.simulate(con, g)[0], groups)
+    return Baseline(g, replay.breakdown_of(con, run_id), replay.simulate(con, g)[0][0], groups)
+
+
+def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[list[Change]],
+                base: Baseline | None = None, path_step: int | None = None
+                ) -> tuple[Graph, list[pl.DataFrame], pl.DataFrame | None]:
+    """(graph, per set of ``change_sets`` its rows of :func:`whatif_run`, critical path segments of ``path_step``
+    after the first set) for each set applied to the whole run on its own, replayed together."""
+    from traceana.model import replay
+
+    base = base or baseline(con, run_id)
+    m = base.measured
+    edits = []
+    for changes in change_sets:
+        check_targets(changes, sorted(set(m["rank"].to_list())), set(m["pp"].to_list()), run_id, set(base.groups))
+        edits.append(replay.Edit(*edit(base.graph, changes, m)))
+    changed, segments = replay.simulate(con, base.graph, edits, path_step)
+    return base.graph, [predicted(m, base.replayed, c) for c in changed], segments
 
 
 def whatif_run(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], path_step: int | None = None,
@@ -204,16 +221,11 @@ def whatif_run(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change
     segments of ``path_step`` after the change) for ``changes`` applied to the whole run (``base``: its
     :func:`baseline`, when already built)."""
     from traceana.analyses.breakdown import check_step
-    from traceana.model import replay
 
     if path_step is not None:
         check_step(con, run_id, path_step)
-    base = base or baseline(con, run_id)
-    m = base.measured
-    check_targets(changes, sorted(set(m["rank"].to_list())), set(m["pp"].to_list()), run_id, set(base.groups))
-    weight, keep, ends = edit(base.graph, changes, m)
-    changed, segments = replay.simulate(con, base.graph, weight, keep, ends, path_step)
-    return base.graph, predicted(m, base.replayed, changed), segments
+    g, (frame,), segments = whatif_runs(con, run_id, [changes], base, path_step)
+    return g, frame, segments
 
 
 def whatif_step(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], step: int | None = None,
