@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 @dataclass
 class Context:
     """What every section may read: the store, the run, the page being built and an optional job config; and,
-    read once for all the sections that show them, the rank breakdown and which step it is."""
+    read once for all the sections that show them (the first screen and their own), the rank breakdown, which step
+    it is, the stragglers and the idle causes."""
 
     traces: Traces
     run: str
@@ -50,6 +51,16 @@ class Context:
     def which(self) -> str:
         """Which step the breakdown is, in words."""
         return self.traces.read(self.run, lambda con, rid: bd.which_step(con, rid, None))
+
+    @cached_property
+    def stragglers(self) -> pl.DataFrame:
+        """Each rank's COMP against its stage's median (`traceana stragglers`)."""
+        return self.traces.stragglers(run=self.run)
+
+    @cached_property
+    def idle(self) -> pl.DataFrame:
+        """IDLE per rank split by cause (`traceana idle`)."""
+        return self.traces.idle(run=self.run)
 
     @cached_property
     def has_stages(self) -> bool:
@@ -99,13 +110,13 @@ def first_screen(ctx: Context, advice: pl.DataFrame) -> str:
         ms, wait = max(waits)
         look.append(f"Largest exposed wait: <b>{bd.label(wait)}</b>, {ms:,.3f} ms per step on the mean rank "
                     f"({100 * ms / total:.1f}% of TOTAL).")
-    late = ctx.traces.stragglers(run=ctx.run)
+    late = ctx.stragglers
     slowest = late.sort("COMP_ms", descending=True).row(0, named=True) if late.height else None
     if slowest is not None and late.height > 1:
         where = f" on stage {slowest['pp']}" if ctx.has_stages else ""
         look.append(f"Slowest compute: rank {slowest['rank']}{where}, COMP {slowest['COMP_ms']:,.3f} ms per step "
                     f"against its stage's median {slowest['stage_median_COMP_ms']:,.3f} ms.")
-    idle = ctx.traces.idle(run=ctx.run)
+    idle = ctx.idle
     if idle.height and idle["IDLE_ms"].sum() > 0:
         from traceana.analyses.idle import CAUSES
 
@@ -250,7 +261,7 @@ def idle(ctx: Context) -> str | None:
     """IDLE per rank split by cause: stacked bars and the table."""
     from traceana.analyses.idle import CAUSES
 
-    frame = ctx.traces.idle(run=ctx.run)
+    frame = ctx.idle
     if frame.is_empty() or frame["IDLE_ms"].sum() == 0:
         return None
     frame = frame.with_columns(pl.col("pp").alias("stage"))
@@ -377,7 +388,7 @@ def estimate(ctx: Context) -> str | None:
 
 
 def stragglers(ctx: Context) -> str:
-    per_rank = ctx.traces.stragglers(run=ctx.run).rename({"pp": "stage"})
+    per_rank = ctx.stragglers.rename({"pp": "stage"})
     stage = per_rank.filter(pl.col("straggler_stage"))
     where = (f"stage {stage['stage'][0]}" if ctx.has_stages else
              "all ranks (one pipeline stage: no pipeline parallelism)" if stage["stage"][0] is not None else
