@@ -4,7 +4,8 @@ Each run is ingested into one temporary store; then each analysis reads it throu
 commands call), best of ``--repeat`` tries, and the table prints its seconds and its ratio to `breakdown` on the
 same run. The aim (issue 23): every analysis within 2x the breakdown's time. ``--synth-ranks N`` adds a run of N
 ranks written by `traceana synth` (3 steps, 200 µs kernels: ~500 launched device events per rank), the scale the
-per-rank tables (launch statistics, queue length per stream) have to hold.
+per-rank tables (launch statistics, queue length per stream) have to hold. The report, which shows them all, is
+printed beside the sum of the analyses it runs, called one by one ("parts").
 
     .venv/bin/python benchmarks/bench_analyses.py [--repeat 3] [--only NAME ...] [--synth-ranks 1024]
 """
@@ -38,6 +39,9 @@ RUNS = {  # name -> (paths, layout)
 }
 
 
+REPORT = "report --html"
+
+
 def analyses(api: Traces, run: str) -> dict[str, Callable[[], object]]:
     return {
         "breakdown": lambda: api.breakdown(run=run),
@@ -50,8 +54,11 @@ def analyses(api: Traces, run: str) -> dict[str, Callable[[], object]]:
         "memory": lambda: api.memory(run=run),
         "launch_stats": lambda: [api.launch_stats(by=by, run=run) for by in ("kernel", "rank", "step", "time")],
         "queue_length": lambda: [api.queue_length(by=by, run=run) for by in ("stream", "time")],
-        # the whole HTML report: every analysis above plus advise's replays and the page (imports warm)
-        "report --html": lambda: api.report(Path(tempfile.gettempdir()) / f"bench_report_{run}.html", run=run),
+        "replay": lambda: api.replay(run=run),
+        "advise": lambda: api.advise(run=run),
+        # the whole HTML report: every analysis above and advise's replays, on one connection, and the page
+        # (imports warm); "parts" is the sum of the columns before it, the same analyses called one by one
+        REPORT: lambda: api.report(Path(tempfile.gettempdir()) / f"bench_report_{run}.html", run=run),
     }
 
 
@@ -92,7 +99,9 @@ def main() -> None:
             timed = {n: best(call, args.repeat) for n, call in analyses(api, name).items()}
             base = timed["breakdown"] or 1e-9
             cells = [f"{t:6.3f}s {t / base:4.1f}x" if t is not None else f"{'-':>14s}" for t in timed.values()]
-            print(f"{name:18s} {events:8d} " + " ".join(f"{c:>14s}" for c in cells))
+            parts = sum(t for n, t in timed.items() if n != REPORT and t is not None)
+            print(f"{name:18s} {events:8d} " + " ".join(f"{c:>14s}" for c in cells)
+                  + f"  parts {parts:6.3f}s, report/parts {timed[REPORT] / parts:4.2f}")
 
 
 if __name__ == "__main__":
