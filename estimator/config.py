@@ -369,7 +369,7 @@ def profile_for_device(device: str | None) -> str | None:
 # A profile table's columns: how many each row has, and which may be zero (attention's causal flag; a measured
 # point's kernel count and spread); every other value is a size or a time, so positive.
 TABLE_COLUMNS = {"gemm_us": (4, ()), "gemm_measured_us": (6, (4, 5)), "attention_us": (7, (4,)),
-                 "memory_gb_per_s": (2, ())}
+                 "memory_gb_per_s": (2, ()), "optimizer_measured": (2, ())}
 
 
 def _check_tables(profile: Profile, path: Path) -> None:

@@ -18,7 +18,7 @@ from functools import cached_property
 
 import polars as pl
 
-from traceana.estimator import balance, comm, compute, memory, pipeline, stages
+from traceana.estimator import balance, comm, compute, hardware, memory, pipeline, stages
 from traceana.estimator.comm import Pass
 from traceana.estimator.config import Config
 
@@ -240,15 +240,20 @@ def _device_shares(cfg: Config, chunk: int) -> list[tuple[int, float]]:
 
 
 def _optimizer_seconds(cfg: Config, states: memory.StageMemory) -> float:
-    """Adam reads the gradient and reads and writes the fp32 state, then writes the bf16 weight: memory-bound."""
+    """Adam reads the gradient and reads and writes its state, memory-bound. With an fp32 master copy in that
+    state (optimizer_bytes above the two moments at the weights' width: Megatron's 12) it then writes the bf16
+    weight; without one (PyTorch's AdamW on bf16 weights: two bf16 moments, 4 bytes) it reads and writes the weight
+    itself: 14 bytes a parameter, as torch._fused_adamw_'s four tensor lists (weights, gradients, moments) are."""
     hbm = cfg.hardware.hbm_bandwidth_gb_per_s
     if hbm is None:
         return 0.0
     prec = cfg.precision
     updated = states.optimizer / prec.optimizer_bytes
-    touched = updated * (2 * prec.optimizer_bytes + prec.grad_bytes + prec.param_bytes)
+    weights = 1 if prec.optimizer_bytes > 2 * prec.param_bytes else 2  # written; read too without a master copy
+    touched = updated * (2 * prec.optimizer_bytes + prec.grad_bytes + weights * prec.param_bytes)
     cal = cfg.calibration
-    return touched / (hbm * 1e9 * (cal.optimizer_efficiency or cal.memory_efficiency))
+    return touched / (hbm * 1e9 * hardware.optimizer_efficiency(cfg.profile, updated, cal.optimizer_efficiency
+                                                                or cal.memory_efficiency))
 
 
 MEGATRON_BUCKET_PARAMS = 40e6  # Megatron-Core DistributedDataParallelConfig: buckets of max(40M, 1M x dp) parameters
