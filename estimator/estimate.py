@@ -204,15 +204,16 @@ def chunk_costs(cfg: Config, chunks: list[range]) -> list[ChunkCost]:
         result.append(total)
         host.append(issue)
     head = compute.head_seconds(cfg)
+    outside = Pass(0.0, cfg.calibration.host_us_per_micro_batch * 1e-6)  # the loss and the backward's start and end
     result = [cost + ChunkCost(wgrad=_accumulation(cfg, k, layers, len(chunks))) for k, (cost, layers) in
               enumerate(zip(result, chunks, strict=True))]
     embedding_tp, head_tp = comm.tp_embedding_head(cfg)
     overlap_tp = 1 - cfg.calibration.overlap.of("tp")
     result[0] = result[0] + ChunkCost(tp=embedding_tp * overlap_tp)
     result[-1] = result[-1] + ChunkCost(head.forward, head.backward, head.wgrad, tp=head_tp * overlap_tp)
-    if cfg.calibration.host_overlap == "pass":  # layer_cost has the waits already
-        return result
-    return [cost + ChunkCost(idle=_host_wait(issue, cost, per_pass=False))
+    if cfg.calibration.host_overlap == "pass":  # layer_cost has the layers' waits; between passes nothing is queued
+        return [cost + ChunkCost(idle=outside) for cost in result]
+    return [cost + ChunkCost(idle=_host_wait(issue + outside, cost, per_pass=False))
             for cost, issue in zip(result, host, strict=True)]
 
 

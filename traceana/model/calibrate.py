@@ -18,8 +18,9 @@ its 10-90% range over the samples behind it (steps, operators or ranks) and thei
   one doubling (estimator.hardware.optimizer_efficiency): a small model's few, part-empty launches run faster.
 - Host: a step's host is busy for the step's length less the time it blocks in CUDA synchronize calls. The
   optimizer's annotated ranges (``Optimizer.step#``, ``Optimizer.zero_grad#``) are ``host_us_per_step``; the rest,
-  shared over the config's layer passes in the proportion its host times already have (the profile's, else
-  forward : backward = 1 : 2), gives host_us_per_layer and host_us_per_backward_layer.
+  shared over the config's layer passes and micro-batches in the proportion its host times already have (the
+  profile's, else forward : backward = 1 : 2 and nothing outside the layers), gives host_us_per_layer,
+  host_us_per_backward_layer and host_us_per_micro_batch.
 - Idle: on a device-bound run (IDLE under half the step), the measured IDLE the estimate with the values above does
   not explain, per layer and micro-batch, is ``idle_us_per_layer`` (the idle analysis' queued gaps and short host
   stalls); a host-bound run's idle is the host time already fitted.
@@ -278,15 +279,17 @@ def measure(db: Path, run_id: str, cfg: Config) -> TraceProfile:
 
     busy, busy_spread = _mean_and_spread(steps["host_busy_ms"])
     optimizer_host, optimizer_spread = _mean_and_spread(steps["optimizer_host_ms"])
-    forward, backward = _host_per_layer(cfg, busy * 1e-3)
+    forward, backward, outside = _host_per_layer(cfg, busy * 1e-3)
     scale = busy_spread / busy if busy else 0.0
     fits += [Fit("host_us_per_layer", forward, "µs", forward * scale, n, "step less synchronize and optimizer"),
              Fit("host_us_per_backward_layer", backward, "µs", backward * scale, n,
                  "step less synchronize and optimizer"),
+             *([Fit("host_us_per_micro_batch", outside, "µs", outside * scale, n,
+                    "step less synchronize and optimizer")] if outside else []),
              Fit("host_us_per_step", optimizer_host * 1e3, "µs", optimizer_spread * 1e3, n,
                  "Optimizer.step# and Optimizer.zero_grad# ranges")]
     updated = _with(updated, host_us_per_layer=forward, host_us_per_backward_layer=backward,
-                    host_us_per_step=optimizer_host * 1e3)
+                    host_us_per_micro_batch=outside, host_us_per_step=optimizer_host * 1e3)
 
     idle_ms, idle_spread = _mean_and_spread(idle["IDLE_ms"]) if not idle.is_empty() else (0.0, 0.0)
     total_ms = float(totals[0]) if totals and totals[0] else 0.0
@@ -310,16 +313,18 @@ def measure(db: Path, run_id: str, cfg: Config) -> TraceProfile:
     return TraceProfile(gemms, steps, links, dims, fits, notes, _profile_yaml(cfg, updated, gemms, links, fits, run_id))
 
 
-def _host_per_layer(cfg: Config, busy_s: float) -> tuple[float, float]:
-    """(forward, backward) host µs of one layer that make the config's layer passes add up to the host's busy time
-    per step, keeping the ratio the config already has (its profile's, else 1 : 2)."""
+def _host_per_layer(cfg: Config, busy_s: float) -> tuple[float, float, float]:
+    """(forward, backward) host µs of one layer and the µs outside the layers per micro-batch that make the config's
+    host model add up to the host's busy time per step, keeping the ratios the config already has (its profile's,
+    else 1 : 2 and nothing outside the layers)."""
     cal, m = cfg.calibration, cfg.micro_batches
     forward = cal.host_us_per_layer or 1.0
     backward = cal.host_us_per_backward_layer if cal.host_us_per_backward_layer is not None else 2 * forward
     recompute = sum(cfg.schedule.recompute.kind_of(i) == "full" for i in range(cfg.model.layers))
-    per_step = m * (cfg.model.layers * (forward + backward) + recompute * forward)
+    outside = cal.host_us_per_micro_batch
+    per_step = m * (cfg.model.layers * (forward + backward) + recompute * forward + outside)
     scale = busy_s * 1e6 / per_step
-    return forward * scale, backward * scale
+    return forward * scale, backward * scale, outside * scale
 
 
 def _points(gemms: pl.DataFrame) -> list[list[float]]:
@@ -356,7 +361,8 @@ def _profile_yaml(cfg: Config, updated: Config, gemms: pl.DataFrame, links: pl.D
         "matmul_efficiency": base.matmul_efficiency if base else cal.matmul_efficiency,
         **{name: round(getattr(cal, name), 4) if isinstance(getattr(cal, name), float) else getattr(cal, name)
            for name in ("memory_efficiency", "optimizer_efficiency", "host_us_per_layer",
-                        "host_us_per_backward_layer", "host_us_per_step", "idle_us_per_layer")
+                        "host_us_per_backward_layer", "host_us_per_micro_batch", "host_us_per_step",
+                        "idle_us_per_layer")
            if getattr(cal, name) is not None}}
     overlap = {f.name.split(".")[1]: round(f.value, 3) for f in fits if f.name.startswith("overlap.")}
     if overlap:
