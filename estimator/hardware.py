@@ -18,6 +18,8 @@ matrix products reach, host time per eager layer) and the shape-aware pieces her
   without a table, its FLOPs at the matmul efficiency.
 - Memory-bound kernels at the bandwidth measured for their size (``memory_gb_per_s``: bytes, GB/s), interpolated in
   log2(bytes); small kernels reach far less than the data sheet (H200: 470 GB/s at 4 MB, 4.1 TB/s at 1 GB).
+- The optimizer step's fraction of HBM bandwidth: the config's calibration.optimizer_efficiency, or within one
+  doubling of the model size a calibration trace measured, its point (``optimizer_measured``).
 
 ``calibration.matmul_efficiency`` stays a scale on top: with a profile it defaults to the profile's own, and a
 different value scales every GEMM time by their ratio.
