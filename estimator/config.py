@@ -207,6 +207,8 @@ class Calibration:
     host_us_per_collective: float = 0.0      # host time of each TP / EP collective call
     launch_us: float = 5.0                   # host time to launch one kernel (a profile gives its device's): the
     # floor of a layer's host time when host_us_per_layer says less
+    host_us_per_micro_batch: float = 0.0     # host work per micro-batch and model chunk outside the layers (the loss,
+    # starting and finishing the backward, the training loop), issued in the same stretch as the chunk's layers
     host_us_per_step: float = 0.0            # host work once a step outside the layers (optimizer step, zero_grad):
     # the device idles for what its own optimizer work does not cover
     idle_us_per_layer: float = 0.0           # the device's dead time per layer and micro-batch between kernels it has
@@ -369,7 +371,7 @@ def profile_for_device(device: str | None) -> str | None:
 # A profile table's columns: how many each row has, and which may be zero (attention's causal flag; a measured
 # point's kernel count and spread); every other value is a size or a time, so positive.
 TABLE_COLUMNS = {"gemm_us": (4, ()), "gemm_measured_us": (6, (4, 5)), "attention_us": (7, (4,)),
-                 "memory_gb_per_s": (2, ())}
+                 "memory_gb_per_s": (2, ()), "optimizer_measured": (2, ())}
 
 
 def _check_tables(profile: Profile, path: Path) -> None:
@@ -559,7 +561,7 @@ def validate(cfg: Config) -> None:
         _fail(cfg, f"calibration.ep_bubble_overlap_ratio={c.ep_bubble_overlap_ratio}: must be between 0 and 1")
     for name in ("safety_buffer_mb", "tp_shardable_overhead_mb", "step_overhead_ms", "host_us_per_layer",
                  "host_us_per_collective", "host_us_per_backward_layer", "host_us_per_step", "idle_us_per_layer",
-                 "launch_us"):
+                 "launch_us", "host_us_per_micro_batch"):
         if (getattr(c, name) or 0) < 0:
             _fail(cfg, f"calibration.{name}={getattr(c, name)}: must be >= 0")
 

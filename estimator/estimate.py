@@ -18,7 +18,7 @@ from functools import cached_property
 
 import polars as pl
 
-from traceana.estimator import balance, comm, compute, memory, pipeline, stages
+from traceana.estimator import balance, comm, compute, hardware, memory, pipeline, stages
 from traceana.estimator.comm import Pass
 from traceana.estimator.config import Config
 
@@ -204,15 +204,16 @@ def chunk_costs(cfg: Config, chunks: list[range]) -> list[ChunkCost]:
         result.append(total)
         host.append(issue)
     head = compute.head_seconds(cfg)
+    outside = Pass(0.0, cfg.calibration.host_us_per_micro_batch * 1e-6)  # the loss and the backward's start and end
     result = [cost + ChunkCost(wgrad=_accumulation(cfg, k, layers, len(chunks))) for k, (cost, layers) in
               enumerate(zip(result, chunks, strict=True))]
     embedding_tp, head_tp = comm.tp_embedding_head(cfg)
     overlap_tp = 1 - cfg.calibration.overlap.of("tp")
     result[0] = result[0] + ChunkCost(tp=embedding_tp * overlap_tp)
     result[-1] = result[-1] + ChunkCost(head.forward, head.backward, head.wgrad, tp=head_tp * overlap_tp)
-    if cfg.calibration.host_overlap == "pass":  # layer_cost has the waits already
-        return result
-    return [cost + ChunkCost(idle=_host_wait(issue, cost, per_pass=False))
+    if cfg.calibration.host_overlap == "pass":  # layer_cost has the layers' waits; between passes nothing is queued
+        return [cost + ChunkCost(idle=outside) for cost in result]
+    return [cost + ChunkCost(idle=_host_wait(issue + outside, cost, per_pass=False))
             for cost, issue in zip(result, host, strict=True)]
 
 
@@ -240,15 +241,20 @@ def _device_shares(cfg: Config, chunk: int) -> list[tuple[int, float]]:
 
 
 def _optimizer_seconds(cfg: Config, states: memory.StageMemory) -> float:
-    """Adam reads the gradient and reads and writes the fp32 state, then writes the bf16 weight: memory-bound."""
+    """Adam reads the gradient and reads and writes its state, memory-bound. With an fp32 master copy in that
+    state (optimizer_bytes above the two moments at the weights' width: Megatron's 12) it then writes the bf16
+    weight; without one (PyTorch's AdamW on bf16 weights: two bf16 moments, 4 bytes) it reads and writes the weight
+    itself: 14 bytes a parameter, as torch._fused_adamw_'s four tensor lists (weights, gradients, moments) are."""
     hbm = cfg.hardware.hbm_bandwidth_gb_per_s
     if hbm is None:
         return 0.0
     prec = cfg.precision
     updated = states.optimizer / prec.optimizer_bytes
-    touched = updated * (2 * prec.optimizer_bytes + prec.grad_bytes + prec.param_bytes)
+    weights = 1 if prec.optimizer_bytes > 2 * prec.param_bytes else 2  # written; read too without a master copy
+    touched = updated * (2 * prec.optimizer_bytes + prec.grad_bytes + weights * prec.param_bytes)
     cal = cfg.calibration
-    return touched / (hbm * 1e9 * (cal.optimizer_efficiency or cal.memory_efficiency))
+    return touched / (hbm * 1e9 * hardware.optimizer_efficiency(cfg.profile, updated, cal.optimizer_efficiency
+                                                                or cal.memory_efficiency))
 
 
 MEGATRON_BUCKET_PARAMS = 40e6  # Megatron-Core DistributedDataParallelConfig: buckets of max(40M, 1M x dp) parameters

@@ -12,12 +12,15 @@ its 10-90% range over the samples behind it (steps, operators or ranks) and thei
   one doubling (estimator.hardware.gemm_seconds). A trace without shapes leaves the GEMM tables as they were.
 - Memory-bound kernels and the optimizer: the step's kernels that are neither matrix products (by their operator)
   nor attention cores nor launched inside ``Optimizer.step#`` are the memory-bound ones; their time against the
-  estimator's own memory-bound time for the config gives ``memory_efficiency``; the optimizer's kernels against its
-  optimizer time give ``optimizer_efficiency`` (both as a scale on the prior's).
+  estimator's own memory-bound time for the config gives ``memory_efficiency`` (a scale on the prior's); the
+  optimizer's kernels against its optimizer time give an ``optimizer_measured`` point (parameters, fraction of HBM
+  bandwidth) that overrides the prior's ``optimizer_efficiency`` near this model's size and fades back to it within
+  one doubling (estimator.hardware.optimizer_efficiency): a small model's few, part-empty launches run faster.
 - Host: a step's host is busy for the step's length less the time it blocks in CUDA synchronize calls. The
   optimizer's annotated ranges (``Optimizer.step#``, ``Optimizer.zero_grad#``) are ``host_us_per_step``; the rest,
-  shared over the config's layer passes in the proportion its host times already have (the profile's, else
-  forward : backward = 1 : 2), gives host_us_per_layer and host_us_per_backward_layer.
+  shared over the config's layer passes and micro-batches in the proportion its host times already have (the
+  profile's, else forward : backward = 1 : 2 and nothing outside the layers), gives host_us_per_layer,
+  host_us_per_backward_layer and host_us_per_micro_batch.
 - Idle: on a device-bound run (IDLE under half the step), the measured IDLE the estimate with the values above does
   not explain, per layer and micro-batch, is ``idle_us_per_layer`` (the idle analysis' queued gaps and short host
   stalls); a host-bound run's idle is the host time already fitted.
@@ -44,6 +47,7 @@ from traceana import store
 from traceana.analyses import idle as idle_analysis
 from traceana.errors import TraceanaError
 from traceana.estimator import estimate as estimator
+from traceana.estimator import hardware
 from traceana.estimator.config import Config
 from traceana.ingest.kineto import events as kineto
 from traceana.model.compare import check_matches
@@ -247,14 +251,16 @@ def measure(db: Path, run_id: str, cfg: Config) -> TraceProfile:
     if not gemms.is_empty():
         updated = dataclasses.replace(updated, profile=_profile_with_points(cfg, gemms))
 
-    prior = estimator.estimate(_with(updated, optimizer_efficiency=cal.optimizer_efficiency or cal.memory_efficiency))
+    optimizer = cal.optimizer_efficiency or cal.memory_efficiency
+    prior = estimator.estimate(_with(updated, optimizer_efficiency=optimizer))
     half = estimator.estimate(_with(updated, memory_efficiency=cal.memory_efficiency / 2,
-                                    optimizer_efficiency=cal.optimizer_efficiency or cal.memory_efficiency))
+                                    optimizer_efficiency=optimizer))
     memory_s = (half.stages[0].comp - prior.stages[0].comp)  # memory-bound time is linear in 1 / efficiency
+    params = prior.stages[0].memory.optimizer / (cfg.precision.optimizer_bytes or 1)  # 0 bytes: no state, none
     for name, column, model_s, base in (
             ("memory_efficiency", "memory_ms", memory_s, cal.memory_efficiency),
-            ("optimizer_efficiency", "optimizer_ms", prior.optimizer[0], cal.optimizer_efficiency
-             or cal.memory_efficiency)):
+            ("optimizer_efficiency", "optimizer_ms", prior.optimizer[0],
+             hardware.optimizer_efficiency(updated.profile, params, optimizer))):
         measured, spread = _mean_and_spread(steps[column])
         if measured > 0 and model_s > 0:
             value = base * model_s * 1e3 / measured
@@ -263,19 +269,27 @@ def measure(db: Path, run_id: str, cfg: Config) -> TraceProfile:
                              "kept at 1")
             fits.append(Fit(name, min(value, 1.0), "of HBM bandwidth", value * spread / measured, n,
                             f"{column[:-3]} kernels, {measured:.3f} ms a step"))
-    updated = _with(updated, **{f.name: f.value for f in fits})
+    updated = _with(updated, **{f.name: f.value for f in fits if f.name == "memory_efficiency"})
+    optimizer_fit = [f.value for f in fits if f.name == "optimizer_efficiency"]
+    if optimizer_fit:  # a point at this model's size, not a new prior: hardware.optimizer_efficiency
+        base = _base_profile(updated)
+        kept = tuple(p for p in base.optimizer_measured if p[0] != params)
+        updated = dataclasses.replace(updated, profile=dataclasses.replace(
+            base, optimizer_measured=(*kept, (params, optimizer_fit[0])), _cache={}))
 
     busy, busy_spread = _mean_and_spread(steps["host_busy_ms"])
     optimizer_host, optimizer_spread = _mean_and_spread(steps["optimizer_host_ms"])
-    forward, backward = _host_per_layer(cfg, busy * 1e-3)
+    forward, backward, outside = _host_per_layer(cfg, busy * 1e-3)
     scale = busy_spread / busy if busy else 0.0
     fits += [Fit("host_us_per_layer", forward, "µs", forward * scale, n, "step less synchronize and optimizer"),
              Fit("host_us_per_backward_layer", backward, "µs", backward * scale, n,
                  "step less synchronize and optimizer"),
+             *([Fit("host_us_per_micro_batch", outside, "µs", outside * scale, n,
+                    "step less synchronize and optimizer")] if outside else []),
              Fit("host_us_per_step", optimizer_host * 1e3, "µs", optimizer_spread * 1e3, n,
                  "Optimizer.step# and Optimizer.zero_grad# ranges")]
     updated = _with(updated, host_us_per_layer=forward, host_us_per_backward_layer=backward,
-                    host_us_per_step=optimizer_host * 1e3)
+                    host_us_per_micro_batch=outside, host_us_per_step=optimizer_host * 1e3)
 
     idle_ms, idle_spread = _mean_and_spread(idle["IDLE_ms"]) if not idle.is_empty() else (0.0, 0.0)
     total_ms = float(totals[0]) if totals and totals[0] else 0.0
@@ -299,16 +313,18 @@ def measure(db: Path, run_id: str, cfg: Config) -> TraceProfile:
     return TraceProfile(gemms, steps, links, dims, fits, notes, _profile_yaml(cfg, updated, gemms, links, fits, run_id))
 
 
-def _host_per_layer(cfg: Config, busy_s: float) -> tuple[float, float]:
-    """(forward, backward) host µs of one layer that make the config's layer passes add up to the host's busy time
-    per step, keeping the ratio the config already has (its profile's, else 1 : 2)."""
+def _host_per_layer(cfg: Config, busy_s: float) -> tuple[float, float, float]:
+    """(forward, backward) host µs of one layer and the µs outside the layers per micro-batch that make the config's
+    host model add up to the host's busy time per step, keeping the ratios the config already has (its profile's,
+    else 1 : 2 and nothing outside the layers)."""
     cal, m = cfg.calibration, cfg.micro_batches
     forward = cal.host_us_per_layer or 1.0
     backward = cal.host_us_per_backward_layer if cal.host_us_per_backward_layer is not None else 2 * forward
     recompute = sum(cfg.schedule.recompute.kind_of(i) == "full" for i in range(cfg.model.layers))
-    per_step = m * (cfg.model.layers * (forward + backward) + recompute * forward)
+    outside = cal.host_us_per_micro_batch
+    per_step = m * (cfg.model.layers * (forward + backward) + recompute * forward + outside)
     scale = busy_s * 1e6 / per_step
-    return forward * scale, backward * scale
+    return forward * scale, backward * scale, outside * scale
 
 
 def _points(gemms: pl.DataFrame) -> list[list[float]]:
@@ -316,12 +332,15 @@ def _points(gemms: pl.DataFrame) -> list[list[float]]:
             for m, n, k, us, kernels, spread in gemms.select("m", "n", "k", "us", "kernels", "spread_pct").iter_rows()]
 
 
+def _base_profile(cfg: Config) -> hardware.Profile:
+    """The config's profile, or an empty one (data-sheet roofline) for the trace's measured points."""
+    return cfg.profile or hardware.Profile(name=cfg.hardware.device, source="data sheet")
+
+
 def _profile_with_points(cfg: Config, gemms: pl.DataFrame) -> Any:
     """The config's profile with the trace's products merged into its measured points (the prior's points at
     other shapes kept)."""
-    from traceana.estimator.hardware import Profile
-
-    base = cfg.profile or Profile(name=cfg.hardware.device, source="data sheet")
+    base = _base_profile(cfg)
     fresh = {tuple(p[:3]) for p in _points(gemms)}
     kept = [tuple(p) for p in base.gemm_measured_us if tuple(p[:3]) not in fresh]
     return dataclasses.replace(base, gemm_measured_us=tuple(kept) + tuple(tuple(p) for p in _points(gemms)),
@@ -342,7 +361,8 @@ def _profile_yaml(cfg: Config, updated: Config, gemms: pl.DataFrame, links: pl.D
         "matmul_efficiency": base.matmul_efficiency if base else cal.matmul_efficiency,
         **{name: round(getattr(cal, name), 4) if isinstance(getattr(cal, name), float) else getattr(cal, name)
            for name in ("memory_efficiency", "optimizer_efficiency", "host_us_per_layer",
-                        "host_us_per_backward_layer", "host_us_per_step", "idle_us_per_layer")
+                        "host_us_per_backward_layer", "host_us_per_micro_batch", "host_us_per_step",
+                        "idle_us_per_layer")
            if getattr(cal, name) is not None}}
     overlap = {f.name.split(".")[1]: round(f.value, 3) for f in fits if f.name.startswith("overlap.")}
     if overlap:
@@ -360,6 +380,7 @@ def _profile_yaml(cfg: Config, updated: Config, gemms: pl.DataFrame, links: pl.D
     if base:
         profile["gemm_us"] = [list(r) for r in base.gemm_us]
         profile["gemm_measured_us"] = [list(r) for r in base.gemm_measured_us]
+        profile["optimizer_measured"] = [[round(r[0]), round(r[1], 4)] for r in base.optimizer_measured]
         profile["attention_us"] = [list(r) for r in base.attention_us]
         profile["memory_gb_per_s"] = [list(r) for r in base.memory_gb_per_s]
     return profile
