@@ -102,34 +102,43 @@ def device_params(cfg: Config, chunk_layers: list[range]) -> list[Params]:
 
 
 def layer_activation_bytes(cfg: Config, index: int) -> float:
-    """Bytes one layer keeps from its forward until its backward, for one micro-batch on one GPU. A linear layer's
-    saved input takes 1 byte with precision.fp8_activations; what the recompute modules recompute is not kept."""
+    """Bytes one layer keeps from its forward until its backward, for one micro-batch on one GPU. What the recompute
+    modules recompute is not kept. precision.fp8_activations is DeepSeek-V3's caching (arXiv 2412.19437 §3.3.2):
+    a linear layer's saved input in FP8 (1 byte; the routed experts' is the FP8 copy their dispatch sends), the
+    output projection's input in E5M6 (1.5 bytes, shared with the attention's backward), and in MoE layers the
+    SwiGLU's inputs in FP8 too."""
     m, p = cfg.model, cfg.parallel
     t, h, a = tokens(cfg), m.hidden, cfg.precision.activation_bytes
     replicated_div = p.tp if p.sequence_parallel else 1
     recompute = cfg.schedule.recompute
     if recompute.kind_of(index) == "full":
         return a * t * h / replicated_div
-    linear = 1 if cfg.precision.fp8_activations else a  # a linear layer's saved input
+    fp8 = cfg.precision.fp8_activations
+    linear = 1 if fp8 else a  # a linear layer's saved input
     q = m.heads * (m.hd + m.qk_rope_head_dim) / p.tp
     kv = (m.heads * (2 * m.hd + m.qk_rope_head_dim) / p.tp if m.mla
           else 2 * max(1, m.kv // p.tp) * m.hd if m.kv < p.tp else 2 * m.kv * m.hd / p.tp)
     # per block (attention, MLP): its layer norm's input (a bytes), the norm's output (the block's first linear
-    # layer's input) and a 1-byte dropout mask
+    # layer's input) and, with dropout, a 1-byte mask
     norm_out = 0.0 if recompute.recomputes(index, "layernorm") else linear
-    replicated = t * h * (a + norm_out + 1) * (2 if m.attention else 1) / replicated_div
+    mask = 1 if m.dropout else 0
+    replicated = t * h * (a + norm_out + mask) * (2 if m.attention else 1) / replicated_div
     if recompute.recomputes(index, "mla_up_proj"):  # Q, K, V come again from the kept latents
         qkv = a * t * ((m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim)
     else:
         qkv = a * t * (q + kv)
-    attention = qkv + linear * t * q if m.attention else 0.0  # Q, K, V, and the output projection's input
+    out = m.heads * (m.v_head_dim or m.hd) / p.tp  # the attention's output: the output projection's input
+    attention = qkv + (1.5 if fp8 else a) * t * out if m.attention else 0.0
     if m.attention and not m.flash_attention and not recompute.recomputes(index, "core_attn"):
-        attention += (2 * a + 1) * (m.heads / p.tp) * t * m.seq_len  # softmax out, dropout mask, dropout out
+        attention += (2 * a + mask) * (m.heads / p.tp) * t * m.seq_len  # softmax out, dropout mask and out
     # per FFN unit: gate and up outputs (fc1's output for GeLU) and the activation's output, fc2's input
-    per_ffn = (2 if m.gated_mlp else 1) * a + (0.0 if recompute.recomputes(index, "activation") else linear)
+    gate_up = (2 if m.gated_mlp else 1) * (linear if m.is_moe(index) else a)
+    per_ffn = gate_up + (0.0 if recompute.recomputes(index, "activation") else linear)
     if m.is_moe(index):
         copies = t * m.moe_topk * m.capacity_factor / p.tp
-        routed = copies * ((a + linear) * h * p.expert_tp + per_ffn * m.expert_ffn)
+        # a routed copy keeps its input and, scaled at the combine, its output for the routing weight's gradient
+        kept = linear + (a if m.moe_weighting == "combine" else 0)
+        routed = copies * (kept * h * p.expert_tp + per_ffn * m.expert_ffn)
         mlp = routed + per_ffn * t * m.expert_ffn * m.shared_experts / p.tp
     else:
         mlp = per_ffn * t * m.ffn_hidden / p.tp
@@ -173,11 +182,13 @@ def states(cfg: Config, held: Params) -> tuple[float, float, float]:
 
 
 def comm_buffer_bytes(cfg: Config) -> float:
-    """Buffers the collectives allocate beside the tensors: all-to-all send + receive, the sequence-parallel
-    all-gather output, and the pipeline's send + receive."""
+    """Buffers the collectives allocate beside the tensors: all-to-all send + receive (the dispatch in FP8 with
+    precision.fp8_activations, DeepSeek-V3 §3.3.2; the combine in BF16), the sequence-parallel all-gather output,
+    and the pipeline's send + receive."""
     p, m, a = cfg.parallel, cfg.model, cfg.precision.activation_bytes
     t = tokens(cfg)
-    ep = 2 * t / (p.tp if p.sequence_parallel else 1) * m.moe_topk * m.capacity_factor * m.hidden * a \
+    dispatch = 1 if cfg.precision.fp8_activations else a
+    ep = (dispatch + a) * t / (p.tp if p.sequence_parallel else 1) * m.moe_topk * m.capacity_factor * m.hidden \
         if p.ep > 1 else 0.0
     sp = t * m.hidden * a if p.sequence_parallel and p.tp > 1 else 0.0
     pp = 2 * t * m.hidden * a / (p.tp if p.sequence_parallel else 1) if p.pp > 1 else 0.0
@@ -206,7 +217,7 @@ def stage_memory(cfg: Config, chunk_layers: list[range], depth: list[float]) -> 
         activation = [(activation[i] + activation[p.pp - 1 - i]) / 2 for i in range(p.pp)]
     t, div = tokens(cfg), p.tp if p.sequence_parallel else 1
     first, last = stages.device_of_chunk(cfg, 0), stages.device_of_chunk(cfg, len(chunk_layers) - 1)
-    embedding = (t * m.hidden / div + 8 * t) if m.vocab else 0.0  # the embedding output's dropout mask, token ids
+    embedding = (t * m.hidden / div * m.dropout + 8 * t) if m.vocab else 0.0  # its dropout mask, token ids
     output = loss_bytes(cfg)
     overheads = (cfg.calibration.safety_buffer_mb + cfg.calibration.tp_shardable_overhead_mb) * MIB / p.tp
     buffers = comm_buffer_bytes(cfg)
