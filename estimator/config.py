@@ -202,6 +202,11 @@ class Calibration:
     ep_bubble_overlap_ratio: float = 0.0
     safety_buffer_mb: float = 1024.0
     tp_shardable_overhead_mb: float = 0.0
+    cuda_context_mb: float = 500.0           # the CUDA context and kernel images: outside PyTorch's allocator, in
+    # the device's used memory only ("a few hundred MiB" with CUDA 12's lazy loading; not measured here: set it
+    # from nvidia-smi's used less torch.cuda.memory_reserved() of your own process)
+    nccl_buffer_mb: float = 4.0              # NCCL_BUFFSIZE (its documented default): a buffer per channel and peer
+    nccl_channels: int = 16                  # NCCL's channels a ring collective uses (NCCL_DEBUG=INFO lists them)
     a2a_efficiency: Links = field(default_factory=lambda: Links(intra=1.0, inter=1.0))  # of bus bandwidth
     memory_efficiency: float = 0.7           # of hbm_bandwidth_gb_per_s that elementwise kernels reach
     step_overhead_ms: float = 0.0            # per step, host/launch time no kernel covers
@@ -563,7 +568,8 @@ def validate(cfg: Config) -> None:
         _fail(cfg, f"calibration.host_overlap={c.host_overlap!r}: choose micro_batch or pass")
     if not 0 <= c.ep_bubble_overlap_ratio <= 1:
         _fail(cfg, f"calibration.ep_bubble_overlap_ratio={c.ep_bubble_overlap_ratio}: must be between 0 and 1")
-    for name in ("safety_buffer_mb", "tp_shardable_overhead_mb", "step_overhead_ms", "host_us_per_layer",
+    for name in ("safety_buffer_mb", "tp_shardable_overhead_mb", "cuda_context_mb", "nccl_buffer_mb",
+                 "nccl_channels", "step_overhead_ms", "host_us_per_layer",
                  "host_us_per_collective", "host_us_per_backward_layer", "host_us_per_step", "idle_us_per_layer",
                  "launch_us"):
         if (getattr(c, name) or 0) < 0:

@@ -16,6 +16,7 @@ overheads seed 000 P1 found (output-layer activations, communication double buff
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, fields
 
@@ -25,6 +26,7 @@ from traceana.estimator.config import Config
 
 MIB = 1024**2
 GIB = 1024**3
+ROUND_LARGE = 2 * MIB  # the caching allocator's segment granularity for large requests
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,69 @@ def layer_activation_bytes(cfg: Config, index: int) -> float:
     return replicated + attention + mlp
 
 
+def end_devices(cfg: Config, chunks: int) -> set[int]:
+    """The devices that run the loss: the last chunk's; under DualPipe both ends, each holding the output layer
+    (its own chunk's or its mirror's) for the micro-batches that enter at the other end."""
+    last = stages.device_of_chunk(cfg, chunks - 1)
+    return {last, cfg.parallel.pp - 1 - last} if cfg.schedule.kind == "dualpipe" else {last}
+
+
+def largest_transient_bytes(cfg: Config, last: bool) -> float:
+    """The largest single tensor a pass allocates and frees on one GPU: the loss's fp32 logits on the last stage
+    (held ``CROSS_ENTROPY[...].held`` times over at its peak, each t x vocab x 4 bytes), else the MLP's first
+    product (gate and up outputs; for MoE the routed copies' grouped product or their dispatch buffer) or, without
+    FlashAttention, the attention scores."""
+    m, p, a = cfg.model, cfg.parallel, cfg.precision.activation_bytes
+    t = tokens(cfg)
+    width = 2 if m.gated_mlp else 1
+    if any(m.is_moe(i) for i in range(m.layers)):
+        copies = t * m.moe_topk * m.capacity_factor / p.tp
+        mlp = max(copies * width * m.expert_ffn, copies * m.hidden * p.expert_tp) * a
+    else:
+        mlp = t * width * m.ffn_hidden / p.tp * a
+    scores = 0.0 if m.flash_attention or not m.attention else a * m.heads / p.tp * t * m.seq_len
+    logits = 4 * t * m.vocab / p.tp if last and m.vocab else 0.0
+    return max(mlp, scores, logits)
+
+
+def allocator_cache_bytes(cfg: Config, last: bool) -> float:
+    """What PyTorch's caching allocator reserves beyond the allocated peak (max_memory_reserved less
+    max_memory_allocated), not counting what it rounds (512-byte blocks, large requests in segments of 2 MiB
+    multiples: c10/cuda/CUDACachingAllocator.cpp, kRoundLarge), which is small at training sizes (3 MiB on the
+    H200 GPT trace, its live blocks at the peak rounded by hand). What it does keep is a freed block too split up
+    to serve its size again: the step's largest transient tensor, freed after its pass and carved by the smaller
+    requests that follow, needs a new segment the next time it is asked for. So: one largest transient tensor,
+    rounded up to a 2 MiB segment."""
+    return math.ceil(largest_transient_bytes(cfg, last) / ROUND_LARGE) * ROUND_LARGE
+
+
+def nccl_buffer_bytes(cfg: Config, device: int, chunks: int) -> float:
+    """NCCL's own buffers on one GPU, allocated outside PyTorch's allocator (in neither allocated nor reserved):
+    NCCL_BUFFSIZE per channel and connected peer of each communicator it belongs to. Ring collectives (tp, cp, the
+    gradients' dp x cp, the experts' edp) connect the previous and next rank on ``nccl_channels`` channels; the
+    expert all-to-all and the pipeline's send / receive connect each peer they address on 2 channels
+    (NCCL_NCHANNELS_PER_NET_PEER's default). ``chunks``: the model chunks, whose neighbours are the pipeline's."""
+    p, cal = cfg.parallel, cfg.calibration
+    rings = [n for n in (p.tp, p.cp, p.dp * p.cp, p.layout.edp if cfg.model.experts else 1) if n > 1]
+    owner = [stages.device_of_chunk(cfg, k) for k in range(chunks)]
+    neighbours = {owner[j] for k in range(chunks) if owner[k] == device for j in (k - 1, k + 1) if 0 <= j < chunks}
+    peers = sum(2 if n > 2 else 1 for n in rings) * cal.nccl_channels + 2 * (p.ep - 1 + len(neighbours - {device}))
+    return peers * cal.nccl_buffer_mb * MIB
+
+
+def reserved_and_used(cfg: Config, chunk_layers: list[range], allocated: list[float]) -> list[tuple[float, float]]:
+    """Per pipeline device, from its allocated peak: (reserved, used). Reserved is what torch.cuda.
+    max_memory_reserved reports (the allocated peak and the allocator's cache); used is the device's, as
+    nvidia-smi reports it: reserved, NCCL's buffers and the CUDA context."""
+    ends = end_devices(cfg, len(chunk_layers))
+    context = cfg.calibration.cuda_context_mb * MIB
+    result = []
+    for device, peak in enumerate(allocated):
+        reserved = peak + allocator_cache_bytes(cfg, device in ends)
+        result.append((reserved, reserved + nccl_buffer_bytes(cfg, device, len(chunk_layers)) + context))
+    return result
+
+
 @dataclass(frozen=True)
 class StageMemory:
     """Peak bytes of one pipeline device by component."""
@@ -216,14 +281,15 @@ def stage_memory(cfg: Config, chunk_layers: list[range], depth: list[float]) -> 
     if cfg.schedule.kind == "dualpipe":  # a device's micro-batches run through its own and its mirror stage
         activation = [(activation[i] + activation[p.pp - 1 - i]) / 2 for i in range(p.pp)]
     t, div = tokens(cfg), p.tp if p.sequence_parallel else 1
-    first, last = stages.device_of_chunk(cfg, 0), stages.device_of_chunk(cfg, len(chunk_layers) - 1)
+    ends = end_devices(cfg, len(chunk_layers))
+    starts = ends if cfg.schedule.kind == "dualpipe" else {stages.device_of_chunk(cfg, 0)}  # the embedding's
     embedding = (t * m.hidden / div * m.dropout + 8 * t) if m.vocab else 0.0  # its dropout mask, token ids
     output = loss_bytes(cfg)
     overheads = (cfg.calibration.safety_buffer_mb + cfg.calibration.tp_shardable_overhead_mb) * MIB / p.tp
     buffers = comm_buffer_bytes(cfg)
     result = []
     for device in range(p.pp):
-        edges = (embedding * depth[device] if device == first else 0.0) + (output if device == last else 0.0)
+        edges = (embedding * depth[device] if device in starts else 0.0) + (output if device in ends else 0.0)
         params, grads, optimizer = states(cfg, held[device])
         result.append(StageMemory(params, grads, optimizer, activation[device] * depth[device] + edges, buffers,
                                   overheads))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,13 @@ def test_deepseek_v3_fits_80_gib_with_its_own_recipe_counted_by_hand() -> None:
     assert estimate(combine).stages[1].memory.activations - device.activations == pytest.approx(
         17 * 4 * t * 8 * h * 2)
     assert estimate(combine).peak_memory / memory.GIB > 80
+    # reserved: the largest transient tensor, the routed copies' dispatch buffer (t x 8 x h, bf16) in 2 MiB
+    # segments; used adds NCCL's buffers, 4 MiB per channel and peer: the rings of dp 128 (2 peers) and edp 2 (1)
+    # on 16 channels, the all-to-all's 63 peers and the pipeline's 2 on 2 channels, and the 500 MiB context
+    reserved, used = memory.reserved_and_used(cfg, est.chunks, [s.memory.peak for s in est.stages])[1]
+    assert reserved - device.peak == pytest.approx(math.ceil(t * 8 * h * 2 / 2**21) * 2**21)
+    assert used - reserved == pytest.approx(((2 + 1) * 16 + 2 * (63 + 2)) * 4 * 2**20 + 500 * 2**20)
+    assert used / memory.GIB < 80  # the H800's 80 GB hold the device's whole use too
 
 
 def test_recompute_modules_trade_bytes_for_work() -> None:
