@@ -2,16 +2,20 @@
 
 Model states: parameters, gradients and optimizer state per parameter a GPU holds (Precision: bf16 weights, fp32
 main grads, fp32 Adam = 2 + 4 + 12 bytes), sharded by the ZeRO level over the dp x cp group (Megatron's
-distributed optimizer group). Routed experts are split by ep x etp; with ``expert_zero3_sharding`` they are
-further sharded like the dense states over the expert-data-parallel group, which cancels EP (seed 000 P2), and
-without it EP alone shrinks them, linearly.
+distributed optimizer group). Routed experts are split by ep x etp, and ZeRO-1 shards their optimizer state over
+the expert-data-parallel group; with ``expert_zero3_sharding`` ZeRO-2 / 3 shard their gradients / parameters
+there too, which cancels EP (seed 000 P2), and without it EP alone shrinks them, linearly.
 
 Activations per layer and micro-batch follow Korthikanti et al. 2022 (34·s·b·h + 5·a·s²·b bytes for GPT, with
 tensor / sequence parallelism and selective / full recompute), generalized to GQA, gated MLPs, FlashAttention
-(no s x s scores kept) and MoE (each routed token copy keeps its expert input and FFN intermediates). A stage
-keeps as many micro-batches in flight as its simulated schedule does (1F1B stage i: min(pp - i, m)). The runtime
-overheads seed 000 P1 found (output-layer activations, communication double buffers, graph memory) are
-``safety_buffer_mb / tp`` and ``tp_shardable_overhead_mb / tp``.
+(no s x s scores kept), no dropout, DeepSeek-V3's FP8 caching and MoE (each routed token copy keeps its expert
+input and FFN intermediates). A stage keeps as many micro-batches in flight as its simulated schedule does (1F1B
+stage i: min(pp - i, m)). The runtime overheads seed 000 P1 found (output-layer activations, communication double
+buffers, graph memory) are ``safety_buffer_mb / tp`` and ``tp_shardable_overhead_mb / tp``.
+
+The components sum to the allocated peak (torch.cuda.max_memory_allocated); ``reserved_and_used`` adds what the
+caching allocator keeps (max_memory_reserved) and what lies outside it, NCCL's buffers and the CUDA context (the
+device's used memory).
 """
 
 from __future__ import annotations

@@ -155,6 +155,9 @@ def test_mla_up_projection_recompute() -> None:
     ({"schedule": {"recompute": {"kind": "selective", "modules": ["mla_up_proj"]}}},
      "gpt.yaml: schedule.recompute.modules: mla_up_proj needs an MLA model (model.kv_lora_rank)"),
     ({"precision": {"fp8": ["everything"]}}, "gpt.yaml: precision.fp8: 'everything': choose from attention, mlp"),
+    ({"model": {**GPT["model"], "moe_weighting": "both"}},
+     "gpt.yaml: model.moe_weighting='both': choose one of combine, swiglu"),
+    ({"calibration": {"nccl_channels": -1}}, "gpt.yaml: calibration.nccl_channels=-1: must be >= 0"),
 ])
 def test_bad_fp8_and_recompute_fields_are_named(section: dict[str, Any], message: str) -> None:
     with pytest.raises(TraceanaError, match=re.escape(message)):
