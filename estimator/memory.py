@@ -158,25 +158,24 @@ def end_devices(cfg: Config, chunks: int) -> set[int]:
     return {last, cfg.parallel.pp - 1 - last} if cfg.schedule.kind == "dualpipe" else {last}
 
 
-def largest_transient_bytes(cfg: Config, last: bool) -> float:
-    """The largest single tensor a pass allocates and frees on one GPU: the loss's fp32 logits on the last stage
-    (held ``CROSS_ENTROPY[...].held`` times over at its peak, each t x vocab x 4 bytes), else the MLP's first
-    product (gate and up outputs; for MoE the routed copies' grouped product or their dispatch buffer) or, without
-    FlashAttention, the attention scores."""
+def largest_transient_bytes(cfg: Config, loss: bool) -> float:
+    """The largest single tensor a pass allocates and frees on one GPU: the loss's fp32 logits (t x vocab x 4
+    bytes) on a device that runs the loss, else the MLP's first product (gate and up outputs; for MoE the routed
+    copies' grouped product or their dispatch buffer) or, without FlashAttention, the attention scores."""
     m, p, a = cfg.model, cfg.parallel, cfg.precision.activation_bytes
     t = tokens(cfg)
     width = 2 if m.gated_mlp else 1
-    if any(m.is_moe(i) for i in range(m.layers)):
+    if m.experts:
         copies = t * m.moe_topk * m.capacity_factor / p.tp
         mlp = max(copies * width * m.expert_ffn, copies * m.hidden * p.expert_tp) * a
     else:
         mlp = t * width * m.ffn_hidden / p.tp * a
     scores = 0.0 if m.flash_attention or not m.attention else a * m.heads / p.tp * t * m.seq_len
-    logits = 4 * t * m.vocab / p.tp if last and m.vocab else 0.0
+    logits = 4 * t * m.vocab / p.tp if loss and m.vocab else 0.0
     return max(mlp, scores, logits)
 
 
-def allocator_cache_bytes(cfg: Config, last: bool) -> float:
+def allocator_cache_bytes(cfg: Config, loss: bool) -> float:
     """What PyTorch's caching allocator reserves beyond the allocated peak (max_memory_reserved less
     max_memory_allocated), not counting what it rounds (512-byte blocks, large requests in segments of 2 MiB
     multiples: c10/cuda/CUDACachingAllocator.cpp, kRoundLarge), which is small at training sizes (3 MiB on the
@@ -184,7 +183,7 @@ def allocator_cache_bytes(cfg: Config, last: bool) -> float:
     to serve its size again: the step's largest transient tensor, freed after its pass and carved by the smaller
     requests that follow, needs a new segment the next time it is asked for. So: one largest transient tensor,
     rounded up to a 2 MiB segment."""
-    return math.ceil(largest_transient_bytes(cfg, last) / ROUND_LARGE) * ROUND_LARGE
+    return math.ceil(largest_transient_bytes(cfg, loss) / ROUND_LARGE) * ROUND_LARGE
 
 
 def nccl_buffer_bytes(cfg: Config, device: int, chunks: int) -> float:
