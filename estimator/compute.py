@@ -121,7 +121,7 @@ def layer_traffic(cfg: Config, index: int) -> Work:
     m, p, a = cfg.model, cfg.parallel, cfg.precision.activation_bytes
     t = tokens(cfg)
     blocks = 2 if m.attention else 1  # a layer norm and a bias-dropout-add per block, per token x hidden
-    replicated = blocks * (2 * a + 3 * a + 1)
+    replicated = blocks * (2 * a + 3 * a + (1 if m.dropout else 0))
     per_row = t * m.hidden / (p.tp if p.sequence_parallel else 1)
     rows = replicated * per_row
     ffn = m.expert_ffn * (m.moe_topk * m.capacity_factor + m.shared_experts) if m.is_moe(index) else m.ffn_hidden

@@ -28,6 +28,7 @@ RECOMPUTE_KINDS = ("none", "selective", "full")
 PROFILES = Path(__file__).parent / "profiles"  # built-in hardware profiles, by file stem
 CP_ALGOS = ("ring", "allgather", "ulysses")
 CROSS_ENTROPY_KINDS = ("megatron", "pytorch")  # estimator.compute.CROSS_ENTROPY
+MOE_WEIGHTING = ("combine", "swiglu")  # where a routed copy is scaled by its routing weight (estimator.memory)
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "activation", "mla_up_proj")
 FP8_MATMULS = ("attention", "mlp", "experts", "head")
 ZERO_ALLOWED = ("vocab", "experts", "moe_topk", "shared_experts", "first_dense_layers", "qk_rope_head_dim", "zero")
@@ -53,6 +54,10 @@ class Model:
     capacity_factor: float = 1.0         # tokens an expert may take, relative to a balanced share (1 = balanced)
     moe_max_nodes: int | None = None     # node-limited routing: a token's experts on at most this many nodes
     gated_mlp: bool = True               # SwiGLU (3 matrices) vs GELU (2)
+    dropout: bool = True                 # dropout after attention and MLP (GPT; Korthikanti's 1-byte masks kept);
+    # False: none, as in DeepSeek-V3 and Llama (their released configs: attention_dropout 0.0, no hidden dropout)
+    moe_weighting: str = "combine"       # combine: the expert's output is scaled at the combine (Megatron's
+    # unpermute), so it is kept for the weight's gradient; swiglu: the SwiGLU output is scaled, no output kept
     flash_attention: bool = True         # False: the s x s scores are materialized (and stored: Korthikanti 5as/h)
     attention: bool = True               # False: MLP-only blocks (no attention, its layer norm or its TP reduce)
     tied_embeddings: bool = False
@@ -197,6 +202,11 @@ class Calibration:
     ep_bubble_overlap_ratio: float = 0.0
     safety_buffer_mb: float = 1024.0
     tp_shardable_overhead_mb: float = 0.0
+    cuda_context_mb: float = 500.0           # the CUDA context and kernel images: outside PyTorch's allocator, in
+    # the device's used memory only ("a few hundred MiB" with CUDA 12's lazy loading; not measured here: set it
+    # from nvidia-smi's used less torch.cuda.memory_reserved() of your own process)
+    nccl_buffer_mb: float = 4.0              # NCCL_BUFFSIZE (its documented default): a buffer per channel and peer
+    nccl_channels: int = 16                  # NCCL's channels a ring collective uses (NCCL_DEBUG=INFO lists them)
     a2a_efficiency: Links = field(default_factory=lambda: Links(intra=1.0, inter=1.0))  # of bus bandwidth
     memory_efficiency: float = 0.7           # of hbm_bandwidth_gb_per_s that elementwise kernels reach
     step_overhead_ms: float = 0.0            # per step, host/launch time no kernel covers
@@ -525,6 +535,8 @@ def validate(cfg: Config) -> None:
         _fail(cfg, f"parallel.tp={p.tp} does not divide model.heads={m.heads} / kv_heads={m.kv}")
     if m.cross_entropy not in CROSS_ENTROPY_KINDS:
         _fail(cfg, f"model.cross_entropy={m.cross_entropy!r}: choose one of {', '.join(CROSS_ENTROPY_KINDS)}")
+    if m.moe_weighting not in MOE_WEIGHTING:
+        _fail(cfg, f"model.moe_weighting={m.moe_weighting!r}: choose one of {', '.join(MOE_WEIGHTING)}")
     if p.cp_algo not in CP_ALGOS:
         _fail(cfg, f"parallel.cp_algo={p.cp_algo!r}: choose one of {', '.join(CP_ALGOS)}")
     if m.seq_len % p.cp:
@@ -559,7 +571,8 @@ def validate(cfg: Config) -> None:
         _fail(cfg, f"calibration.host_overlap={c.host_overlap!r}: choose micro_batch or pass")
     if not 0 <= c.ep_bubble_overlap_ratio <= 1:
         _fail(cfg, f"calibration.ep_bubble_overlap_ratio={c.ep_bubble_overlap_ratio}: must be between 0 and 1")
-    for name in ("safety_buffer_mb", "tp_shardable_overhead_mb", "step_overhead_ms", "host_us_per_layer",
+    for name in ("safety_buffer_mb", "tp_shardable_overhead_mb", "cuda_context_mb", "nccl_buffer_mb",
+                 "nccl_channels", "step_overhead_ms", "host_us_per_layer",
                  "host_us_per_collective", "host_us_per_backward_layer", "host_us_per_step", "idle_us_per_layer",
                  "launch_us", "host_us_per_micro_batch"):
         if (getattr(c, name) or 0) < 0:

@@ -328,12 +328,18 @@ class Estimate:
 
     @cached_property
     def memory_frame(self) -> pl.DataFrame:
-        """Per stage, GiB by component, the peak, and the headroom left (negative: by how much it does not fit)."""
+        """Per stage, GiB by component, the peak (allocated: torch.cuda.max_memory_allocated), what the caching
+        allocator reserves (max_memory_reserved) and what the device uses (nvidia-smi: reserved, NCCL's buffers and
+        the CUDA context), and the headroom the allocated peak leaves (negative: by how much it does not fit)."""
         parts = ("params", "grads", "optimizer", "activations", "comm_buffers", "overheads")
+        reserved, used = zip(*memory.reserved_and_used(self.config, self.chunks, [s.memory.peak for s in self.stages]),
+                             strict=True)
         return pl.DataFrame({
             "stage": [s.stage for s in self.stages],
             **{f"{p}_gib": [getattr(s.memory, p) / memory.GIB for s in self.stages] for p in parts},
             "peak_gib": [s.memory.peak / memory.GIB for s in self.stages],
+            "reserved_gib": [r / memory.GIB for r in reserved],
+            "used_gib": [u / memory.GIB for u in used],
             "headroom_gib": [(s.memory_limit - s.memory.peak) / memory.GIB for s in self.stages],
             "fits": [s.fits for s in self.stages],
         })

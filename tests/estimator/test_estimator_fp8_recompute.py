@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from tests.conftest import job_config
 from traceana.errors import TraceanaError
 from traceana.estimator import compute, memory
 from traceana.estimator.config import from_dict, load
+from traceana.estimator.estimate import estimate
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT: dict[str, Any] = {
@@ -63,11 +66,51 @@ def test_fp8_with_a_profile_runs_the_products_it_names_1_87_times_faster() -> No
 def test_fp8_activations_keep_linear_inputs_in_one_byte() -> None:
     base, fp8 = gpt(), gpt(precision={"fp8_activations": True})
     t, h, tp = 2048, 4096, 2
-    # linear inputs: the two norms' outputs (t·h/tp each with sequence parallelism), the output projection's input
-    # (t·h/tp) and fc2's input (t·4h/tp), each 1 byte instead of 2
-    linear_inputs = 2 * t * h / tp + t * h / tp + t * 4 * h / tp
-    assert memory.layer_activation_bytes(base, 0) - memory.layer_activation_bytes(fp8, 0) == pytest.approx(
-        linear_inputs)
+    # linear inputs: the two norms' outputs (t·h/tp each with sequence parallelism) and fc2's input (t·4h/tp), each
+    # 1 byte instead of 2; the output projection's input (t·h/tp) in DeepSeek's E5M6, 1.5 bytes
+    saved = 2 * t * h / tp + t * 4 * h / tp + 0.5 * t * h / tp
+    assert memory.layer_activation_bytes(base, 0) - memory.layer_activation_bytes(fp8, 0) == pytest.approx(saved)
+    no_dropout = gpt(model={**GPT["model"], "dropout": False})  # the two blocks' 1-byte masks, t·h/tp each
+    assert memory.layer_activation_bytes(base, 0) - memory.layer_activation_bytes(no_dropout, 0) == pytest.approx(
+        2 * t * h / tp)
+
+
+def test_deepseek_v3_fits_80_gib_with_its_own_recipe_counted_by_hand() -> None:
+    """examples/deepseek_v3_dualpipe.yaml, device 1 (chunks 1 and 14 under DualPipe: layers 3-6 and 53-56, all MoE),
+    every term from the report's numbers (arXiv 2412.19437 §2, §3.2, §3.3) and nothing fitted."""
+    cfg = load(ROOT / "examples" / "deepseek_v3_dualpipe.yaml")
+    t, h = 4096, 7168
+    mla = 7168 * 1536 + 1536 * 128 * 192 + 7168 * (512 + 64) + 512 * 128 * (128 + 128) + 128 * 128 * 7168
+    assert mla == 187_105_280
+    dense = mla + 4 * h + 3 * h * 2048 + h * 256  # norms, the shared expert, the router
+    expert = 256 // 64 * 3 * h * 2048  # EP 64: 4 of the 256 routed experts a layer
+    layers = 8
+    est = estimate(cfg)
+    device = est.stages[1].memory
+    assert device.params == pytest.approx(layers * (dense + expert) * 2)  # bf16 weights, both DualPipe chunks
+    assert device.grads == pytest.approx(layers * (dense + expert) * 4)  # fp32 gradients, ZeRO-1 leaves them whole
+    # fp32 master weights and BF16 moments (§3.3.4: 4 + 2 + 2 bytes), over DP 128 dense and edp = 128 / 64 experts
+    assert device.optimizer == pytest.approx(layers * 8 * (dense / 128 + expert / 2))
+    # per MoE layer and micro-batch (t tokens, no dropout): the two RMSNorms' bf16 inputs, the MLA latents (the
+    # up-projections and norms recomputed, §3.2.3), the attention output in E5M6, each of the t·8 routed copies'
+    # FP8 input and FP8 SwiGLU inputs (§3.3.2, the SwiGLU output recomputed and scaled there), the shared expert's
+    per_layer = 2 * t * h * 2 + 2 * t * (1536 + 512 + 64) + 1.5 * t * 128 * 128 + t * 8 * (h + 2 * 2048) \
+        + t * 2 * 2048
+    assert device.activations == pytest.approx(17 * 4 * per_layer)  # DualPipe keeps PP + 1 = 17 chunks (Table 2)
+    assert est.peak_memory / memory.GIB < 80 and all(s.fits for s in est.stages)
+    # what the report's recipe saves, each named: with the combine's BF16 expert outputs kept it does not fit
+    combine = load(ROOT / "examples" / "deepseek_v3_dualpipe.yaml")
+    combine = dataclasses.replace(combine, model=dataclasses.replace(combine.model, moe_weighting="combine"))
+    assert estimate(combine).stages[1].memory.activations - device.activations == pytest.approx(
+        17 * 4 * t * 8 * h * 2)
+    assert estimate(combine).peak_memory / memory.GIB > 80
+    # reserved: the largest transient tensor, the routed copies' dispatch buffer (t x 8 x h, bf16) in 2 MiB
+    # segments; used adds NCCL's buffers, 4 MiB per channel and peer: the rings of dp 128 (2 peers) and edp 2 (1)
+    # on 16 channels, the all-to-all's 63 peers and the pipeline's 2 on 2 channels, and the 500 MiB context
+    reserved, used = memory.reserved_and_used(cfg, est.chunks, [s.memory.peak for s in est.stages])[1]
+    assert reserved - device.peak == pytest.approx(math.ceil(t * 8 * h * 2 / 2**21) * 2**21)
+    assert used - reserved == pytest.approx(((2 + 1) * 16 + 2 * (63 + 2)) * 4 * 2**20 + 500 * 2**20)
+    assert used / memory.GIB < 80  # the H800's 80 GB hold the device's whole use too
 
 
 def test_recompute_modules_trade_bytes_for_work() -> None:
@@ -112,6 +155,9 @@ def test_mla_up_projection_recompute() -> None:
     ({"schedule": {"recompute": {"kind": "selective", "modules": ["mla_up_proj"]}}},
      "gpt.yaml: schedule.recompute.modules: mla_up_proj needs an MLA model (model.kv_lora_rank)"),
     ({"precision": {"fp8": ["everything"]}}, "gpt.yaml: precision.fp8: 'everything': choose from attention, mlp"),
+    ({"model": {**GPT["model"], "moe_weighting": "both"}},
+     "gpt.yaml: model.moe_weighting='both': choose one of combine, swiglu"),
+    ({"calibration": {"nccl_channels": -1}}, "gpt.yaml: calibration.nccl_channels=-1: must be >= 0"),
 ])
 def test_bad_fp8_and_recompute_fields_are_named(section: dict[str, Any], message: str) -> None:
     with pytest.raises(TraceanaError, match=re.escape(message)):

@@ -207,11 +207,16 @@ def _expert_states(cfg) -> tuple[float, float, float]:  # type: ignore[no-untype
 
 
 def test_p2_expert_states_scale_as_one_over_ep_without_zero3_sharding() -> None:
-    # P2-02 / P2-03: params, grads and optimizer states all halve from EP 2 to 4 and again to 8
+    # P2-02 / P2-03: parameters and gradients halve from EP 2 to 4 and again to 8; the ZeRO-1 optimizer state is
+    # sharded over the expert-data-parallel group, whose size times EP is the fixed tp x dp: constant in EP
     by_ep = {ep: _expert_states(reduced(ep=ep, expert_zero3_sharding=False)) for ep in (2, 4, 8)}
-    for part in range(3):
+    for part in range(2):
         assert by_ep[4][part] == pytest.approx(by_ep[2][part] / 2)
         assert by_ep[8][part] == pytest.approx(by_ep[2][part] / 4)
+    assert by_ep[2][2] == pytest.approx(by_ep[4][2]) and by_ep[4][2] == pytest.approx(by_ep[8][2])
+    moe = memory.layer_params(reduced(ep=1), 11).expert  # by hand: 12 bytes a parameter over the 16 ranks tp x dp
+    assert by_ep[2][2] == pytest.approx(moe * 12 / 16)
+    assert _expert_states(reduced(ep=2, zero=0))[2] == pytest.approx(moe / 2 * 12)  # no ZeRO: EP alone splits it
     # and so does each config's peak: the seed's measured EP2 -> EP4 -> EP8 steps (885 MB, 442 MB) halve too
     peaks = {ep: estimate(reduced(ep=ep)).peak_memory for ep in (2, 4, 8)}
     assert (peaks[2] - peaks[4]) == pytest.approx(2 * (peaks[4] - peaks[8]))

@@ -22,6 +22,7 @@ def _summary(est: Estimate) -> dict[str, object]:
 
     cfg = est.config
     worst = max(est.stages, key=lambda s: s.memory.peak)
+    reserved, used = memory.reserved_and_used(cfg, est.chunks, [s.memory.peak for s in est.stages])[worst.stage]
     return {
         "step_ms": est.step_s * 1e3,
         "mfu": model_flops(cfg) / (est.step_s * cfg.parallel.world_size * cfg.hardware.peak_tflops_bf16 * 1e12),
@@ -33,7 +34,9 @@ def _summary(est: Estimate) -> dict[str, object]:
         "schedule": cfg.schedule.kind,
         "micro_batches": cfg.micro_batches,
         "stage_layers": [s.layers for s in est.stages],
-        "peak_memory_gib": worst.memory.peak / memory.GIB,
+        "peak_memory_gib": worst.memory.peak / memory.GIB,  # allocated (torch.cuda.max_memory_allocated)
+        "peak_reserved_gib": reserved / memory.GIB,
+        "peak_used_gib": used / memory.GIB,
         "peak_stage": worst.stage,
         "fits": est.fits,
     }
@@ -78,7 +81,8 @@ def _print(cfg_path: Path, est: Estimate, summary: dict[str, object]) -> None:
     emit(est.memory_frame, title=f"{cfg_path.name}: memory per stage (GiB)")
     fits = "fits" if est.fits else f"does NOT fit {cfg.hardware.hbm_gb:g} GiB"
     typer.echo(f"step {summary['step_ms']:,.1f} ms, MFU {summary['mfu']:.1%}, {summary['tokens_per_s']:,.0f} "
-               f"tokens/s; peak {summary['peak_memory_gib']:.1f} GiB on stage {summary['peak_stage']} ({fits})")
+               f"tokens/s; peak {summary['peak_memory_gib']:.1f} GiB allocated ({summary['peak_reserved_gib']:.1f} "
+               f"reserved, {summary['peak_used_gib']:.1f} used) on stage {summary['peak_stage']} ({fits})")
 
 
 def search(
