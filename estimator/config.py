@@ -28,6 +28,7 @@ RECOMPUTE_KINDS = ("none", "selective", "full")
 PROFILES = Path(__file__).parent / "profiles"  # built-in hardware profiles, by file stem
 CP_ALGOS = ("ring", "allgather", "ulysses")
 CROSS_ENTROPY_KINDS = ("megatron", "pytorch")  # estimator.compute.CROSS_ENTROPY
+COLLECTIVES = ("nccl", "gloo")  # estimator.comm.collective: how the library runs each collective
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "activation", "mla_up_proj")
 FP8_MATMULS = ("attention", "mlp", "experts", "head")
 ZERO_ALLOWED = ("vocab", "experts", "moe_topk", "shared_experts", "first_dense_layers", "qk_rope_head_dim", "zero")
@@ -171,6 +172,7 @@ class Hardware:
     peak_tflops_fp8: float | None = None
     peak_tflops_fp32: float | None = None    # CUDA cores: work that uses no tensor cores (elementwise ops)
     peak_tflops_tf32: float | None = None    # fp32 GEMMs on tensor cores (torch.backends.cuda.matmul.allow_tf32)
+    collectives: str = "nccl"                # the library's algorithms: nccl (HCCL alike) or gloo
 
 
 @dataclass(frozen=True)
@@ -522,6 +524,8 @@ def validate(cfg: Config) -> None:
         _fail(cfg, f"parallel.tp={p.tp} does not divide model.heads={m.heads} / kv_heads={m.kv}")
     if m.cross_entropy not in CROSS_ENTROPY_KINDS:
         _fail(cfg, f"model.cross_entropy={m.cross_entropy!r}: choose one of {', '.join(CROSS_ENTROPY_KINDS)}")
+    if cfg.hardware.collectives not in COLLECTIVES:
+        _fail(cfg, f"hardware.collectives={cfg.hardware.collectives!r}: choose one of {', '.join(COLLECTIVES)}")
     if p.cp_algo not in CP_ALGOS:
         _fail(cfg, f"parallel.cp_algo={p.cp_algo!r}: choose one of {', '.join(CP_ALGOS)}")
     if m.seq_len % p.cp:
