@@ -157,8 +157,8 @@ def test_the_error_bar_is_the_replay_residual_and_the_runs_own_spread(db: Path) 
 def test_the_sample_pairs_against_the_target_runs_breakdown(db: Path) -> None:
     """The validation, against `traceana breakdown B --json` (mean over ranks of the typical step). The miss on
     every pair is in the README; what holds: on pp2 and moe the prediction is nearer than the estimate from
-    scratch, and pp2's miss lies within the error bar (tp2dp2_mlp -> _sp is the counterexample: gloo runs a
-    ReduceScatter as a whole AllReduce, which no ratio of the estimator's says)."""
+    scratch, and pp2's miss lies within the error bar; tp2dp2_mlp -> _sp, priced as gloo runs it (a ReduceScatter
+    as a whole AllReduce, beside the AllGather) with the run's own links, is within 15% and its error bar."""
     misses = {}
     for a, b in PAIRS:
         step = rows_of(predict_json(db, a, CONFIGS / f"{a}.yaml", CONFIGS / f"{b}.yaml"), "step")[0, "TOTAL"]
@@ -171,6 +171,9 @@ def test_the_sample_pairs_against_the_target_runs_breakdown(db: Path) -> None:
         assert abs(predicted) < abs(scratch), run
     predicted, _, bar = misses["pp2_mb1"]
     assert 0 < abs(predicted) <= bar
+    predicted, _, bar = misses["tp2dp2_mlp"]
+    measured = np.mean([r["TOTAL_ms"] for r in breakdown(db, "tp2dp2_mlp_sp", "rank")])
+    assert abs(predicted) <= min(0.15 * measured, bar)
 
 
 def test_memory_is_the_measured_peak_times_the_estimators_ratio(db: Path, tmp_path: Path) -> None:
