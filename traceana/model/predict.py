@@ -6,7 +6,9 @@ step (the breakdown views' mean over steps after the first, over the stage's ran
 - COMP, MP_WAIT, CP_WAIT, EP_WAIT, DP_WAIT: measured in the run, times the estimator's ratio target / source for that
   piece (compute from the shapes; a dim's exposed communication from its volumes and alpha-beta times). So the
   bandwidth each dim achieved, and the share of its communication left exposed, are the run's own: only the change
-  in work comes from the estimator.
+  in work comes from the estimator. Its communication times are the run's own network and library's
+  (:func:`_run_hardware`: the backend the trace shows, the alpha-beta its collectives of several sizes fit), so a
+  ratio of two volumes is latency-bound where the run was, and gloo's reduce-scatter is the all-reduce it runs.
 - IDLE (time no device activity covers: host gaps, launch latency): measured, times the estimator's ratio of the
   device's wait for the host where it models host time (calibration.host_us_per_layer, a hardware profile), else
   times the ratio of layer passes the host issues (micro-batches x layers on the stage), its unit of host work.
@@ -217,14 +219,14 @@ def _run_hardware(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, note
     rows = con.execute(
         "WITH one AS (SELECT i.instance, any_value(coalesce(c.kernel_op, c.op)) AS op, len(any_value(i.ranks)) AS n, "
         "max(c.bytes) AS bytes, any_value(i.last_end_ns - i.last_start_ns) AS ns, "
-        "len(list_distinct(list_transform(any_value(i.ranks), lambda r: r // $node))) > 1 AS inter, "
-        "bool_or(d.name LIKE 'gloo:%') AS gloo "
+        "len(list_distinct(list_transform(any_value(i.ranks), lambda r: r // $node))) > 1 AS inter "
         "FROM collective_instances i JOIN collectives c USING (run_id, instance) "
-        "JOIN device_events d USING (run_id, rank, event_id) "
         "WHERE i.run_id = $run AND i.ranks_seen > 1 AND c.dim <> 'PP' GROUP BY i.instance) "
-        "SELECT inter, op, n, bytes, avg(ns) / 1e3, count(*), bool_or(gloo) FROM one "
+        "SELECT inter, op, n, bytes, avg(ns) / 1e3, count(*) FROM one "
         "WHERE bytes > 0 GROUP BY ALL ORDER BY ALL", {"run": run_id, "node": per_node}).fetchall()
-    backend = "gloo" if any(r[6] for r in rows) else cfg.hardware.collectives
+    gloo = con.execute("SELECT count(*) FROM device_events WHERE run_id = ? AND category = 'comm' "
+                       "AND starts_with(name, 'gloo:')", [run_id]).fetchall()[0][0]
+    backend = "gloo" if gloo else cfg.hardware.collectives
     if backend != cfg.hardware.collectives:
         notes.append(f"collectives: the run's ran on {backend} (its ranges are named gloo:*), so both configs' are "
                      "priced as gloo runs them (a reduce-scatter as a whole all-reduce)")
@@ -232,13 +234,14 @@ def _run_hardware(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, note
     links = {"intra": (hw.latency_us.intra, hw.bandwidth_gb_per_s.intra),
              "inter": (hw.latency_us.inter, hw.bandwidth_gb_per_s.inter)}
     for level, inter in (("intra", False), ("inter", True)):
-        points = [(*BUS[op](n), b, us, k) for i, op, n, b, us, k, _ in rows if i == inter and op in BUS]
+        points = [(*BUS[op](n), b, us, k) for i, op, n, b, us, k in rows if i == inter and op in BUS]
         if not points:
             continue
         steps, bus = np.array([p[0] for p in points], float), np.array([p[1] * p[2] for p in points], float)
-        (alpha, per_byte), *_ = np.linalg.lstsq(np.column_stack([steps, bus]), [p[3] for p in points], rcond=None)
+        (alpha, per_byte), _, rank, _ = np.linalg.lstsq(np.column_stack([steps, bus]), [p[3] for p in points],
+                                                        rcond=None)
         count = sum(p[4] for p in points)
-        if len(points) < 2 or alpha <= 0 or per_byte <= 0:
+        if rank < 2 or alpha <= 0 or per_byte <= 0:
             notes.append(f"links {level}: the run's {count} collectives of {len(points)} size(s) fit no positive "
                          f"alpha-beta, so the config's {links[level][0]:g} µs and {links[level][1]:g} GB/s price them")
             continue
