@@ -115,7 +115,7 @@ def test_each_part_is_the_measured_part_times_the_estimators_ratio(db: Path, a: 
 def test_communication_is_priced_with_the_runs_own_links_and_backend(db: Path) -> None:
     out = predict_json(db, "tp2dp2_mlp", CONFIGS / "tp2dp2_mlp.yaml", CONFIGS / "tp2dp2_mlp_sp.yaml")
     hardware = run_hardware(db, "tp2dp2_mlp", config.load(CONFIGS / "tp2dp2_mlp.yaml"))
-    assert any(n.startswith("collectives: the run's ran on gloo") for n in out["notes"])
+    assert any(n.startswith("collectives: the run ran them on gloo") for n in out["notes"])
     assert (f"links intra: the run's own alpha-beta over its 16 collectives of 2 sizes, "
             f"{hardware.latency_us.intra:.1f} µs a ring step and {hardware.bandwidth_gb_per_s.intra:.3f} GB/s of bus "
             "bandwidth (the config says 164.9 µs, 1.388 GB/s)") in out["notes"]

@@ -228,8 +228,8 @@ def _run_hardware(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, note
                        "AND starts_with(name, 'gloo:')", [run_id]).fetchall()[0][0]
     backend = "gloo" if gloo else cfg.hardware.collectives
     if backend != cfg.hardware.collectives:
-        notes.append(f"collectives: the run's ran on {backend} (its ranges are named gloo:*), so both configs' are "
-                     "priced as gloo runs them (a reduce-scatter as a whole all-reduce)")
+        notes.append(f"collectives: the run ran them on {backend} (its ranges are named gloo:*), so both configs' "
+                     "communication is priced as gloo runs it (a reduce-scatter as a whole all-reduce)")
     hw = cfg.hardware
     links = {"intra": (hw.latency_us.intra, hw.bandwidth_gb_per_s.intra),
              "inter": (hw.latency_us.inter, hw.bandwidth_gb_per_s.inter)}
