@@ -3,7 +3,12 @@
 for predict (pp2_mb4, tp2dp2_mlp_b256), and the shared H200 traces (another model; other batch sizes, which have no
 measured truth). Each `predict` is its own process, timed. Measured B is compare's mean over ranks of the typical
 step (the same number as `traceana breakdown --json`), the estimate compare's. Nothing here is fitted: the
-prediction's error bar is measured on A alone. Run:
+prediction's error bar is measured on A alone.
+
+Then the recording noise: each run of the three sample pairs recorded three more times, in three rounds of the six
+one after another (sample_traces/repeats/r1..r3, `generate.py --out`): B's three steps, their median and spread
+((max - min) / median), and the prediction from each recording of A against B's median, so that a miss the noise
+explains shows apart from one the method makes every time. Run:
     .venv/bin/python benchmarks/bench_predict.py [--workdir DIR]
 """
 
@@ -29,6 +34,7 @@ from tests.test_sample_traces import RECORDED  # noqa: E402  the layouts the sam
 TRACEANA = [sys.executable, "-m", "traceana"]
 CONFIGS = ROOT / "sample_traces" / "configs"
 KINETO = ROOT.parent / "shared" / "traces" / "kineto"
+REPEATS = sorted((ROOT / "sample_traces" / "repeats").glob("r*"))
 H200 = "h200_hostbound_h512_L12_s256_gb8"
 H200_CFG = ROOT / "examples" / "h200_hostbound_h512_L12.yaml"
 SAMPLE_PAIRS = [("pp2_mb1", "pp2_mb8"), ("tp2dp2_mlp", "tp2dp2_mlp_sp"), ("moe_balanced", "moe_skewed")]
@@ -62,6 +68,42 @@ def row(label: str, db: Path, run: str, cfg: Path, target: Path, truth: str | No
           f"{seconds:>7.1f}", flush=True)
 
 
+def h200(db: Path, work: Path) -> None:
+    """The host-bound H200 trace: another model with a measured truth, and other batch sizes without one."""
+    cli("ingest", KINETO / f"{H200}.json.gz", "--db", db)
+    cli("ingest", KINETO / "h200_gpt_h2048_L8_s1024_gb4.json.gz", "--db", db)
+    row(f"{H200[:14]} -> h2048_L8 (another model)", db, H200, H200_CFG, ROOT / "examples" / "h200_gpt_h2048_L8.yaml",
+        "h200_gpt_h2048_L8_s1024_gb4")
+    base = yaml.safe_load(H200_CFG.read_text())
+    for batch in (4, 16, 32):
+        target = work / f"h200_gb{batch}.yaml"
+        target.write_text(yaml.safe_dump({**base, "parallel": {**base["parallel"], "global_batch": batch}}))
+        row(f"{H200[:14]} gb8 -> gb{batch}", db, H200, H200_CFG, target, None)
+
+
+def measured_step(db: Path, run: str) -> float:
+    rows = cli("breakdown", run, "--by", "rank", "--json", "--db", db)
+    return sum(r["TOTAL_ms"] for r in rows) / len(rows)
+
+
+def repeats(db: Path) -> None:
+    """The sample pairs over their repeated recordings: B's spread, and predict from each A against B's median."""
+    for folder in REPEATS:
+        for name in {n for pair in SAMPLE_PAIRS for n in pair}:
+            cli("ingest", folder / name, "--layout", RECORDED[name][0], "--db", db, "--run-id", f"{name}_{folder.name}")
+    print(f"\n{'A -> B, recorded again':<30}{'B r1 / r2 / r3 ms':>20}{'median':>8}{'spread':>8}"
+          f"{'predict r1 / r2 / r3':>23}{'err % vs median':>22}")
+    for a, b in SAMPLE_PAIRS:
+        steps = [measured_step(db, f"{b}_{f.name}") for f in REPEATS]
+        median = sorted(steps)[len(steps) // 2]
+        predicted = [total_of(cli("predict", f"{a}_{f.name}", "--config", CONFIGS / f"{a}.yaml", "--to",
+                                  CONFIGS / f"{b}.yaml", "--json", "--db", db)["step"], "predicted_B_ms")
+                     for f in REPEATS]
+        print(f"{f'{a} -> {b}':<30}{' / '.join(f'{t:.1f}' for t in steps):>20}{median:>8.1f}"
+              f"{100 * (max(steps) - min(steps)) / median:>7.0f}%{' / '.join(f'{p:.1f}' for p in predicted):>23}"
+              f"{' / '.join(f'{100 * (p - median) / median:+.0f}' for p in predicted):>22}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path)
@@ -80,18 +122,11 @@ def main() -> None:
         pairs = [*SAMPLE_PAIRS, *[(b, a) for a, b in SAMPLE_PAIRS], *RECORDED_PAIRS]
         for a, b in pairs:
             row(f"{a} -> {b}", db, a, CONFIGS / f"{a}.yaml", CONFIGS / f"{b}.yaml", b)
-        if not (KINETO / f"{H200}.json.gz").exists():
+        if (KINETO / f"{H200}.json.gz").exists():
+            h200(db, work)
+        else:
             print(f"(skipped the H200 rows: {KINETO} is not there)")
-            return
-        cli("ingest", KINETO / f"{H200}.json.gz", "--db", db)
-        cli("ingest", KINETO / "h200_gpt_h2048_L8_s1024_gb4.json.gz", "--db", db)
-        row(f"{H200[:14]} -> h2048_L8 (another model)", db, H200, H200_CFG,
-            ROOT / "examples" / "h200_gpt_h2048_L8.yaml", "h200_gpt_h2048_L8_s1024_gb4")
-        base = yaml.safe_load(H200_CFG.read_text())
-        for batch in (4, 16, 32):
-            target = work / f"h200_gb{batch}.yaml"
-            target.write_text(yaml.safe_dump({**base, "parallel": {**base["parallel"], "global_batch": batch}}))
-            row(f"{H200[:14]} gb8 -> gb{batch}", db, H200, H200_CFG, target, None)
+        repeats(db)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)

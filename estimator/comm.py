@@ -85,10 +85,15 @@ def collective(op: str, nbytes: float, where: Span, cfg: Config) -> float:
     and all-gather half of that; across nodes an all-reduce may instead take NCCL's double binary tree between
     nodes with a chain inside each, 2 x (log2(nodes) inter-node + (per_node - 1) NVLink) latencies, same bandwidth:
     NCCL picks the faster. An all-to-all sends (per_node - 1)/n of the buffer over NVLink and (n - per_node)/n
-    through the rank's own NIC, the slower of the two bounding it."""
+    through the rank's own NIC, the slower of the two bounding it.
+
+    gloo (``hardware.collectives: gloo``) has no reduce-scatter: torch's ProcessGroupGloo runs it as an all-reduce
+    of the whole input and keeps its chunk (sample_traces/README.md), so it costs a whole all-reduce."""
     n = where.size
     if n <= 1 or nbytes <= 0:
         return 0.0
+    if op == "reduce_scatter" and cfg.hardware.collectives == "gloo":
+        op = "all_reduce"
     hw = cfg.hardware
     inter = where.nodes > 1
     alpha = (hw.latency_us.inter if inter else hw.latency_us.intra) * 1e-6
@@ -135,19 +140,27 @@ def _activation_bytes(cfg: Config) -> float:
 def tp_layer(cfg: Config, moe: bool) -> Pass:
     """Megatron TP: a row-parallel all-reduce after attention and after the MLP forward, and the column-parallel
     input-gradient all-reduces in the backward; with sequence parallelism each becomes reduce-scatter + all-gather,
-    the same bus volume. A MoE block reduces over the expert-TP group instead."""
-    payload = _activation_bytes(cfg)
-    dense = collective("all_reduce", payload, span(cfg, ("tp",)), cfg)
+    the same bus volume on NCCL (more on gloo, see :func:`collective`). A MoE block reduces over the expert-TP group
+    instead."""
+    payload, where = _activation_bytes(cfg), span(cfg, ("tp",))
+    dense = (collective("reduce_scatter", payload, where, cfg) + collective("all_gather", payload, where, cfg)
+             if cfg.parallel.sequence_parallel else collective("all_reduce", payload, where, cfg))
     attn = dense if cfg.model.attention else 0.0
     ffn = collective("all_reduce", payload, span(cfg, ("tp",), expert=moe), cfg) if moe else dense
     return Pass(attn + ffn, attn + ffn)
 
 
 def tp_embedding_head(cfg: Config) -> tuple[Pass, Pass]:
-    """Vocabulary-parallel embedding (an all-reduce forward) and output layer (input-gradient all-reduce backward)."""
+    """Vocabulary-parallel embedding (an all-reduce forward) and output layer (input-gradient all-reduce backward).
+    With sequence parallelism (Megatron-Core) the embedding reduce-scatters its output into the sequence shards
+    and the output layer all-gathers its input forward and reduce-scatters that gradient backward."""
     if not cfg.model.vocab:
         return Pass(), Pass()
-    one = collective("all_reduce", _activation_bytes(cfg), span(cfg, ("tp",)), cfg)
+    payload, where = _activation_bytes(cfg), span(cfg, ("tp",))
+    if cfg.parallel.sequence_parallel:
+        scatter = collective("reduce_scatter", payload, where, cfg)
+        return Pass(scatter, 0.0), Pass(collective("all_gather", payload, where, cfg), scatter)
+    one = collective("all_reduce", payload, where, cfg)
     return Pass(one, 0.0), Pass(0.0, one)
 
 

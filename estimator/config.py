@@ -29,6 +29,7 @@ PROFILES = Path(__file__).parent / "profiles"  # built-in hardware profiles, by 
 CP_ALGOS = ("ring", "allgather", "ulysses")
 CROSS_ENTROPY_KINDS = ("megatron", "pytorch")  # estimator.compute.CROSS_ENTROPY
 MOE_WEIGHTING = ("combine", "swiglu")  # where a routed copy is scaled by its routing weight (estimator.memory)
+COLLECTIVES = ("nccl", "gloo")  # estimator.comm.collective: how the library runs each collective
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "activation", "mla_up_proj")
 FP8_MATMULS = ("attention", "mlp", "experts", "head")
 ZERO_ALLOWED = ("vocab", "experts", "moe_topk", "shared_experts", "first_dense_layers", "qk_rope_head_dim", "zero")
@@ -176,6 +177,7 @@ class Hardware:
     peak_tflops_fp8: float | None = None
     peak_tflops_fp32: float | None = None    # CUDA cores: work that uses no tensor cores (elementwise ops)
     peak_tflops_tf32: float | None = None    # fp32 GEMMs on tensor cores (torch.backends.cuda.matmul.allow_tf32)
+    collectives: str = "nccl"                # the library's algorithms: nccl (HCCL alike) or gloo
 
 
 @dataclass(frozen=True)
@@ -537,6 +539,8 @@ def validate(cfg: Config) -> None:
         _fail(cfg, f"model.cross_entropy={m.cross_entropy!r}: choose one of {', '.join(CROSS_ENTROPY_KINDS)}")
     if m.moe_weighting not in MOE_WEIGHTING:
         _fail(cfg, f"model.moe_weighting={m.moe_weighting!r}: choose one of {', '.join(MOE_WEIGHTING)}")
+    if cfg.hardware.collectives not in COLLECTIVES:
+        _fail(cfg, f"hardware.collectives={cfg.hardware.collectives!r}: choose one of {', '.join(COLLECTIVES)}")
     if p.cp_algo not in CP_ALGOS:
         _fail(cfg, f"parallel.cp_algo={p.cp_algo!r}: choose one of {', '.join(CP_ALGOS)}")
     if m.seq_len % p.cp:

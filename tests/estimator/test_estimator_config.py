@@ -90,6 +90,7 @@ def test_runs_override_the_base_and_carry_measurements() -> None:
     ({"calibration__safety_buffer_mb": -1}, "calibration.safety_buffer_mb=-1.0: must be >= 0"),
     ({"parallel__zero_shard": 2}, "parallel.zero_shard=2: needs zero: 3"),
     ({"parallel__cp_algo": "tree"}, "parallel.cp_algo='tree'"),
+    ({"hardware__collectives": "mpi"}, "hardware.collectives='mpi': choose one of nccl, gloo"),
 ])
 def test_config_errors_name_the_field(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(TraceanaError) as err:

@@ -144,6 +144,24 @@ def test_collectives_use_the_nccl_bus_factors() -> None:
     assert comm.collective("all_reduce", 1e9, tp, cfg) == pytest.approx(2 * 7 / 8 * 1e9 / 200e9)
     assert comm.collective("all_gather", 1e9, tp, cfg) == pytest.approx(7 / 8 * 1e9 / 200e9)
     assert comm.collective("reduce_scatter", 1e9, tp, cfg) == pytest.approx(7 / 8 * 1e9 / 200e9)
+    # gloo has no reduce-scatter: ProcessGroupGloo all-reduces the whole input (sample_traces/README.md)
+    gloo = dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware, collectives="gloo"))
+    assert comm.collective("reduce_scatter", 1e9, tp, gloo) == pytest.approx(2 * 7 / 8 * 1e9 / 200e9)
+    assert comm.collective("all_gather", 1e9, tp, gloo) == pytest.approx(7 / 8 * 1e9 / 200e9)
+
+
+def test_sequence_parallel_tp_is_reduce_scatter_and_all_gather() -> None:
+    # on NCCL the pair costs the all-reduce it replaces, latency steps too; the embedding and output layer
+    # reduce-scatter forward and backward and the output layer all-gathers its input (Megatron-Core)
+    args = {"parallel__tp": 8, "parallel__dp": 1, "parallel__pp": 1, "parallel__global_batch": 2}
+    plain, sp = gpt(**args), gpt(**args, parallel__sequence_parallel=True)
+    assert comm.tp_layer(sp, False) == comm.tp_layer(plain, False)
+    where, payload = comm.span(sp, ("tp",)), compute.tokens(sp) * sp.model.hidden * sp.precision.activation_bytes
+    scatter, gather = (comm.collective(op, payload, where, sp) for op in ("reduce_scatter", "all_gather"))
+    assert comm.tp_embedding_head(sp) == (comm.Pass(scatter, 0.0), comm.Pass(gather, scatter))
+    gloo = dataclasses.replace(sp, hardware=dataclasses.replace(sp.hardware, collectives="gloo"))
+    ring = comm.collective("all_reduce", payload, where, gloo)
+    assert comm.tp_layer(gloo, False).forward == pytest.approx(2 * (ring + gather))  # attention and MLP blocks
 
 
 @pytest.mark.parametrize("order", ["tp-cp-ep-dp-pp", "tp-pp-dp", "dp-tp-pp", "tp-dp-pp"])

@@ -6,7 +6,9 @@ step (the breakdown views' mean over steps after the first, over the stage's ran
 - COMP, MP_WAIT, CP_WAIT, EP_WAIT, DP_WAIT: measured in the run, times the estimator's ratio target / source for that
   piece (compute from the shapes; a dim's exposed communication from its volumes and alpha-beta times). So the
   bandwidth each dim achieved, and the share of its communication left exposed, are the run's own: only the change
-  in work comes from the estimator.
+  in work comes from the estimator. Its communication times are the run's own network and library's
+  (:func:`_run_hardware`: the backend the trace shows, the alpha-beta its collectives of several sizes fit), so a
+  ratio of two volumes is latency-bound where the run was, and gloo's reduce-scatter is the all-reduce it runs.
 - IDLE (time no device activity covers: host gaps, launch latency): measured, times the estimator's ratio of the
   device's wait for the host where it models host time (calibration.host_us_per_layer, a hardware profile), else
   times the ratio of layer passes the host issues (micro-batches x layers on the stage), its unit of host work.
@@ -31,12 +33,13 @@ import math
 from dataclasses import dataclass, fields, replace
 
 import duckdb
+import numpy as np
 import polars as pl
 
 from traceana.analyses import breakdown as bd
 from traceana.errors import TraceanaError
 from traceana.estimator import pipeline
-from traceana.estimator.config import Config
+from traceana.estimator.config import Config, Hardware, Links
 from traceana.estimator.estimate import Estimate, estimate
 from traceana.estimator.memory import MIB
 from traceana.estimator.stages import device_of_chunk
@@ -76,8 +79,13 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
             raise TraceanaError(f"run {run_id!r} has no pipeline stages: ingest it with --layout "
                                 f"{cfg.parallel.layout.spec} to predict from it")
         measured = measured.with_columns(stage=pl.lit(0, pl.Int32))
-    est_a, est_b = estimate(cfg), estimate(target)
     notes = _assumptions(cfg, target)
+    scratch_b = estimate(target)
+    if target.hardware == cfg.hardware:  # the run's own backend and alpha-beta price both configs' communication
+        hardware = _run_hardware(con, run_id, cfg, notes)
+        est_a, est_b = estimate(replace(cfg, hardware=hardware)), estimate(replace(target, hardware=hardware))
+    else:
+        est_a, est_b = estimate(cfg), scratch_b
     spread = _spread(con, run_id)
     replay_pct = _replay_residual(con, run_id, notes)
 
@@ -145,7 +153,7 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
             cv = spread.get((s if same_stages else None, d), 0.0)
             out.append({"stage": s, "dim": d, "measured_A_ms": src[d], "ratio": ratio[d], "predicted_B_ms": pred[d],
                         "error_bar_ms": abs(pred[d]) * math.hypot(replay_pct / 100, cv),
-                        "estimated_B_ms": _estimated(est_b.stages[s], d), "source": how[d]})
+                        "estimated_B_ms": _estimated(scratch_b.stages[s], d), "source": how[d]})
     stages = pl.DataFrame(out, schema_overrides={"ratio": pl.Float64, "estimated_B_ms": pl.Float64})
     step = (stages.group_by("dim", maintain_order=True)
             .agg(pl.col("measured_A_ms", "ratio", "predicted_B_ms", "error_bar_ms", "estimated_B_ms").mean(),
@@ -190,6 +198,59 @@ def _p2p_ms(con: duckdb.DuckDBPyConnection, run_id: str, est: Estimate) -> float
     got = con.execute("SELECT avg(last_end_ns - last_start_ns) / 1e6 FROM collective_instances "
                       "WHERE run_id = ? AND dim = 'PP' AND ranks_seen > 1", [run_id]).fetchall()[0][0]
     return float(got) if got is not None else est.p2p_s * 1e3
+
+
+BUS = {  # the collective the backend ran -> (latency steps, bus bytes per byte of a rank's buffer) of a ring, n ranks
+    "AllReduce": lambda n: (2 * (n - 1), 2 * (n - 1) / n),
+    "ReduceScatter": lambda n: (n - 1, (n - 1) / n),
+    "AllGather": lambda n: (n - 1, n - 1),  # a rank's buffer is its input, the gathered output n times it
+}
+
+
+def _run_hardware(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, notes: list[str]) -> Hardware:
+    """cfg's hardware with its communication as the run's own network and library have it: the collectives' backend
+    from the trace (gloo's ranges are named ``gloo:*``; it runs a reduce-scatter as a whole all-reduce), and per
+    network level (a group inside one node of cfg's devices_per_node, or across) the alpha-beta of the run's own
+    all-reduces, reduce-scatters and all-gathers (not all-to-alls, which keep calibration.a2a_efficiency; not PP,
+    whose transfer is measured directly): least squares of each (op as run, group size, bytes)'s mean transfer
+    time (last arrival to end) on ring steps x latency + bus bytes / bandwidth. A level whose collectives have one
+    size, or whose fit is not positive, keeps the config's values, said in a note."""
+    per_node = cfg.hardware.devices_per_node
+    rows = con.execute(
+        "WITH one AS (SELECT i.instance, any_value(coalesce(c.kernel_op, c.op)) AS op, len(any_value(i.ranks)) AS n, "
+        "max(c.bytes) AS bytes, any_value(i.last_end_ns - i.last_start_ns) AS ns, "
+        "len(list_distinct(list_transform(any_value(i.ranks), lambda r: r // $node))) > 1 AS inter "
+        "FROM collective_instances i JOIN collectives c USING (run_id, instance) "
+        "WHERE i.run_id = $run AND i.ranks_seen > 1 AND c.dim <> 'PP' GROUP BY i.instance) "
+        "SELECT inter, op, n, bytes, avg(ns) / 1e3, count(*) FROM one "
+        "WHERE bytes > 0 GROUP BY ALL ORDER BY ALL", {"run": run_id, "node": per_node}).fetchall()
+    gloo = con.execute("SELECT count(*) FROM device_events WHERE run_id = ? AND category = 'comm' "
+                       "AND starts_with(name, 'gloo:')", [run_id]).fetchall()[0][0]
+    backend = "gloo" if gloo else cfg.hardware.collectives
+    if backend != cfg.hardware.collectives:
+        notes.append(f"collectives: the run ran them on {backend} (its ranges are named gloo:*), so both configs' "
+                     "communication is priced as gloo runs it (a reduce-scatter as a whole all-reduce)")
+    hw = cfg.hardware
+    links = {"intra": (hw.latency_us.intra, hw.bandwidth_gb_per_s.intra),
+             "inter": (hw.latency_us.inter, hw.bandwidth_gb_per_s.inter)}
+    for level, inter in (("intra", False), ("inter", True)):
+        points = [(*BUS[op](n), b, us, k) for i, op, n, b, us, k in rows if i == inter and op in BUS]
+        if not points:
+            continue
+        steps, bus = np.array([p[0] for p in points], float), np.array([p[1] * p[2] for p in points], float)
+        (alpha, per_byte), _, rank, _ = np.linalg.lstsq(np.column_stack([steps, bus]), [p[3] for p in points],
+                                                        rcond=None)
+        count = sum(p[4] for p in points)
+        if rank < 2 or alpha <= 0 or per_byte <= 0:
+            notes.append(f"links {level}: the run's {count} collectives of {len(points)} size(s) fit no positive "
+                         f"alpha-beta, so the config's {links[level][0]:g} µs and {links[level][1]:g} GB/s price them")
+            continue
+        links[level] = (float(alpha), float(1e-3 / per_byte))
+        notes.append(f"links {level}: the run's own alpha-beta over its {count} collectives of {len(points)} sizes, "
+                     f"{alpha:.1f} µs a ring step and {1e-3 / per_byte:.3f} GB/s of bus bandwidth (the config says "
+                     f"{getattr(hw.latency_us, level):g} µs, {getattr(hw.bandwidth_gb_per_s, level):g} GB/s)")
+    return replace(hw, collectives=backend, latency_us=Links(links["intra"][0], links["inter"][0]),
+                   bandwidth_gb_per_s=Links(links["intra"][1], links["inter"][1]))
 
 
 def _spread(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[tuple[int | None, str], float]:
