@@ -188,7 +188,8 @@ def _schedule(cfg: Config, est: Estimate, work_ms: list[float], p2p_ms: float, t
         segments[i] = replace(costs[k], forward_s=costs[k].forward_s * scale, backward_s=costs[k].backward_s * scale,
                               wgrad_s=costs[k].wgrad_s * scale)
     result = pipeline.simulate(cfg.schedule.kind, segments, cfg.micro_batches, p2p_ms / 1e3, vpp,
-                               cfg.calibration.ep_bubble_overlap_ratio)
+                               cfg.calibration.ep_bubble_overlap_ratio,
+                               cfg.schedule.blocking_p2p(est.config.hardware.collectives))
     return result.makespan_s * 1e3 + max(tails_ms)
 
 
