@@ -14,7 +14,8 @@ step (the breakdown views' mean over steps after the first, over the stage's ran
   times the ratio of layer passes the host issues (micro-batches x layers on the stage), its unit of host work.
 - PP_WAIT and TOTAL: the pipeline is replayed by the estimator's schedule simulator (estimator/pipeline.py) for
   both configurations, fed with the measured per-micro-batch stage times (scaled for the target) and the run's
-  measured point-to-point transfer time; the step then is the measured TOTAL times simulated target / simulated
+  measured point-to-point transfer time, each transfer a rendezvous where the run's backend is gloo (its send
+  waits for the receiver; ``schedule.p2p``); the step then is the measured TOTAL times simulated target / simulated
   source, so what the schedule model misses on the measured run (a constant factor) carries over rather than being
   dropped. PP_WAIT is what the step leaves over the stage's other parts.
 - Memory: the measured peak times the estimator's peak ratio, else the estimator's peak.
