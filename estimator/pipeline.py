@@ -544,7 +544,8 @@ def _compile(kind: str, p: int, m: int, vpp: int, zb_v_lengths: tuple[int, int, 
         parts = [("F", *op[1]), ("B", *op[2])] if op[0] == "FBW" else [(op[0][0], op[1], op[2])]
         return [(part, j, pos) for part, j, pos in parts if part != "W"]
 
-    where = {key: (s, k) for s in range(p) for k, op in enumerate(orders[s]) for key in parts_of(op)}
+    where = {key: (s, k) for s in range(p) for k, op in enumerate(orders[s]) for key in parts_of(op)} if blocking \
+        else {}  # (stage, order position) of each F and B part
 
     def consumers(s: int, k: int) -> list[tuple[int, int]]:
         """(stage, order position) of each op on another stage that takes what op k of stage s sends."""
