@@ -20,11 +20,12 @@ import yaml
 from traceana.errors import TraceanaError
 from traceana.estimator import balance
 from traceana.estimator.hardware import Profile
-from traceana.estimator.pipeline import schedule_problem
+from traceana.estimator.pipeline import BLOCKING_KINDS, schedule_problem
 from traceana.layout import Layout
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe")
 RECOMPUTE_KINDS = ("none", "selective", "full")
+P2P_MODES = ("auto", "blocking", "async")
 PROFILES = Path(__file__).parent / "profiles"  # built-in hardware profiles, by file stem
 CP_ALGOS = ("ring", "allgather", "ulysses")
 CROSS_ENTROPY_KINDS = ("megatron", "pytorch")  # estimator.compute.CROSS_ENTROPY
@@ -155,6 +156,13 @@ class Schedule:
     stage_layers: tuple[int, ...] | str | None = None  # layers per stage (pp, or pp*vpp in chunk order), or "ppb"
     layer_offset: tuple[int, ...] | None = None       # per stage, added to the even split
     recompute: Recompute = field(default_factory=Recompute)
+    p2p: str = "auto"  # blocking | async | auto (blocking on gloo, whose send is synchronous): pipeline.py's doc
+
+    def blocking_p2p(self, collectives: str) -> bool:
+        """Whether the simulator plays this schedule's transfers as rendezvous, given the collectives library."""
+        if self.p2p == "auto":
+            return collectives == "gloo" and self.kind in BLOCKING_KINDS
+        return self.p2p == "blocking"
 
 
 @dataclass(frozen=True)
@@ -592,6 +600,11 @@ def _validate_schedule(cfg: Config) -> None:
     problem = schedule_problem(s.kind, p.pp, p.micro_batches, 2 if s.kind == "zb-v" else p.vpp)
     if problem:
         _fail(cfg, problem)
+    if s.p2p not in P2P_MODES:
+        _fail(cfg, f"schedule.p2p={s.p2p!r}: choose one of {', '.join(P2P_MODES)}")
+    if s.p2p == "blocking" and s.kind not in BLOCKING_KINDS:
+        _fail(cfg, f"schedule.p2p=blocking is modelled for {', '.join(BLOCKING_KINDS)}, not {s.kind}: its "
+              "implementations batch a step's sends or post them asynchronously")
     if s.recompute.kind not in RECOMPUTE_KINDS:
         _fail(cfg, f"schedule.recompute.kind={s.recompute.kind!r}: choose one of {', '.join(RECOMPUTE_KINDS)}")
     for module in s.recompute.modules or ():

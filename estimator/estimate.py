@@ -432,7 +432,8 @@ def estimate(cfg: Config, per_device: list[int] | None = None) -> Estimate:
     for k, i in enumerate(order):
         stage_costs[i] = costs[k].stage_cost()
     p2p_s = comm.pp_p2p(cfg)
-    result = pipeline.simulate(kind, stage_costs, m, p2p_s, _vpp(cfg), cal.ep_bubble_overlap_ratio)
+    result = pipeline.simulate(kind, stage_costs, m, p2p_s, _vpp(cfg), cal.ep_bubble_overlap_ratio,
+                               cfg.schedule.blocking_p2p(cfg.hardware.collectives))
     mem = memory.stage_memory(cfg, chunks, result.in_flight)
 
     per_device = [ChunkCost()] * p.pp

@@ -12,6 +12,16 @@ simulator to them, the simulator never uses them.
 Conventions:
 - ``costs[c * stages + s]`` is model chunk ``c`` on stage ``s`` (one micro-batch). ``segment_cost_index`` says
   which cost entry each model segment (in layer order) is, for zb-v's V placement and DualPipe's two directions.
+- ``blocking`` (``schedule.p2p: blocking``): a transfer is a rendezvous, as PyTorch's ``dist.send`` ("sends a
+  tensor synchronously"), gloo's pairs, and NCCL's ncclSend ("blocking for the GPU") waited on as Megatron's
+  ``_communicate`` waits on its batch_isend_irecv: it starts once the sender has finished the producing op and the
+  receiver has reached the consuming op in its order (finished the op before it: Megatron posts the recv with the
+  send of the op before, send_forward_recv_backward, so paired sends never deadlock), lasts ``p2p_s``, and both
+  sides wait for it; the sender's next op starts after it. Without it a send is fire-and-forget: the sender goes on
+  at once and the receiver waits end[producer] + ``p2p_s``. Only gpipe and 1f1b: Megatron's interleaved schedule
+  batches a step's forward and backward sends into one call after both ops (a rendezvous per op would deadlock
+  it), zb-v and DualPipe likewise, and ZB-H1's W passes exist to run while a gradient is on its way (a rendezvous
+  would make the sender wait for the receiver's W: bubble 3(p-1) instead of p-1 with equal stages and no p2p).
 - gpipe / 1f1b / interleaved run W right after B as one backward (the gradient is sent when both are done);
   zb-h1 / zb-v / dualpipe split them where their implementations do, and send the gradient after B.
 - ``ep_exposed_s`` is spread over F and B in proportion to their durations. When a stage waits for its input,
@@ -40,6 +50,7 @@ import polars as pl
 from traceana.errors import TraceanaError
 
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe")
+BLOCKING_KINDS = ("gpipe", "1f1b")  # one op, then its sends; the others overlap or batch them (module doc)
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,8 @@ class _Plan:
     kind: list[str]  # F, B (split), W, BW (backward then wgrad), FBW (DualPipe's overlapped pair)
     cost: list[tuple[int, ...]]  # cost index; (forward index, backward index) for FBW
     deps: list[tuple[tuple[int, bool, int], ...]]  # (producing op, crosses stages, which part of this op)
+    sends: list[tuple[tuple[int, int], ...]]  # blocking: (producing op, op before its consumer or -1) this op awaits
+    tail_sends: list[tuple[tuple[int, int], ...]]  # blocking: the same for each stage's last op, which ends the stage
     labels: list[tuple[tuple[int, int], ...]]  # (micro-batch, chunk) of each part: F / B / W / FBW's F and B
     in_flight_chunks: list[int]
 
@@ -81,7 +94,8 @@ class PipelineResult:
     in_flight: list[float]  # peak micro-batches of activations held, in full-stage units
     in_flight_chunks: list[int]  # the same peak counted in model-chunk activations
     _plan: _Plan = field(repr=False, compare=False)
-    _times: tuple[list[float], list[float], list[float], list[float], float] = field(repr=False, compare=False)
+    _times: tuple[list[float], list[float], list[float], list[float], list[float], float] = field(
+        repr=False, compare=False)
     _costs: Sequence[StageCost] = field(repr=False, compare=False)
 
     @property
@@ -91,7 +105,7 @@ class PipelineResult:
     @cached_property
     def events(self) -> list[Event]:
         """Every F/B/W interval, the EP exposure a wait absorbed, and each transfer arriving at a stage."""
-        plan, costs, (start, end, hidden, wire, p2p_s) = self._plan, self._costs, self._times
+        plan, costs, (start, end, hidden, wire, arrive, p2p_s) = self._plan, self._costs, self._times
         out: list[Event] = []
         for i, kind in enumerate(plan.kind):
             s, t0, t1, labels, cost = plan.stage[i], start[i], end[i], plan.labels[i], plan.cost[i]
@@ -110,7 +124,8 @@ class PipelineResult:
             if p2p_s > 0:
                 for dep, crosses, part in plan.deps[i]:
                     if crosses:
-                        out.append((s, "P2P", *labels[part], end[dep], end[dep] + p2p_s))
+                        t = max(end[dep], arrive[i])  # blocking: the receiver's arrival; async: 0
+                        out.append((s, "P2P", *labels[part], t, t + p2p_s))
         return out
 
     def events_frame(self) -> pl.DataFrame:
@@ -167,8 +182,9 @@ def segment_cost_index(kind: str, stages: int, vpp: int = 1) -> list[int]:
 
 
 def simulate(kind: str, costs: Sequence[StageCost], micro_batches: int, p2p_s: float, vpp: int = 1,
-             ep_bubble_overlap_ratio: float = 0.0) -> PipelineResult:
-    """Play ``kind``'s per-stage order for ``micro_batches`` micro-batches against the costs; see the module doc."""
+             ep_bubble_overlap_ratio: float = 0.0, blocking: bool = False) -> PipelineResult:
+    """Play ``kind``'s per-stage order for ``micro_batches`` micro-batches against the costs; ``blocking``: every
+    transfer a rendezvous of sender and receiver (see the module doc)."""
     per_stage = max(1, 2 if kind == "zb-v" else vpp if kind == "interleaved" else 1)
     if not costs or len(costs) % per_stage:
         raise TraceanaError(f"costs: {len(costs)} entries do not fill stages of {per_stage} chunks ({kind})")
@@ -177,7 +193,9 @@ def simulate(kind: str, costs: Sequence[StageCost], micro_batches: int, p2p_s: f
     if problem:
         raise TraceanaError(problem)
     _check_costs(costs, p2p_s, ep_bubble_overlap_ratio)
-    plan = _compile(kind, stages, micro_batches, vpp, _zb_v_lengths(costs) if kind == "zb-v" else None)
+    if blocking and kind not in BLOCKING_KINDS:
+        raise TraceanaError(f"schedule.p2p: blocking is modelled for {', '.join(BLOCKING_KINDS)}, not {kind}")
+    plan = _compile(kind, stages, micro_batches, vpp, _zb_v_lengths(costs) if kind == "zb-v" else None, blocking)
 
     # Per cost entry: F and B durations with their EP share, and how much of that share a wait may absorb.
     fwd, bwd, wgt, ep_f, ep_b = [], [], [], [], []
@@ -191,7 +209,7 @@ def simulate(kind: str, costs: Sequence[StageCost], micro_batches: int, p2p_s: f
     r = ep_bubble_overlap_ratio
 
     n = len(plan.kind)
-    start, end, hidden, wire = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
+    start, end, hidden, wire, arrive = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
     free = [0.0] * stages
     busy, bubble, p2p_wait, overlapped = [0.0] * stages, [0.0] * stages, [0.0] * stages, [0.0] * stages
     for i in range(n):
@@ -210,11 +228,16 @@ def simulate(kind: str, costs: Sequence[StageCost], micro_batches: int, p2p_s: f
             f_total, b_total, ep = fwd[c], bwd[b] + wgt[b], ep_f[c] + ep_b[b]
             d, absorbable = max(f_total + b_total - ep, ep), 0.0
             overlapped[s] += f_total + b_total - d
+        if blocking:
+            arrive[i] = free[s]
         ready, transfer = 0.0, 0.0
         for dep, crosses, _ in deps:
-            t = end[dep] + p2p_s if crosses else end[dep]
+            t = max(end[dep], arrive[i]) + p2p_s if crosses else end[dep]
             if t > ready:
                 ready, transfer = t, (p2p_s if crosses else 0.0)
+        t = _sent(plan.sends[i], end, p2p_s)  # blocking: the previous op's sends hold this one
+        if t > ready:
+            ready, transfer = t, p2p_s
         t0 = free[s]
         gap = ready - t0
         if gap > 0:
@@ -228,12 +251,24 @@ def simulate(kind: str, costs: Sequence[StageCost], micro_batches: int, p2p_s: f
         start[i] = t0
         free[s] = end[i] = t0 + d
         busy[s] += d
+    for s in range(stages):  # blocking: a stage's last sends end it
+        gap = _sent(plan.tail_sends[s], end, p2p_s) - free[s]
+        if gap > 0:
+            p2p_wait[s] += min(p2p_s, gap)
+            bubble[s] += gap - min(p2p_s, gap)
+            free[s] += gap
     makespan = max(free)
     for s in range(stages):
         bubble[s] += makespan - free[s]
     return PipelineResult(kind, makespan, busy, bubble, p2p_wait, overlapped,
                           [x / plan.chunks for x in plan.in_flight_chunks], list(plan.in_flight_chunks),
-                          plan, (start, end, hidden, wire, p2p_s), costs)
+                          plan, (start, end, hidden, wire, arrive, p2p_s), costs)
+
+
+def _sent(sends: tuple[tuple[int, int], ...], end: list[float], p2p_s: float) -> float:
+    """When the rendezvous transfers of ``sends`` end: each starts when both its producer (op index) and the op
+    before its consumer (-1: the consumer is its stage's first op) have ended."""
+    return max((max(end[d], end[q] if q >= 0 else 0.0) + p2p_s for d, q in sends), default=0.0)
 
 
 def in_flight(kind: str, stages: int, micro_batches: int, vpp: int = 1) -> list[float]:
@@ -242,7 +277,7 @@ def in_flight(kind: str, stages: int, micro_batches: int, vpp: int = 1) -> list[
     problem = schedule_problem(kind, stages, micro_batches, vpp)
     if problem:
         raise TraceanaError(problem)
-    plan = _compile(kind, stages, micro_batches, vpp, (1, 1, 1) if kind == "zb-v" else None)
+    plan = _compile(kind, stages, micro_batches, vpp, (1, 1, 1) if kind == "zb-v" else None, False)
     return [x / plan.chunks for x in plan.in_flight_chunks]
 
 
@@ -488,8 +523,10 @@ def _paths(kind: str, p: int, m: int, vpp: int) -> tuple[list[Path], list[int]]:
 
 
 @lru_cache(maxsize=256)  # a pp=16, m=64 plan takes 1-2 MB
-def _compile(kind: str, p: int, m: int, vpp: int, zb_v_lengths: tuple[int, int, int] | None) -> _Plan:
-    """Order every op so that its dependencies come first (a round-robin Kahn pass over the stage orders)."""
+def _compile(kind: str, p: int, m: int, vpp: int, zb_v_lengths: tuple[int, int, int] | None,
+             blocking: bool) -> _Plan:
+    """Order every op so that its dependencies come first (a round-robin Kahn pass over the stage orders); when
+    ``blocking``, an op after a send also comes after the op before that send's consumer (its rendezvous)."""
     orders = {"gpipe": lambda: _gpipe(p, m), "1f1b": lambda: _one_f_one_b(p, m), "zb-h1": lambda: _zb_h1(p, m),
               "interleaved": lambda: _interleaved(p, m, vpp), "zb-v": lambda: _zb_v(p, m, zb_v_lengths),
               "dualpipe": lambda: _dualpipe(p, m)}[kind]()
@@ -503,17 +540,40 @@ def _compile(kind: str, p: int, m: int, vpp: int, zb_v_lengths: tuple[int, int, 
             return [("F", j, pos - 1)] if pos > 0 else []
         return [("F", j, pos)] + ([("B", j, pos + 1)] if pos < last else [])
 
-    plan = _Plan(p, {"interleaved": vpp, "zb-v": 2}.get(kind, 1), [], [], [], [], [], [0] * p)
+    def parts_of(op: tuple) -> list[tuple[str, int, int]]:
+        parts = [("F", *op[1]), ("B", *op[2])] if op[0] == "FBW" else [(op[0][0], op[1], op[2])]
+        return [(part, j, pos) for part, j, pos in parts if part != "W"]
+
+    where = {key: (s, k) for s in range(p) for k, op in enumerate(orders[s]) for key in parts_of(op)} if blocking \
+        else {}  # (stage, order position) of each F and B part
+
+    def consumers(s: int, k: int) -> list[tuple[int, int]]:
+        """(stage, order position) of each op on another stage that takes what op k of stage s sends."""
+        if not blocking or k < 0:
+            return []
+        out = []
+        for part, j, pos in parts_of(orders[s][k]):
+            nxt = pos + (1 if part == "F" else -1)
+            if 0 <= nxt < len(paths[path_of[j]]) and paths[path_of[j]][nxt][0] != s:
+                out.append(where[(part, j, nxt)])
+        return out
+
+    plan = _Plan(p, {"interleaved": vpp, "zb-v": 2}.get(kind, 1), [], [], [], [], [], [], [], [0] * p)
+    placed: list[list[int]] = [[] for _ in range(p)]  # plan index of each stage's ops, in order
+
+    def sends_of(s: int, k: int) -> tuple[tuple[int, int], ...]:
+        return tuple((placed[s][k], placed[cs][ck - 1] if ck else -1) for cs, ck in consumers(s, k))
+
     cursor, left = [0] * p, sum(map(len, orders))
     while left:
         progressed = False
         for s in range(p):
             while cursor[s] < len(orders[s]):
                 op = orders[s][cursor[s]]
-                parts = [("F", *op[1]), ("B", *op[2])] if op[0] == "FBW" else [(op[0][0], op[1], op[2])]
-                work = [(part, j, pos) for part, j, pos in parts if part != "W"]
+                work = parts_of(op)
                 required = [key for part in work for key in needs(*part)]
-                if not all(key in produced for key in required):
+                if not all(key in produced for key in required) or any(
+                        cursor[cs] < ck for cs, ck in consumers(s, cursor[s] - 1)):
                     break
                 i = len(plan.kind)
                 deps = []
@@ -534,11 +594,14 @@ def _compile(kind: str, p: int, m: int, vpp: int, zb_v_lengths: tuple[int, int, 
                     plan.cost.append((path[op[2]][2],))
                     plan.labels.append(((op[1], path[op[2]][1]),))
                 plan.deps.append(tuple(deps))
+                plan.sends.append(sends_of(s, cursor[s] - 1))
+                placed[s].append(i)
                 cursor[s] += 1
                 left -= 1
                 progressed = True
         if not progressed:
             raise RuntimeError(f"{kind} schedule deadlocks for pp={p}, micro_batches={m}, vpp={vpp}")
+    plan.tail_sends.extend(sends_of(s, len(orders[s]) - 1) for s in range(p))
     _count_in_flight(plan)
     return plan
 

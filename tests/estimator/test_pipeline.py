@@ -7,13 +7,18 @@ table), the flow-shop makespan for GPipe, the in-flight counts of Megatron's war
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from itertools import pairwise
+from pathlib import Path
 
 import polars as pl
 import pytest
 
 from traceana.errors import TraceanaError
+from traceana.estimator import config
+from traceana.estimator.estimate import estimate
 from traceana.estimator.pipeline import (
+    BLOCKING_KINDS,
     KINDS,
     StageCost,
     bubble_fraction,
@@ -190,6 +195,67 @@ def test_time_accounting_closes_and_events_respect_dependencies(kind: str) -> No
             assert t0 >= before[2] + (p2p if before[0] != s else 0.0) - 1e-9
 
 
+@pytest.mark.parametrize("kind", BLOCKING_KINDS)
+def test_blocking_p2p_keeps_the_closed_forms_without_transfer_time(kind: str) -> None:
+    # Equal stages, no p2p: every receiver has reached its op before the sender finishes, so a rendezvous costs
+    # nothing and the textbook bubble holds.
+    for p, m in ((2, 4), (4, 8), (4, 5), (8, 16)):
+        r = simulate(kind, [UNIT] * p, m, 0.0, blocking=True)
+        assert r.bubble_s == pytest.approx([bubble_time(kind, p, UNIT)] * p)
+
+
+@pytest.mark.parametrize(("f0", "b0", "f1", "b1"), [(1.0, 2.0, 1.0, 2.0), (0.5, 2.5, 1.5, 1.0), (2.0, 0.7, 0.4, 3.1)])
+@pytest.mark.parametrize("m", [1, 2, 8])
+def test_blocking_gpipe_on_two_stages_is_a_lockstep_flow_shop(f0: float, b0: float, f1: float, b1: float,
+                                                              m: int) -> None:
+    # Hand algebra: with rendezvous, stage 0's F_{j+1} and stage 1's F_j both start when transfer j ends, so the
+    # forward wave advances max(F0, F1) + c a micro-batch and the backward wave max(B0, B1) + c; every one of the
+    # 2m transfers is on the critical path: F0 + F1 + B0 + B1 + (m-1)(max(F0, F1) + max(B0, B1)) + 2mc.
+    c, costs = 0.3, [StageCost(f0, b0, 0.0), StageCost(f1, b1, 0.0)]
+    r = simulate("gpipe", costs, m, c, blocking=True)
+    assert r.makespan_s == pytest.approx(f0 + f1 + b0 + b1 + (m - 1) * (max(f0, f1) + max(b0, b1)) + 2 * m * c)
+    # Both sides wait for every transfer in full: stage 1 for its m inputs and m gradients sent, stage 0 likewise but
+    # for its last forward send, whose wait lies inside its wait for the first gradient.
+    assert r.p2p_exposed_s == pytest.approx([(2 * m - 1) * c, 2 * m * c])
+
+
+@pytest.mark.parametrize("kind", BLOCKING_KINDS)
+def test_blocking_p2p_accounting_closes_and_the_sender_waits_for_the_rendezvous(kind: str) -> None:
+    rng = random.Random(kind)
+    p, m, c = 4, 8, 0.04
+    costs = []
+    for _ in range(p):
+        f, b = rng.uniform(0.5, 1.5), rng.uniform(0.5, 1.5)
+        costs.append(StageCost(f, b, rng.uniform(0.2, 1.0), rng.uniform(0, 0.5) * (f + b)))
+    r = simulate(kind, costs, m, c, ep_bubble_overlap_ratio=0.7, blocking=True)
+    assert r.makespan_s > simulate(kind, costs, m, c, ep_bubble_overlap_ratio=0.7).makespan_s
+    for s in range(p):
+        assert r.busy_s[s] + r.bubble_s[s] + r.p2p_exposed_s[s] == pytest.approx(r.makespan_s)
+    # Per stage, the ops in order (F, B and W of one op share an end: BW is B then W).
+    ops: dict[int, list[tuple[str, int, float, float]]] = {s: [] for s in range(p)}
+    for s, k, mb, _, t0, t1 in sorted(r.events, key=lambda e: (e[0], e[4])):
+        if k in ("F", "B"):
+            ops[s].append((k, mb, t0, t1))
+        elif k == "W" and ops[s] and ops[s][-1][0] == "B" and abs(ops[s][-1][3] - t0) < 1e-12:
+            ops[s][-1] = (*ops[s][-1][:3], t1)
+    at = {(k, mb, s): (i, t0, t1) for s in ops for i, (k, mb, t0, t1) in enumerate(ops[s])}
+    transfers = [e for e in r.events if e[1] == "P2P"]
+    assert len(transfers) == 2 * m * (p - 1)
+    for (k, mb, s), (i, t0, _) in at.items():
+        sender = s - 1 if k == "F" else s + 1
+        if not 0 <= sender < p:
+            continue
+        # Its transfer: the last to reach this stage for this micro-batch before the op starts (B's comes after F's).
+        x0, x1 = max((e[4], e[5]) for e in transfers if e[0] == s and e[2] == mb and e[5] <= t0 + 1e-12)
+        j, _, sent = at[(k, mb, sender)]
+        # It starts when the sender has finished and the receiver finished the op before this one, lasts c,
+        assert x0 == pytest.approx(max(sent, ops[s][i - 1][3] if i else 0.0))
+        assert x1 - x0 == pytest.approx(c)
+        # and the sender's next op starts only after it.
+        if j + 1 < len(ops[sender]):
+            assert ops[sender][j + 1][2] >= x1 - 1e-12
+
+
 def test_ep_bubble_overlap_ratio() -> None:
     # Seed 000 §4.3.2 (P3-01..03): EP exposure inside F/B may run in the pipeline bubble.
     p, m = 4, 8
@@ -298,7 +364,21 @@ def test_segment_cost_index_places_model_chunks() -> None:
     (lambda: simulate("interleaved", [UNIT] * 7, 4, 0.0, vpp=2), "costs"),
     (lambda: simulate("1f1b", [UNIT] * 2, 2, -1.0), "p2p_s"),
     (lambda: simulate("1f1b", [UNIT] * 2, 2, 0.0, ep_bubble_overlap_ratio=1.5), "ep_bubble_overlap_ratio"),
+    (lambda: simulate("interleaved", [UNIT] * 4, 2, 0.0, vpp=2, blocking=True), "schedule.p2p"),
+    (lambda: simulate("dualpipe", [UNIT] * 2, 4, 0.0, blocking=True), "schedule.p2p"),
 ])
 def test_bad_input_names_the_field(call, field: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(TraceanaError, match=field.replace("[", r"\[").replace(".", r"\.")):
         call()
+
+
+def test_estimate_plays_gloo_transfers_as_rendezvous_unless_the_config_says_otherwise() -> None:
+    # schedule.p2p auto: blocking where the collectives are gloo's (its send is synchronous), else fire-and-forget.
+    cfg = config.load(Path(__file__).parents[2] / "sample_traces" / "configs" / "pp2_mb8.yaml")
+
+    def step(collectives: str, p2p: str) -> float:
+        return estimate(replace(cfg, hardware=replace(cfg.hardware, collectives=collectives),
+                                schedule=replace(cfg.schedule, p2p=p2p))).step_s
+
+    assert step("gloo", "auto") == step("gloo", "blocking") == step("nccl", "blocking")
+    assert step("nccl", "auto") == step("nccl", "async") == step("gloo", "async") < step("gloo", "auto")

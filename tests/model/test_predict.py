@@ -141,6 +141,20 @@ def test_the_run_itself_is_predicted_as_measured(db: Path) -> None:
     assert not any(" → " in n and "no trace evidence" in n for n in out["notes"])
 
 
+def test_gloo_transfers_are_rendezvous_when_the_schedule_replays_a_run(db: Path, tmp_path: Path) -> None:
+    """pp2_mb8 fed its own stage times and transfer time: its gloo sends wait for their receivers, so the schedule
+    played with rendezvous transfers comes near the measured step (53.2 ms against 58.0) where fire-and-forget
+    sends fall far short (44.4 ms); the measured step by hand from `breakdown --by rank --json`."""
+    run, cfg = "pp2_mb8", CONFIGS / "pp2_mb8.yaml"
+    measured = np.mean([r["TOTAL_ms"] for r in breakdown(db, run, "rank")])
+    raw = yaml.safe_load(cfg.read_text())
+    fire_and_forget = tmp_path / "async.yaml"
+    fire_and_forget.write_text(yaml.safe_dump({**raw, "schedule": {**raw["schedule"], "p2p": "async"}}))
+    blocking = predict_json(db, run, cfg, cfg)["schedule"]["source_ms"]
+    plain = predict_json(db, run, fire_and_forget, fire_and_forget)["schedule"]["source_ms"]
+    assert abs(blocking / measured - 1) < 0.10 < 0.20 < abs(plain / measured - 1)
+
+
 def test_the_error_bar_is_the_replay_residual_and_the_runs_own_spread(db: Path) -> None:
     a, b = PAIRS[2]
     out = predict_json(db, a, CONFIGS / f"{a}.yaml", CONFIGS / f"{b}.yaml")

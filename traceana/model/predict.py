@@ -14,7 +14,8 @@ step (the breakdown views' mean over steps after the first, over the stage's ran
   times the ratio of layer passes the host issues (micro-batches x layers on the stage), its unit of host work.
 - PP_WAIT and TOTAL: the pipeline is replayed by the estimator's schedule simulator (estimator/pipeline.py) for
   both configurations, fed with the measured per-micro-batch stage times (scaled for the target) and the run's
-  measured point-to-point transfer time; the step then is the measured TOTAL times simulated target / simulated
+  measured point-to-point transfer time, each transfer a rendezvous where the run's backend is gloo (its send
+  waits for the receiver; ``schedule.p2p``); the step then is the measured TOTAL times simulated target / simulated
   source, so what the schedule model misses on the measured run (a constant factor) carries over rather than being
   dropped. PP_WAIT is what the step leaves over the stage's other parts.
 - Memory: the measured peak times the estimator's peak ratio, else the estimator's peak.
@@ -188,7 +189,8 @@ def _schedule(cfg: Config, est: Estimate, work_ms: list[float], p2p_ms: float, t
         segments[i] = replace(costs[k], forward_s=costs[k].forward_s * scale, backward_s=costs[k].backward_s * scale,
                               wgrad_s=costs[k].wgrad_s * scale)
     result = pipeline.simulate(cfg.schedule.kind, segments, cfg.micro_batches, p2p_ms / 1e3, vpp,
-                               cfg.calibration.ep_bubble_overlap_ratio)
+                               cfg.calibration.ep_bubble_overlap_ratio,
+                               cfg.schedule.blocking_p2p(est.config.hardware.collectives))
     return result.makespan_s * 1e3 + max(tails_ms)
 
 
