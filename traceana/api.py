@@ -36,6 +36,7 @@ class Traces:
         self.db = Path(db)
         self.run = run
         self._held: duckdb.DuckDBPyConnection | None = None
+        self._shown: tuple[str | None, str] | None = None  # (name asked for, run id) the session's connection shows
         with store.connect(self.db, read_only=True, views=False) as con:  # one line now for a missing file or run
             if run is not None:
                 store.resolve_run(con, run)
@@ -52,27 +53,40 @@ class Traces:
             try:
                 yield self
             finally:
-                self._held = None
+                self._held, self._shown = None, None
 
     @contextmanager
-    def _connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        if self._held is not None:
-            yield self._held
-        else:
+    def _connect(self, *, every: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-only connection: the session's, else a new one; ``every``: one that shows every run (a session's
+        connection shows the run its last :meth:`read` read)."""
+        if self._held is None:
             with store.connect(self.db, read_only=True) as con:
                 yield con
+            return
+        if every and self._shown is not None:
+            store.show_every_run(self._held)
+            self._shown = None
+        yield self._held
 
     def __repr__(self) -> str:
         return f"traceana.open({str(self.db)!r}, run={self.run!r})"
 
     def read(self, run: str | None, read: Callable[[duckdb.DuckDBPyConnection, str], T]) -> T:
-        """``read(connection, run_id)`` on a read-only connection, for the run named here, else ``self.run``."""
+        """``read(connection, run_id)`` on a read-only connection that shows that run only (store.open_run: its
+        views compute over its rows alone), for the run named here, else ``self.run``."""
+        name = run or self.run
         with self._connect() as con:
-            return read(con, store.resolve_run(con, run or self.run))
+            if self._held is not con:
+                return read(con, store.open_run(con, name))
+            if self._shown is None or self._shown[0] != name:
+                if self._shown is not None:
+                    store.show_every_run(con)
+                self._shown = (name, store.open_run(con, name))
+            return read(con, self._shown[1])
 
     def runs(self) -> pl.DataFrame:
         """One row per ingested run: format, world size, layout, sources, notes."""
-        with self._connect() as con:
+        with self._connect(every=True) as con:
             return con.sql("SELECT * FROM runs ORDER BY ingested_at").pl()
 
     def ranks(self, run: str | None = None) -> pl.DataFrame:
@@ -260,7 +274,7 @@ class Traces:
                    "collectives": diff.collective_diff}
         if part not in readers:
             raise TraceanaError(f"part={part!r}: choose {', '.join(map(repr, readers))}")
-        with self._connect() as con:
+        with self._connect(every=True) as con:
             for name in (run_a, run_b):
                 store.resolve_run(con, name)
             return readers[part](con, run_a, run_b)
@@ -285,7 +299,7 @@ class Traces:
         need_bokeh()
         from traceana.render.report.diff import write
 
-        with self._connect() as con:
+        with self._connect(every=True) as con:
             for name in (run_a, run_b):
                 store.resolve_run(con, name)
             return write(con, Path(self.db), run_a, run_b, Path(html))
@@ -315,9 +329,7 @@ class Traces:
         """Ad-hoc SQL over the tables and views; with ``run`` (or the run given to open), that run's rows only."""
         if not query.strip():
             raise TraceanaError("sql: the query is empty")
-        with self._connect() as con:
-            if run or self.run:
-                store.restrict_to_run(con, store.resolve_run(con, run or self.run))
+        def run_query(con: duckdb.DuckDBPyConnection, _rid: str | None = None) -> pl.DataFrame:
             try:
                 relation = con.sql(query)
                 if relation is None:
@@ -325,3 +337,8 @@ class Traces:
                 return relation.pl()
             except duckdb.Error as exc:
                 raise TraceanaError(f"query failed: {str(exc).splitlines()[0]}") from None
+
+        if run or self.run:
+            return self.read(run, run_query)
+        with self._connect(every=True) as con:
+            return run_query(con)

@@ -160,7 +160,7 @@ def test_an_unexpected_exception_is_one_line_unless_debugging(store, monkeypatch
     def broken(con, run):
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(traceana.store, "resolve_run", broken)
+    monkeypatch.setattr(traceana.store, "open_run", broken)
     code, _, err = run_main("info", "--db", store)
     assert one_line(code, err, expected=1) == (
         "error: internal error: RuntimeError: boom (run again with TRACEANA_DEBUG=1 for the traceback)")

@@ -36,7 +36,7 @@ def critical_path(
     from traceana.analyses.critical_path import communication, hops, of_step, report
 
     with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
+        rid = store.open_run(con, run)
         step, windows, segments = of_step(con, rid, step)
         split = communication(con, rid, step, segments)
         intervals = con.sql("SELECT rank, lane, start_ns, end_ns FROM activity_intervals WHERE run_id = ? AND "
@@ -82,7 +82,7 @@ def comm(
     if not 0 <= threshold < 100:
         raise TraceanaError("--threshold must be a percentage in [0, 100)")
     with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
+        rid = store.open_run(con, run)
         store.materialize(con, "collective_bandwidth", rid)  # the four tables read it
         ops, worst, pairs, groups = by_op(con, rid), slowest(con, rid, top), matrix(con, rid), by_group(con, rid)
         world = con.execute("SELECT world_size FROM runs WHERE run_id = ?", [rid]).fetchall()[0][0]
@@ -147,7 +147,7 @@ def kernels(
     from traceana.analyses.kernels import ranking
 
     with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
+        rid = store.open_run(con, run)
         if roofline:
             from traceana.analyses.roofline import measure
 
@@ -196,7 +196,7 @@ def _launches(run: str | None, top: int, plot: Path | None, json: bool, db: Path
     from traceana.analyses import launches as la
 
     with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
+        rid = store.open_run(con, run)
         notes = la.notes(con, rid)
         parts = {"by_kernel": la.by_kernel(con, rid), "by_rank": la.by_rank(con, rid), "by_step": la.by_step(con, rid),
                  "queue": la.queue_summary(con, rid)}
@@ -267,7 +267,7 @@ def idle(
     from traceana.analyses.idle import CAUSES, idle_causes
 
     with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
+        rid = store.open_run(con, run)
         frame = idle_causes(con, rid, step)
         launches = con.execute("SELECT count(launch_ns) FROM device_events WHERE run_id = ?", [rid]).fetchall()[0][0]
     if frame.is_empty():
@@ -309,7 +309,7 @@ def memory(
     from traceana.render.units import BINARY_BYTES, unit_for
 
     with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
+        rid = store.open_run(con, run)
         frame = peaks(con, rid)
         if frame.is_empty():
             raise TraceanaError(f"run {rid!r} has no memory samples (Kineto needs profile_memory=True; Ascend "

@@ -67,7 +67,7 @@ def breakdown(
     if step is not None and step != "median" and not step.lstrip("-").isdigit():
         raise TraceanaError(f"--step {step!r}: give a step number or 'median'")
     with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
+        rid = store.open_run(con, run)
         chosen = bd.median_step(con, rid) if step == "median" else None if step is None else int(step)
         ranks = bd.by_rank(con, rid, chosen)
         frame = ranks if by == "rank" else bd.by_stage(con, rid, chosen)
@@ -136,7 +136,7 @@ def timeline(
     from traceana.render.plots import timeline_gantt
 
     with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
+        rid = store.open_run(con, run)
         if step is None:
             step = bd.first_analysed_step(con, rid)
         windows, intervals = bd.timeline(con, rid, step)
@@ -160,7 +160,7 @@ def stragglers(
     if not threshold >= 0 or threshold == float("inf"):  # NaN compares false with everything
         raise TraceanaError(f"--threshold {threshold}: must be a finite percentage >= 0")
     with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
+        rid = store.open_run(con, run)
         per_rank = bd.stragglers(con, rid)
         late = bd.late_ranks(con, rid)
     if per_rank.is_empty():

@@ -107,7 +107,7 @@ def _one_run(cfg: config.Config, cfg_path: Path, run: str | None, db: Path, plot
 
     est = run_estimate(cfg)
     with store.connect(db, read_only=True) as con:
-        run_id = store.resolve_run(con, run)
+        run_id = store.open_run(con, run)
         result = compare_run(con, run_id, est)
         which = bd.which_step(con, run_id, None)
         fitted = _fit(sweep.traced_rows(con, [config.Run(run_id, cfg, {})])) if fit else None

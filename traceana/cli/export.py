@@ -54,7 +54,7 @@ def export(
     from traceana.render.perfetto import export as write_perfetto
 
     with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
+        rid = store.open_run(con, run)
         done = write_perfetto(con, rid, perfetto, window)
     typer.echo(f"wrote {done.path} ({rid}: {done.ranks} ranks, {done.slices} slices on {done.tracks} tracks, "
                f"{done.step_slices} step windows, {done.flows} collective members linked, "

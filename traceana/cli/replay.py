@@ -27,7 +27,7 @@ def replay(
     from traceana.model import replay as model
 
     with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
+        rid = store.open_run(con, run)
         with progress(None, "replaying") as advance:
             g, table = model.replay_run(con, rid, step)
             advance("done")
@@ -66,7 +66,7 @@ def whatif(
 
     changes = [model.parse(spec) for spec in change]
     with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
+        rid = store.open_run(con, run)
         step, g, frame, segments = model.whatif_step(con, rid, changes, step, path=True)
     path = report(segments)["by_kind"] if segments is not None and segments.height else None
     measured, predicted = float(frame["TOTAL_ms"].median()), float(frame["predicted_TOTAL_ms"].median())
@@ -109,7 +109,7 @@ def advise(
     from traceana.model import advise as model
 
     with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
+        rid = store.open_run(con, run)
         step, frame = model.findings(con, rid, step, str(config) if config else None)
     if json:
         emit_json({"run_id": rid, "step": step, "findings": frame.to_dicts()})
@@ -144,7 +144,7 @@ def predict(
 
     source, target = load(config), load(to)
     with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
+        rid = store.open_run(con, run)
         with progress(None, "predicting") as advance:
             result = model.predict(con, rid, source, target)
             advance("done")

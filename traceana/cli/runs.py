@@ -29,7 +29,7 @@ def runs(db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> Non
 def info(run: RunArgument = None, db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> None:
     """A run's ranks with coordinates, steps, process groups with dims, and event counts by category, op, dim."""
     with store.connect(db, read_only=True) as con:
-        rid = store.resolve_run(con, run)
+        rid = store.open_run(con, run)
         parts = {
             "ranks": "SELECT rank, host, device, pid, clock_offset_ns, tp, cp, ep, dp, pp, rank_source "
                      "FROM ranks WHERE run_id=$r ORDER BY rank",

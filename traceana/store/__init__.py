@@ -15,14 +15,22 @@ from typing import TYPE_CHECKING
 
 from traceana.errors import TraceanaError
 from traceana.store import database, dataset
-from traceana.store.database import materialize, resolve_run, restrict_to_run, transaction, write_run
+from traceana.store.database import (
+    materialize,
+    open_run,
+    resolve_run,
+    restrict_to_run,
+    show_every_run,
+    transaction,
+    write_run,
+)
 from traceana.store.schema import OUTDATED
 
 if TYPE_CHECKING:
     import duckdb
 
-__all__ = ["DEFAULT_DB", "OUTDATED", "check_path", "connect", "materialize", "remove_leftovers", "resolve_run",
-           "restrict_to_run", "transaction", "write_run"]
+__all__ = ["DEFAULT_DB", "OUTDATED", "check_path", "connect", "materialize", "open_run", "remove_leftovers",
+           "resolve_run", "restrict_to_run", "show_every_run", "transaction", "write_run"]
 
 DEFAULT_DB = "traceana.duckdb"
 
