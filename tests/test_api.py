@@ -157,3 +157,19 @@ def test_a_session_reads_through_one_connection_and_releases_it(db: Path, monkey
     assert same_rows and len(opened) == 1
     traces.ranks()  # outside again: a connection of its own
     assert len(opened) == 2
+
+
+def test_a_session_shows_the_run_it_reads_and_every_run_where_a_call_spans_them(db: Path) -> None:
+    """Reads of one run see that run's rows only (store.open_run); within one session a call over the whole store
+    (runs, SQL without a run, diff) sees every run again, and a read of another run sees that one."""
+    traces = traceana.open(db)
+    toy, moe = traces.breakdown(run=TOY), traces.breakdown(run="moe_balanced")
+    with traces.session() as held:
+        assert held.breakdown(run=TOY).equals(toy)
+        assert held.sql("SELECT DISTINCT run_id FROM device_events", run=TOY)["run_id"].to_list() == [TOY]
+        assert held.runs()["run_id"].to_list() == [TOY, "moe_balanced"]
+        assert set(held.sql("SELECT DISTINCT run_id FROM device_events")["run_id"]) == {TOY, "moe_balanced"}
+        assert held.breakdown().equals(moe)  # the default, the latest run
+        assert held.breakdown(run=TOY).equals(toy)
+        assert set(held.diff(TOY, "moe_balanced")["stage"].to_list()) >= {0, 1}
+        assert held.ranks(run=TOY)["rank"].to_list() == list(range(8))
