@@ -146,6 +146,33 @@ def test_a_routing_skew_replays_the_runs_graph_with_each_ranks_own_compute(db: P
     assert 0 < got[0, "TOTAL"]["predicted_B_ms"] - got[0, "TOTAL"]["measured_A_ms"] < hot_growth
 
 
+def test_a_run_at_two_loads_prices_each_rank_by_its_own_load_curve(db: Path) -> None:
+    """moe_skewed -> moe_balanced: the skewed run computed at loads 1.75 (ranks 0, 2) and 0.25 (1, 3), so its own
+    COMP per rank on load (`breakdown --by rank --json`, a line through the four) prices each rank at load 1, in
+    place of the FLOP ratio that a 16-token GEMM does not follow; replayed as `traceana whatif` replays it."""
+    out = predict_json(db, "moe_skewed", CONFIGS / "moe_skewed.yaml", CONFIGS / "moe_balanced.yaml")
+    ranks = breakdown(db, "moe_skewed", "rank")
+    load = {0: 1.75, 1: 0.25}
+    per_load, fixed = map(float, np.polyfit([load[r["ep"]] for r in ranks], [r["COMP_ms"] for r in ranks], 1))
+    assert 10 < fixed < 15 and 12 < per_load < 16  # 12.7 ms + 14.0 ms x load: at load 1 26.7, near the balanced 26.2
+    factors = {r["rank"]: (fixed + per_load) / (fixed + per_load * load[r["ep"]]) for r in ranks}
+    base = config.load(CONFIGS / "moe_balanced.yaml")
+    hardware = replace(base.hardware, collectives="gloo")
+    hot = replace(base, hardware=hardware, model=replace(base.model, capacity_factor=1.75))
+    ep = estimate(replace(base, hardware=hardware)).stages[0].ep_wait / estimate(hot).stages[0].ep_wait
+    changes = [c for r, f in factors.items() for c in ("--change", f"rank={r}:{f!r}")]
+    whatif = json.loads(run_cli("whatif", "moe_skewed", *changes, "--change", f"dim=EP:{ep!r}", "--json",
+                                "--db", db).stdout)
+    replayed = [r for r in whatif["ranks"] if r["step"] == 3]
+    got = rows_of(out)
+    for dim in ("COMP", "EP_WAIT", "DP_WAIT", "TOTAL"):
+        expected = np.mean([r[f"predicted_{dim}_ms"] for r in replayed])
+        assert got[0, dim]["predicted_B_ms"] == pytest.approx(expected, rel=1e-6), dim
+    assert got[0, "COMP"]["source"] == "trace replayed × run load curve per rank"
+    assert (f"compute on stage 0: the run's own COMP per rank on its EP rank's load, {fixed:.3f} ms + {per_load:.3f} "
+            "ms x load (least squares over 4 ranks), prices each rank's ratio") in out["notes"]
+
+
 def test_communication_is_priced_with_the_runs_own_links_and_backend(db: Path) -> None:
     out = predict_json(db, "tp2dp2_mlp", CONFIGS / "tp2dp2_mlp.yaml", CONFIGS / "tp2dp2_mlp_sp.yaml")
     hardware = run_hardware(db, "tp2dp2_mlp", config.load(CONFIGS / "tp2dp2_mlp.yaml"))

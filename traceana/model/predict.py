@@ -19,6 +19,11 @@ step (the breakdown views' mean over steps after the first, over the stage's ran
   dropped. PP_WAIT is what the step leaves over the stage's other parts.
 - Memory: the measured peak times the estimator's peak ratio, else the estimator's peak.
 
+That is the path for a change that alters the run's graph. A change that only re-prices the run's own ops (the
+routing: model.expert_load, model.capacity_factor; nothing else differs) replays the run's dependency graph
+instead (:func:`_replayed`): each rank's compute scaled for its EP rank's load, the EP transfers for the all-to-all
+the most loaded rank receives, so the waits come from the run's own synchronisation. The notes say which path.
+
 The error bar of each number, in quadrature: the run's replay residual (RMS over rank-steps of `traceana replay`'s
 error against the measured TOTAL: how well the trace explains its own timing) and the spread (standard deviation
 over mean) of the measured piece over the stage's rank-steps, the first step too (how much one measurement of it
@@ -202,11 +207,12 @@ def _loads(cfg: Config) -> tuple[float, ...]:
 
 def _replayed(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str, float]], est_a: Estimate,
               est_b: Estimate, notes: list[str]) -> list[Row]:
-    """A routing change: the run's dependency graph replayed with each rank's compute times the estimator's ratio
-    for its EP rank (its stage's COMP at the target's load over the run's) and the EP transfers times the ratio of
-    the all-to-all the most loaded rank receives, so who waits for whom is the run's own synchronisation, not a
-    stage mean. Each part: measured plus what the change moves it in the replay (whatif.predicted), over the
-    typical step (the steps after the first, as the breakdown's)."""
+    """A routing change: the run's dependency graph replayed with each rank's compute times the ratio for its EP
+    rank's load (the run's own load curve where its ranks ran at several loads, :func:`_load_curves`; else the
+    estimator's: its stage's COMP at the target's load over the run's) and the EP transfers times the ratio of the
+    all-to-all the most loaded rank receives, so who waits for whom is the run's own synchronisation, not a stage
+    mean. Each part: measured plus what the change moves it in the replay (whatif.predicted), over the typical step
+    (the steps after the first, as the breakdown's)."""
     from traceana.model import whatif
 
     at: dict[tuple[int, float], Estimate] = {}  # (0 the run's config, 1 the target's; a load) -> its estimate
@@ -219,7 +225,15 @@ def _replayed(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str
     loads_a, loads_b = _loads(est_a.config), _loads(est_b.config)
     ranks = con.execute("SELECT rank, coalesce(ep, 0), coalesce(pp, 0) FROM ranks WHERE run_id = ? ORDER BY rank",
                         [run_id]).fetchall()
-    factors = {r: stage_comp(1, loads_b[e], s) / stage_comp(0, loads_a[e], s) for r, e, s in ranks}
+    curves = _load_curves(con, run_id, loads_a, notes)
+
+    def factor(e: int, s: int) -> float:
+        if s in curves:
+            fixed, per_load = curves[s]
+            return (fixed + per_load * loads_b[e]) / (fixed + per_load * loads_a[e])
+        return stage_comp(1, loads_b[e], s) / stage_comp(0, loads_a[e], s)
+
+    factors = {r: factor(e, s) for r, e, s in ranks}
     ep_a, ep_b = (comm.ep_layer(e.config) for e in (est_a, est_b))
     ep = (ep_b.forward + ep_b.backward) / (ep_a.forward + ep_a.backward) if ep_a.forward + ep_a.backward else 1.0
     changes = [whatif.Change("rank", str(r), f) for r, f in factors.items()] + [whatif.Change("dim", "EP", ep)]
@@ -231,7 +245,7 @@ def _replayed(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str
     for r, f in factors.items():
         by_factor.setdefault(round(f, 3), []).append(r)
     notes.append("path: the run's dependency graph replayed (the change re-prices its ops, it adds or moves none): "
-                 "each rank's compute times the estimator's ratio for its EP rank's load ("
+                 "each rank's compute times the ratio for its EP rank's load ("
                  + "; ".join(f"ranks {', '.join(map(str, rs))}: {f:.3f}" for f, rs in by_factor.items())
                  + f") and the EP transfers times {ep:.3f}, so who waits for whom is the run's own synchronisation")
     rows = []
@@ -239,9 +253,35 @@ def _replayed(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str
         s, src = int(row["stage"]), a[int(row["stage"])]
         pred = {d: row[d] for d in DIMS}
         ratio = {d: pred[d] / src[d] if src[d] else None for d in DIMS}
-        how = {d: "trace replayed × estimator per rank" if d == "COMP" else "trace replayed" for d in DIMS}
+        how = {d: "trace replayed" for d in DIMS}
+        how["COMP"] = f"trace replayed × {'run load curve' if s in curves else 'estimator'} per rank"
         rows.append((s, src, pred, ratio, how))
     return rows
+
+
+def _load_curves(con: duckdb.DuckDBPyConnection, run_id: str, loads: tuple[float, ...],
+                 notes: list[str]) -> dict[int, tuple[float, float]]:
+    """Per stage whose ranks ran at two loads or more: (fixed, per load) ms, the least squares of each rank's
+    measured COMP (typical step) on its EP rank's load. A small GEMM costs more than its FLOPs (moe_skewed's cold
+    ranks compute 16 tokens in 0.6x a balanced rank's time, not 0.25x), which a run shows where its ranks computed
+    different loads; a stage with one load, or a fit not positive at every load, keeps the estimator's ratio."""
+    rows = con.execute("SELECT coalesce(pp, 0), coalesce(ep, 0), COMP_ns / 1e6 FROM rank_breakdown "
+                       "WHERE run_id = ? AND step IS NULL", [run_id]).fetchall()
+    curves = {}
+    for stage in sorted({r[0] for r in rows}):
+        x = np.array([loads[e] for s, e, _ in rows if s == stage])
+        y = np.array([comp for s, _, comp in rows if s == stage])
+        if len(set(x.tolist())) < 2:
+            continue
+        per_load, fixed = np.polyfit(x, y, 1)
+        if fixed < 0 or per_load <= 0:
+            notes.append(f"compute on stage {stage}: the run's COMP per rank fits no positive curve on its load "
+                         f"({fixed:.3f} ms + {per_load:.3f} ms x load), so the estimator's ratio prices each rank")
+            continue
+        curves[stage] = (float(fixed), float(per_load))
+        notes.append(f"compute on stage {stage}: the run's own COMP per rank on its EP rank's load, {fixed:.3f} ms + "
+                     f"{per_load:.3f} ms x load (least squares over {len(x)} ranks), prices each rank's ratio")
+    return curves
 
 
 def _estimated(stage: object, dim: str) -> float | None:
