@@ -70,7 +70,7 @@ class Prediction:
     stages: pl.DataFrame
     step: pl.DataFrame
     memory: dict[str, float | str | None]
-    schedule: dict[str, float]  # the simulated steps and the point-to-point transfer each was fed, ms
+    schedule: dict[str, float]  # the simulated steps and the p2p transfer each was fed, ms; empty when replayed
     notes: list[str]
 
 
