@@ -1,5 +1,6 @@
 """`traceana predict` on the sample pairs (real gloo CPU runs): every predicted part recomputed by hand from
-`traceana breakdown --json` of the source run and the estimator's stage fields, the pipeline's step by hand for
+`traceana breakdown --json` of the source run and the estimator's stage fields (the routing pairs, which replay the
+run's graph, from `traceana whatif --json` with per-rank factors found by hand), the pipeline's step by hand for
 GPipe with one micro-batch, the error bar from `traceana replay --json`, the miss against the target run's own
 `traceana breakdown --json`; bad input as one line and exit 2."""
 
