@@ -187,14 +187,16 @@ def cp_layer(cfg: Config) -> Pass:
 
 def ep_layer(cfg: Config) -> Pass:
     """Dispatch and combine all-to-alls of one MoE layer, forward and again backward. A rank sends its tokens x top-k
-    copies x hidden (the capacity factor pads them); with sequence parallelism its tokens are 1/tp of the sequence.
+    copies x hidden (the capacity factor pads them; under dropless routing the most loaded EP rank receives
+    model.routed_load x its balanced share, and that paces the exchange); with sequence parallelism its tokens are
+    1/tp of the sequence.
     When the experts run in FP8 the forward dispatch sends FP8 (1 byte; DeepSeek-V3 §3.3.2), the combine and the
     backward's gradients stay in the activation precision."""
     p, m = cfg.parallel, cfg.model
     if p.ep <= 1:
         return Pass()
     local = tokens(cfg) / (p.tp if p.sequence_parallel else 1)
-    elements = local * m.moe_topk * m.capacity_factor * m.hidden
+    elements = local * m.moe_topk * m.routed_load * m.hidden
     where = span(cfg, ("ep",), expert=True)
 
     def a2a(element_bytes: float) -> float:
@@ -215,7 +217,7 @@ def _node_limited(cfg: Config, token_bytes: float, where: Span) -> float:
     assert m.moe_max_nodes is not None
     remote = min(m.moe_max_nodes, m.moe_topk, where.nodes) * (where.nodes - 1) / where.nodes
     inter = token_bytes * remote / (hw.bandwidth_gb_per_s.inter * 1e9 * eff.inter)
-    intra = token_bytes * m.moe_topk * m.capacity_factor * (where.per_node - 1) / where.per_node / (
+    intra = token_bytes * m.moe_topk * m.routed_load * (where.per_node - 1) / where.per_node / (
         hw.bandwidth_gb_per_s.intra * 1e9 * eff.intra)
     return max(inter, intra) + (where.size - 1) * hw.latency_us.inter * 1e-6
 

@@ -85,10 +85,11 @@ def moe_parts(cfg: Config) -> tuple[float, float]:
     """(routed-expert + router FLOPs, shared-expert FLOPs) of one MoE layer forward on one GPU.
 
     The stage's tp·cp·dp GPUs share the routed work of dp replicas evenly (balanced routing), so one GPU does
-    1/(tp·cp) of a replica's tokens x top-k expert passes, whatever ep and etp are; the capacity factor pads it.
+    1/(tp·cp) of a replica's tokens x top-k expert passes, whatever ep and etp are, times model.routed_load: the
+    capacity every expert is padded to, or under dropless routing the most loaded EP rank's share.
     """
     m = cfg.model
-    routed = mlp(cfg, m.expert_ffn) * m.moe_topk * m.capacity_factor
+    routed = mlp(cfg, m.expert_ffn) * m.moe_topk * m.routed_load
     router = 2 * tokens(cfg) * m.hidden * m.experts
     return routed + router, mlp(cfg, m.expert_ffn * m.shared_experts)
 
@@ -124,7 +125,7 @@ def layer_traffic(cfg: Config, index: int) -> Work:
     replicated = blocks * (2 * a + 3 * a + (1 if m.dropout else 0))
     per_row = t * m.hidden / (p.tp if p.sequence_parallel else 1)
     rows = replicated * per_row
-    ffn = m.expert_ffn * (m.moe_topk * m.capacity_factor + m.shared_experts) if m.is_moe(index) else m.ffn_hidden
+    ffn = m.expert_ffn * (m.moe_topk * m.routed_load + m.shared_experts) if m.is_moe(index) else m.ffn_hidden
     activation = (3 if m.gated_mlp else 2) * a * t * ffn / p.tp  # SwiGLU reads gate and up, writes the product
     scores = 0.0 if m.flash_attention or not m.attention else (6 * a + 1) * t * m.seq_len * m.heads / p.tp
     forward = rows + activation + scores
@@ -197,7 +198,7 @@ def layer_gemms(cfg: Config, index: int) -> list[Gemm]:
 
     if m.is_moe(index):
         local = m.experts / p.ep
-        rows = t * m.moe_topk * m.capacity_factor * p.ep * p.expert_tp / (m.experts * tp)
+        rows = t * m.moe_topk * m.routed_load * p.ep * p.expert_tp / (m.experts * tp)
         result += [Gemm(t, m.experts, m.hidden, group="router"),
                    *mlp_gemms(rows, m.expert_ffn / p.expert_tp, "experts", local),
                    *mlp_gemms(t, m.expert_ffn * m.shared_experts / tp, "experts")]

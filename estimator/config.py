@@ -53,7 +53,10 @@ class Model:
     expert_ffn_hidden: int | None = None  # default ffn_hidden
     shared_experts: int = 0
     first_dense_layers: int = 0
-    capacity_factor: float = 1.0         # tokens an expert may take, relative to a balanced share (1 = balanced)
+    capacity_factor: float = 1.0         # tokens every expert computes, relative to a balanced share: Megatron's
+    # capacity, to which experts are padded (tokens beyond it dropped); 1 = balanced
+    expert_load: tuple[float, ...] | None = None  # dropless routing: per EP rank, the tokens its experts receive
+    # relative to a balanced split (mean 1); the most loaded one paces the all-to-all, the others wait for it
     moe_max_nodes: int | None = None     # node-limited routing: a token's experts on at most this many nodes
     gated_mlp: bool = True               # SwiGLU (3 matrices) vs GELU (2)
     dropout: bool = True                 # dropout after attention and MLP (GPT; Korthikanti's 1-byte masks kept);
@@ -87,6 +90,12 @@ class Model:
     @property
     def mla(self) -> bool:
         return self.kv_lora_rank is not None
+
+    @property
+    def routed_load(self) -> float:
+        """Tokens the most loaded EP rank's experts compute, relative to a balanced share: what the estimate prices
+        a rank at (its memory peak, the all-to-all it receives, the compute the others wait for)."""
+        return max(self.expert_load) if self.expert_load else self.capacity_factor
 
     def is_moe(self, layer: int) -> bool:
         return self.experts > 0 and layer >= self.first_dense_layers
@@ -528,6 +537,9 @@ def validate(cfg: Config) -> None:
             _fail(cfg, f"model.first_dense_layers={m.first_dense_layers} leaves no MoE layer of {m.layers}")
         if m.capacity_factor < 1:
             _fail(cfg, f"model.capacity_factor={m.capacity_factor}: must be >= 1 (1 = perfectly balanced routing)")
+        _validate_expert_load(cfg)
+    elif m.expert_load is not None:
+        _fail(cfg, "model.expert_load: a dense model (model.experts is 0) routes no tokens")
     if p.pp > m.layers:
         _fail(cfg, f"parallel.pp={p.pp} exceeds model.layers={m.layers}")
     if p.zero not in (0, 1, 2, 3):
@@ -589,6 +601,29 @@ def validate(cfg: Config) -> None:
                  "launch_us", "host_us_per_micro_batch"):
         if (getattr(c, name) or 0) < 0:
             _fail(cfg, f"calibration.{name}={getattr(c, name)}: must be >= 0")
+
+
+def _validate_expert_load(cfg: Config) -> None:
+    load, ep = cfg.model.expert_load, cfg.parallel.ep
+    if load is None:
+        return
+    if len(load) != ep:
+        _fail(cfg, f"model.expert_load has {len(load)} values: give one per EP rank (parallel.ep={ep})")
+    if min(load) <= 0:
+        _fail(cfg, f"model.expert_load={list(load)}: every EP rank's load must be positive")
+    if abs(sum(load) / ep - 1) > 0.01:
+        _fail(cfg, f"model.expert_load={list(load)}: loads relative to a balanced split average 1, these "
+                   f"{sum(load) / ep:.3g}")
+    if cfg.model.capacity_factor != 1:
+        _fail(cfg, f"model.expert_load is dropless routing, model.capacity_factor={cfg.model.capacity_factor:g} "
+                   "pads every expert to capacity: give one of them")
+
+
+def at_load(cfg: Config, load: float) -> Config:
+    """``cfg`` as one EP rank whose experts compute ``load`` x a balanced share of the routed tokens sees it: the
+    same rows an expert padded to that capacity computes, so it is priced as ``capacity_factor: load`` (unchecked:
+    a cold rank's load is below 1)."""
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, capacity_factor=load, expert_load=None))
 
 
 def _validate_schedule(cfg: Config) -> None:

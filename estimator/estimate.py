@@ -20,7 +20,7 @@ import polars as pl
 
 from traceana.estimator import balance, comm, compute, hardware, memory, pipeline, stages
 from traceana.estimator.comm import Pass
-from traceana.estimator.config import Config
+from traceana.estimator.config import Config, at_load
 
 DIMENSIONS = ("comp", "mp_wait", "cp_wait", "ep_wait", "dp_wait", "pp_wait", "idle")
 
@@ -136,16 +136,31 @@ def _tp_overlap_compute(cfg: Config, index: int, moe: bool) -> compute.Work:
     return extra
 
 
+def _skewed(cfg: Config, index: int) -> tuple[compute.Work, Pass]:
+    """Dropless routing (model.expert_load): (the layer's compute, the mean over EP ranks of each rank's own at its
+    load; the EP wait for the most loaded rank). Its slowest rank's forward paces the combine's all-to-all and its
+    backward the backward's, so every other rank waits the difference there: the stage's mean COMP is its ranks'
+    own work and its time the most loaded rank's."""
+    ranks = [compute.layer_seconds(at_load(cfg, load), index) for load in cfg.model.expert_load or ()]
+    mean = sum(ranks[1:], ranks[0]) * (1 / len(ranks))
+    backward = [r.backward + r.wgrad + r.recompute for r in ranks]
+    return mean, Pass(max(r.forward for r in ranks) - mean.forward,
+                      max(backward) - mean.backward - mean.wgrad - mean.recompute)
+
+
 def layer_cost(cfg: Config, index: int) -> ChunkCost:
     """One layer's cost for one micro-batch."""
     moe = cfg.model.is_moe(index)
-    work = compute.layer_seconds(cfg, index) + _tp_overlap_compute(cfg, index, moe)
+    skewed = moe and cfg.model.expert_load is not None
+    work, skew = _skewed(cfg, index) if skewed else (compute.layer_seconds(cfg, index), Pass())
+    work = work + _tp_overlap_compute(cfg, index, moe)
     sec = [work.forward, work.backward, work.wgrad, work.recompute]
     tp = _exposed_tp(cfg, index, moe)
     cp = comm.cp_layer(cfg) * (1 - cfg.calibration.overlap.of("cp"))
     ep = _exposed_ep(cfg, compute.moe_parts(cfg)[1]) if moe else Pass()
     if cfg.schedule.recompute.kind_of(index) == "full":
         tp, cp, ep = (Pass(x.forward, x.backward + x.forward) for x in (tp, cp, ep))
+    ep = ep + skew
     params = memory.layer_params(cfg, index)
     zero3 = comm.zero3_layer(cfg, params.dense + params.expert)  # prefetched behind the layer's own compute
     dp = Pass(max(0.0, zero3.forward - sec[0]), max(0.0, zero3.backward - sec[1] - sec[2]))
@@ -355,6 +370,8 @@ def model_flops(cfg: Config, causal_halved: bool = True, recompute: bool = False
     score matrix, as Megatron's and PaLM's 6N + 12·L·h·s formulas do); ``recompute`` adds the repeated forward work
     (hardware FLOPs, HFU) instead of counting each useful FLOP once (model FLOPs, MFU)."""
     p = cfg.parallel
+    if cfg.model.expert_load:  # dropless routing: the loads average a balanced split, whose FLOPs are the useful ones
+        cfg = at_load(cfg, 1.0)
     per_gpu = compute.Work(0.0, 0.0, 0.0)
     for i in range(cfg.model.layers):
         per_gpu = per_gpu + compute.layer(cfg, i)

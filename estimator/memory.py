@@ -141,7 +141,7 @@ def layer_activation_bytes(cfg: Config, index: int) -> float:
     gate_up = (2 if m.gated_mlp else 1) * (linear if m.is_moe(index) else a)
     per_ffn = gate_up + (0.0 if recompute.recomputes(index, "activation") else linear)
     if m.is_moe(index):
-        copies = t * m.moe_topk * m.capacity_factor / p.tp
+        copies = t * m.moe_topk * m.routed_load / p.tp
         # a routed copy keeps its input and, scaled at the combine, its output for the routing weight's gradient
         kept = linear + (a if m.moe_weighting == "combine" else 0)
         routed = copies * (kept * h * p.expert_tp + per_ffn * m.expert_ffn)
@@ -166,7 +166,7 @@ def largest_transient_bytes(cfg: Config, loss: bool) -> float:
     t = tokens(cfg)
     width = 2 if m.gated_mlp else 1
     if m.experts:
-        copies = t * m.moe_topk * m.capacity_factor / p.tp
+        copies = t * m.moe_topk * m.routed_load / p.tp
         mlp = max(copies * width * m.expert_ffn, copies * m.hidden * p.expert_tp) * a
     else:
         mlp = t * width * m.ffn_hidden / p.tp * a
@@ -256,7 +256,7 @@ def comm_buffer_bytes(cfg: Config) -> float:
     p, m, a = cfg.parallel, cfg.model, cfg.precision.activation_bytes
     t = tokens(cfg)
     dispatch = 1 if cfg.precision.fp8_activations else a
-    ep = (dispatch + a) * t / (p.tp if p.sequence_parallel else 1) * m.moe_topk * m.capacity_factor * m.hidden \
+    ep = (dispatch + a) * t / (p.tp if p.sequence_parallel else 1) * m.moe_topk * m.routed_load * m.hidden \
         if p.ep > 1 else 0.0
     sp = t * m.hidden * a if p.sequence_parallel and p.tp > 1 else 0.0
     pp = 2 * t * m.hidden * a / (p.tp if p.sequence_parallel else 1) if p.pp > 1 else 0.0

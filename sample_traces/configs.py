@@ -51,8 +51,9 @@ MODELS: dict[str, tuple[dict[str, Any], dict[str, Any], str, str]] = {
                 "each stage is one GEMM, not an MLP's two; no embedding or head"),
     "moe_balanced": (_MOE, {"micro_batch": 1, "global_batch": 4}, "1f1b",
                      "no router, embedding or head; routing is fixed"),
-    "moe_skewed": ({**_MOE, "capacity_factor": 1.75}, {"micro_batch": 1, "global_batch": 4}, "1f1b",
-                   "as moe_balanced; the hot expert takes 112 of 128 tokens = 1.75 x its balanced 64"),
+    # dropless: EP rank 0's expert computes 112 tokens, 1.75 x its balanced 64; EP rank 1's 16, 0.25 x; none padded
+    "moe_skewed": ({**_MOE, "expert_load": [1.75, 0.25]}, {"micro_batch": 1, "global_batch": 4}, "1f1b",
+                   "as moe_balanced"),
     "toy8_tp2pp2dp2_1f1b": ({"layers": 4, "hidden": 256, "ffn_hidden": 1024, "heads": 4, "vocab": 1024,
                              "seq_len": 128, "gated_mlp": False}, {"micro_batch": 1, "global_batch": 8}, "1f1b",
                             "the LM head is replicated over TP, not vocab-parallel"),

@@ -94,6 +94,13 @@ def test_runs_override_the_base_and_carry_measurements() -> None:
     ({"parallel__zero_shard": 2}, "parallel.zero_shard=2: needs zero: 3"),
     ({"parallel__cp_algo": "tree"}, "parallel.cp_algo='tree'"),
     ({"hardware__collectives": "mpi"}, "hardware.collectives='mpi': choose one of nccl, gloo"),
+    ({"model__expert_load": [1.5, 0.5]}, "model.expert_load has 2 values: give one per EP rank (parallel.ep=4)"),
+    ({"model__expert_load": [2, 2, 0, 0]}, "model.expert_load=[2.0, 2.0, 0.0, 0.0]: every EP rank's load must be "
+                                           "positive"),
+    ({"model__expert_load": [2, 1, 1, 1]}, "loads relative to a balanced split average 1, these 1.25"),
+    ({"model__expert_load": [1.75, 0.25, 1, 1], "model__capacity_factor": 1.25},
+     "model.expert_load is dropless routing, model.capacity_factor=1.25 pads every expert to capacity"),
+    ({"model__expert_load": "hot"}, "model.expert_load: expected a list, got 'hot'"),
 ])
 def test_config_errors_name_the_field(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(TraceanaError) as err:

@@ -16,7 +16,7 @@ import pytest
 
 from traceana.estimator import comm, compute, memory, record, timeline
 from traceana.estimator.config import from_dict, load, load_runs
-from traceana.estimator.estimate import DIMENSIONS, estimate, lower_bound, ppb
+from traceana.estimator.estimate import DIMENSIONS, estimate, lower_bound, model_flops, ppb
 from traceana.estimator.memory import MIB, Params, states
 from traceana.layout import Layout
 
@@ -90,6 +90,20 @@ def test_moe_flops_count_top_k_and_shared_experts_whatever_ep() -> None:
     assert routed == pytest.approx(2 * 2 * t * h * 1024 * 2 / 2 + 2 * t * h * 8)  # top-2 GeLU passes / tp + router
     assert shared == pytest.approx(2 * 2 * t * h * 1024 / 2)
     assert compute.layer(a, 3).forward == compute.layer(b, 3).forward
+
+
+def test_dropless_skew_prices_the_stage_at_its_most_loaded_ep_rank() -> None:
+    # EP 2, top-2 of 8 experts; EP rank 0's experts receive 1.75x a balanced split, rank 1's 0.25x. Second route:
+    # capacity_factor 1.75 prices every rank as the hot one, balanced routing every rank at the mean.
+    base = {"model__experts": 8, "model__moe_topk": 2, "model__expert_ffn_hidden": 1024, "parallel__ep": 2}
+    skewed = estimate(gpt(**base, model__expert_load=[1.75, 0.25]))
+    hot, balanced = estimate(gpt(**base, model__capacity_factor=1.75)), estimate(gpt(**base))
+    assert skewed.step_s == pytest.approx(hot.step_s, rel=1e-12) and skewed.step_s > balanced.step_s
+    for s, h, b in zip(skewed.stages, hot.stages, balanced.stages, strict=True):
+        assert s.comp == pytest.approx(b.comp, rel=1e-12)  # the mean rank computes a balanced share (FLOP-linear)
+        assert s.ep_wait == pytest.approx(h.ep_wait + h.comp - b.comp, rel=1e-12)  # the cold rank waits the rest
+        assert s.memory.peak == pytest.approx(h.memory.peak, rel=1e-12)  # the hot rank holds the most copies
+    assert model_flops(skewed.config) == pytest.approx(model_flops(balanced.config), rel=1e-12)  # useful FLOPs
 
 
 # --- activations and model states -------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """`traceana predict` on the sample pairs (real gloo CPU runs): every predicted part recomputed by hand from
-`traceana breakdown --json` of the source run and the estimator's stage fields, the pipeline's step by hand for
+`traceana breakdown --json` of the source run and the estimator's stage fields (the routing pairs, which replay the
+run's graph, from `traceana whatif --json` with per-rank factors found by hand), the pipeline's step by hand for
 GPipe with one micro-batch, the error bar from `traceana replay --json`, the miss against the target run's own
 `traceana breakdown --json`; bad input as one line and exit 2."""
 
@@ -75,7 +76,7 @@ def rows_of(out: dict, part: str = "stages") -> dict[tuple[int, str], dict]:
     return {(r.get("stage", 0), r["dim"]): r for r in out[part]}
 
 
-@pytest.mark.parametrize(("a", "b"), PAIRS)
+@pytest.mark.parametrize(("a", "b"), PAIRS[:2])  # moe's routing change replays the run's graph (below)
 def test_each_part_is_the_measured_part_times_the_estimators_ratio(db: Path, a: str, b: str) -> None:
     out = predict_json(db, a, CONFIGS / f"{a}.yaml", CONFIGS / f"{b}.yaml")
     got = rows_of(out)
@@ -110,6 +111,67 @@ def test_each_part_is_the_measured_part_times_the_estimators_ratio(db: Path, a: 
         assert cfg_a.schedule.kind == "gpipe" and cfg_a.micro_batches == 1
         assert out["schedule"]["source_ms"] == pytest.approx(
             sum(work_a) + 2 * out["schedule"]["p2p_source_ms"] + max(tails), rel=1e-9)
+
+
+def test_a_routing_skew_replays_the_runs_graph_with_each_ranks_own_compute(db: Path) -> None:
+    """moe_balanced -> moe_skewed changes only the routing (model.expert_load [1.75, 0.25]): the same ops in the
+    same order, so the run's graph is replayed with per-rank compute. The factors by a second route: a config
+    whose every expert is padded to 1.75 (or 0.25) x a balanced share prices each EP rank, and its estimated EP wait
+    is the all-to-all alone; the replay is `traceana whatif` with those changes, over the typical step (3)."""
+    out = predict_json(db, "moe_balanced", CONFIGS / "moe_balanced.yaml", CONFIGS / "moe_skewed.yaml")
+    base = config.load(CONFIGS / "moe_balanced.yaml")
+    hardware = replace(base.hardware, collectives="gloo")  # one all-reduce size: the config's links stay
+
+    def at(capacity: float):  # type: ignore[no-untyped-def]
+        return estimate(replace(base, hardware=hardware, model=replace(base.model, capacity_factor=capacity)))
+
+    balanced, hot, cold = at(1.0), at(1.75), at(0.25)
+    comp = balanced.stages[0].comp
+    factors = {0: hot.stages[0].comp / comp, 2: hot.stages[0].comp / comp,  # ranks 0, 2: EP rank 0
+               1: cold.stages[0].comp / comp, 3: cold.stages[0].comp / comp}
+    ep = hot.stages[0].ep_wait / balanced.stages[0].ep_wait
+    changes = [c for r, f in factors.items() for c in ("--change", f"rank={r}:{f!r}")]
+    whatif = json.loads(run_cli("whatif", "moe_balanced", *changes, "--change", f"dim=EP:{ep!r}", "--json",
+                                "--db", db).stdout)
+    ranks = [r for r in whatif["ranks"] if r["step"] == 3]
+    got = rows_of(out)
+    for dim in ("COMP", "EP_WAIT", "DP_WAIT", "IDLE", "TOTAL"):
+        expected = np.mean([r[f"predicted_{dim}_ms"] for r in ranks])
+        assert got[0, dim]["predicted_B_ms"] == pytest.approx(expected, rel=1e-6), dim
+        assert got[0, dim]["source"].startswith("trace replayed")
+    path = next(n for n in out["notes"] if n.startswith("path: the run's dependency graph replayed"))
+    assert f"ranks 0, 2: {factors[0]:.3f}; ranks 1, 3: {factors[1]:.3f}" in path and f"times {ep:.3f}" in path
+    assert out["schedule"] == {} and not any("expert_load" in n for n in out["notes"])
+    # the hot ranks' extra compute fills what was their EP wait, so the step grows far less than their compute
+    hot_growth = np.mean([r["predicted_COMP_ms"] - r["COMP_ms"] for r in ranks if r["rank"] in (0, 2)])
+    assert 0 < got[0, "TOTAL"]["predicted_B_ms"] - got[0, "TOTAL"]["measured_A_ms"] < hot_growth
+
+
+def test_a_run_at_two_loads_prices_each_rank_by_its_own_load_curve(db: Path) -> None:
+    """moe_skewed -> moe_balanced: the skewed run computed at loads 1.75 (ranks 0, 2) and 0.25 (1, 3), so its own
+    COMP per rank on load (`breakdown --by rank --json`, a line through the four) prices each rank at load 1, in
+    place of the FLOP ratio that a 16-token GEMM does not follow; replayed as `traceana whatif` replays it."""
+    out = predict_json(db, "moe_skewed", CONFIGS / "moe_skewed.yaml", CONFIGS / "moe_balanced.yaml")
+    ranks = breakdown(db, "moe_skewed", "rank")
+    load = {0: 1.75, 1: 0.25}
+    per_load, fixed = map(float, np.polyfit([load[r["ep"]] for r in ranks], [r["COMP_ms"] for r in ranks], 1))
+    assert 10 < fixed < 15 and 12 < per_load < 16  # 12.7 ms + 14.0 ms x load: at load 1 26.7, near the balanced 26.2
+    factors = {r["rank"]: (fixed + per_load) / (fixed + per_load * load[r["ep"]]) for r in ranks}
+    base = config.load(CONFIGS / "moe_balanced.yaml")
+    hardware = replace(base.hardware, collectives="gloo")
+    hot = replace(base, hardware=hardware, model=replace(base.model, capacity_factor=1.75))
+    ep = estimate(replace(base, hardware=hardware)).stages[0].ep_wait / estimate(hot).stages[0].ep_wait
+    changes = [c for r, f in factors.items() for c in ("--change", f"rank={r}:{f!r}")]
+    whatif = json.loads(run_cli("whatif", "moe_skewed", *changes, "--change", f"dim=EP:{ep!r}", "--json",
+                                "--db", db).stdout)
+    replayed = [r for r in whatif["ranks"] if r["step"] == 3]
+    got = rows_of(out)
+    for dim in ("COMP", "EP_WAIT", "DP_WAIT", "TOTAL"):
+        expected = np.mean([r[f"predicted_{dim}_ms"] for r in replayed])
+        assert got[0, dim]["predicted_B_ms"] == pytest.approx(expected, rel=1e-6), dim
+    assert got[0, "COMP"]["source"] == "trace replayed × run load curve per rank"
+    assert (f"compute on stage 0: the run's own COMP per rank on its EP rank's load, {fixed:.3f} ms + {per_load:.3f} "
+            "ms x load (least squares over 4 ranks), prices each rank's ratio") in out["notes"]
 
 
 def test_communication_is_priced_with_the_runs_own_links_and_backend(db: Path) -> None:

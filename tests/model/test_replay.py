@@ -96,6 +96,14 @@ def test_rank_to_median_gives_every_rank_the_median_compute(db: Path) -> None:
     assert gain[0] > 0 and gain[2] > 0 and gain[1] < 0 and gain[3] < 0
 
 
+def test_a_rank_factor_scales_that_ranks_compute_alone(db: Path) -> None:
+    # the CPU run's compute is the main thread's outermost ops, one after another: each twice as long, twice the union
+    frame = _whatif(db, "moe_skewed", 3, "rank=1:2")
+    comp = dict(zip(frame["rank"], zip(frame["COMP_ms"], frame["predicted_COMP_ms"], strict=True), strict=True))
+    assert comp[1][1] == pytest.approx(2 * comp[1][0], rel=1e-3)
+    assert all(after == pytest.approx(before, rel=1e-3) for r, (before, after) in comp.items() if r != 1)
+
+
 def test_host_zero_leaves_the_device_work_of_a_host_bound_step(db: Path) -> None:
     """h200_hostbound: with the host's time removed the step is its kernels back to back. Bounds by hand: at least
     the measured COMP, at most COMP plus 2 µs per kernel and the measured tail after the last kernel."""
@@ -131,7 +139,8 @@ def test_advise_finds_the_hot_expert_ranks(db: Path) -> None:
 
 @pytest.mark.parametrize(("spec", "says"), [
     ("speed=2", "expected KEY=VALUE"), ("dim=TP:-1", ">= 0"), ("dim=TP:nan", ">= 0"), ("dim=XX:0.5", "dim is one of"),
-    ("rank=5:0.5", "':median'"), ("overlap=QQ", "overlap takes a dim"), ("kernel=gemm", "TARGET:FACTOR"),
+    ("rank=*:0.5", "':median'"), ("stage=0:2", "':median'"), ("rank=5:0.5", "has no rank 5"),
+    ("overlap=QQ", "overlap takes a dim"), ("kernel=gemm", "TARGET:FACTOR"),
     ("rank=99:median", "has no rank 99"), ("stage=3:median", "stages 0..0"), ("pg=nope:0.5", "no process group"),
 ])
 def test_bad_changes_are_one_line_errors(db: Path, spec: str, says: str) -> None:

@@ -20,6 +20,11 @@ step (the breakdown views' mean over steps after the first, over the stage's ran
   dropped. PP_WAIT is what the step leaves over the stage's other parts.
 - Memory: the measured peak times the estimator's peak ratio, else the estimator's peak.
 
+That is the path for a change that alters the run's graph. A change that only re-prices the run's own ops (the
+routing: model.expert_load, model.capacity_factor; nothing else differs) replays the run's dependency graph
+instead (:func:`_replayed`): each rank's compute scaled for its EP rank's load, the EP transfers for the all-to-all
+the most loaded rank receives, so the waits come from the run's own synchronisation. The notes say which path.
+
 The error bar of each number, in quadrature: the run's replay residual (RMS over rank-steps of `traceana replay`'s
 error against the measured TOTAL: how well the trace explains its own timing) and the spread (standard deviation
 over mean) of the measured piece over the stage's rank-steps, the first step too (how much one measurement of it
@@ -39,8 +44,8 @@ import polars as pl
 
 from traceana.analyses import breakdown as bd
 from traceana.errors import TraceanaError
-from traceana.estimator import pipeline
-from traceana.estimator.config import Config, Hardware, Links
+from traceana.estimator import comm, pipeline
+from traceana.estimator.config import Config, Hardware, Links, at_load
 from traceana.estimator.estimate import Estimate, estimate
 from traceana.estimator.memory import MIB
 from traceana.estimator.stages import device_of_chunk
@@ -51,6 +56,7 @@ SCALED = {"COMP": "comp", "MP_WAIT": "mp_wait", "CP_WAIT": "cp_wait", "EP_WAIT":
 WORK = ("COMP", "MP_WAIT", "CP_WAIT", "EP_WAIT", "OTHER_WAIT", "IDLE")  # per micro-batch work, fed to the schedule
 DIMS = ("COMP", "MP_WAIT", "CP_WAIT", "EP_WAIT", "DP_WAIT", "PP_WAIT", "OTHER_WAIT", "IDLE", "TOTAL")
 DIM_OF = {"MP_WAIT": "TP", "CP_WAIT": "CP", "EP_WAIT": "EP", "DP_WAIT": "DP"}
+Row = tuple[int, dict[str, float], dict[str, float], dict[str, float | None], dict[str, str]]  # stage, A, B, ratio, how
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,7 @@ class Prediction:
     stages: pl.DataFrame
     step: pl.DataFrame
     memory: dict[str, float | str | None]
-    schedule: dict[str, float]  # the simulated steps and the point-to-point transfer each was fed, ms
+    schedule: dict[str, float]  # the simulated steps and the p2p transfer each was fed, ms; empty when replayed
     notes: list[str]
 
 
@@ -80,7 +86,8 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
             raise TraceanaError(f"run {run_id!r} has no pipeline stages: ingest it with --layout "
                                 f"{cfg.parallel.layout.spec} to predict from it")
         measured = measured.with_columns(stage=pl.lit(0, pl.Int32))
-    notes = _assumptions(cfg, target)
+    replays = _replays(cfg, target)
+    notes = _assumptions(cfg, target, replays)
     scratch_b = estimate(target)
     if target.hardware == cfg.hardware:  # the run's own backend and alpha-beta price both configs' communication
         hardware = _run_hardware(con, run_id, cfg, notes)
@@ -91,6 +98,32 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
     replay_pct = _replay_residual(con, run_id, notes)
 
     a = {int(r["stage"]): {d: r[f"{d}_mean_ms"] for d in DIMS} for r in measured.iter_rows(named=True)}
+    if replays:
+        rows, schedule = _replayed(con, run_id, a, est_a, est_b, notes), {}
+    else:
+        rows, schedule = _scaled(con, run_id, a, est_a, est_b, notes)
+    same_stages = cfg.parallel.pp == target.parallel.pp
+    out = []
+    for s, src, pred, ratio, how in rows:
+        for d in DIMS:
+            cv = spread.get((s if same_stages else None, d), 0.0)
+            out.append({"stage": s, "dim": d, "measured_A_ms": src[d], "ratio": ratio[d], "predicted_B_ms": pred[d],
+                        "error_bar_ms": abs(pred[d]) * math.hypot(replay_pct / 100, cv),
+                        "estimated_B_ms": _estimated(scratch_b.stages[s], d), "source": how[d]})
+    stages = pl.DataFrame(out, schema_overrides={"ratio": pl.Float64, "estimated_B_ms": pl.Float64})
+    step = (stages.group_by("dim", maintain_order=True)
+            .agg(pl.col("measured_A_ms", "ratio", "predicted_B_ms", "error_bar_ms", "estimated_B_ms").mean(),
+                 pl.col("source").unique(maintain_order=True).str.join("; ")))
+    return Prediction(run_id, cfg.source, target.source, stages, step, _memory(con, run_id, est_a, est_b, notes),
+                      schedule, notes)
+
+
+def _scaled(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str, float]], est_a: Estimate,
+            est_b: Estimate, notes: list[str]) -> tuple[list[Row], dict[str, float]]:
+    """A change that alters the run's graph (micro-batches, layout, schedule, the model): per target stage each
+    measured part times the estimator's ratio, the step by the schedule simulator (the module doc); and the
+    simulated steps with the point-to-point transfer each was fed, ms."""
+    cfg, target = est_a.config, est_b.config
     same_stages = cfg.parallel.pp == target.parallel.pp
     if not same_stages:
         mean = {d: sum(s[d] for s in a.values()) / len(a) for d in DIMS}
@@ -140,7 +173,7 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
     sim_a = _schedule(cfg, est_a, work_a if same_stages else [sum(work_a) / len(work_a)] * cfg.parallel.pp, p2p_a,
                       tails_a)
     sim_b = _schedule(target, est_b, work_b, p2p_b, tails_b)
-    out = []
+    done = []
     for s, src, pred, ratio, how in rows:
         total = src["TOTAL"] * sim_b / sim_a
         rest = sum(pred[d] for d in DIMS if d not in ("PP_WAIT", "TOTAL"))
@@ -150,21 +183,106 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
         pred["PP_WAIT"], pred["TOTAL"] = max(0.0, total - rest), max(total, rest)
         ratio["PP_WAIT"] = ratio["TOTAL"] = sim_b / sim_a
         how["PP_WAIT"] = how["TOTAL"] = "trace × schedule"
-        for d in DIMS:
-            cv = spread.get((s if same_stages else None, d), 0.0)
-            out.append({"stage": s, "dim": d, "measured_A_ms": src[d], "ratio": ratio[d], "predicted_B_ms": pred[d],
-                        "error_bar_ms": abs(pred[d]) * math.hypot(replay_pct / 100, cv),
-                        "estimated_B_ms": _estimated(scratch_b.stages[s], d), "source": how[d]})
-    stages = pl.DataFrame(out, schema_overrides={"ratio": pl.Float64, "estimated_B_ms": pl.Float64})
-    step = (stages.group_by("dim", maintain_order=True)
-            .agg(pl.col("measured_A_ms", "ratio", "predicted_B_ms", "error_bar_ms", "estimated_B_ms").mean(),
-                 pl.col("source").unique(maintain_order=True).str.join("; ")))
+        done.append((s, src, pred, ratio, how))
     notes.append(f"pipeline: {cfg.schedule.kind} with {cfg.micro_batches} micro-batches simulated at {sim_a:.3f} ms "
                  f"from the run's stage times, {target.schedule.kind} with {target.micro_batches} at {sim_b:.3f} "
                  f"ms; point-to-point {p2p_a:.3f} → {p2p_b:.3f} ms per transfer")
-    schedule = {"source_ms": sim_a, "target_ms": sim_b, "p2p_source_ms": p2p_a, "p2p_target_ms": p2p_b}
-    return Prediction(run_id, cfg.source, target.source, stages, step, _memory(con, run_id, est_a, est_b, notes),
-                      schedule, notes)
+    return done, {"source_ms": sim_a, "target_ms": sim_b, "p2p_source_ms": p2p_a, "p2p_target_ms": p2p_b}
+
+
+REPLAYED = ("capacity_factor", "expert_load")  # model fields that re-price the run's own ops, not add or move any
+
+
+def _replays(cfg: Config, target: Config) -> bool:
+    """Whether ``target`` is the run's graph with other per-op costs only: the configs differ in the routing
+    (model.expert_load, model.capacity_factor) and nothing else, so the same ops run in the same order."""
+    routed = {name: getattr(cfg.model, name) for name in REPLAYED}
+    return target.model != cfg.model and replace(target, model=replace(target.model, **routed),
+                                                  source=cfg.source) == cfg
+
+
+def _loads(cfg: Config) -> tuple[float, ...]:
+    """Per EP rank, the tokens its experts compute relative to a balanced share."""
+    return cfg.model.expert_load or (cfg.model.capacity_factor,) * cfg.parallel.ep
+
+
+def _replayed(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str, float]], est_a: Estimate,
+              est_b: Estimate, notes: list[str]) -> list[Row]:
+    """A routing change: the run's dependency graph replayed with each rank's compute times the ratio for its EP
+    rank's load (the run's own load curve where its ranks ran at several loads, :func:`_load_curves`; else the
+    estimator's: its stage's COMP at the target's load over the run's) and the EP transfers times the ratio of the
+    all-to-all the most loaded rank receives, so who waits for whom is the run's own synchronisation, not a stage
+    mean. Each part: measured plus what the change moves it in the replay (whatif.predicted), over the typical step
+    (the steps after the first, as the breakdown's)."""
+    from traceana.model import whatif
+
+    at: dict[tuple[int, float], Estimate] = {}  # (0 the run's config, 1 the target's; a load) -> its estimate
+
+    def stage_comp(which: int, load: float, stage: int) -> float:
+        if (which, load) not in at:
+            at[which, load] = estimate(at_load((est_a, est_b)[which].config, load))
+        return at[which, load].stages[stage].comp
+
+    loads_a, loads_b = _loads(est_a.config), _loads(est_b.config)
+    ranks = con.execute("SELECT rank, coalesce(ep, 0), coalesce(pp, 0) FROM ranks WHERE run_id = ? ORDER BY rank",
+                        [run_id]).fetchall()
+    curves = _load_curves(con, run_id, loads_a, notes)
+
+    def factor(e: int, s: int) -> float:
+        if s in curves:
+            fixed, per_load = curves[s]
+            return (fixed + per_load * loads_b[e]) / (fixed + per_load * loads_a[e])
+        return stage_comp(1, loads_b[e], s) / stage_comp(0, loads_a[e], s)
+
+    factors = {r: factor(e, s) for r, e, s in ranks}
+    ep_a, ep_b = (comm.ep_layer(e.config) for e in (est_a, est_b))
+    ep = (ep_b.forward + ep_b.backward) / (ep_a.forward + ep_a.backward) if ep_a.forward + ep_a.backward else 1.0
+    changes = [whatif.Change("rank", str(r), f) for r, f in factors.items()] + [whatif.Change("dim", "EP", ep)]
+    _, frame, _ = whatif.whatif_run(con, run_id, changes)
+    steady = (pl.len().over("rank") == 1) | (pl.col("step") > pl.col("step").min().over("rank"))
+    typical = (frame.filter(steady).with_columns(pl.col("stage").fill_null(0))
+               .group_by("stage").agg(pl.col(f"predicted_{d}_ms").mean().alias(d) for d in DIMS))
+    by_factor: dict[float, list[int]] = {}
+    for r, f in factors.items():
+        by_factor.setdefault(round(f, 3), []).append(r)
+    notes.append("path: the run's dependency graph replayed (the change re-prices its ops, it adds or moves none): "
+                 "each rank's compute times the ratio for its EP rank's load ("
+                 + "; ".join(f"ranks {', '.join(map(str, rs))}: {f:.3f}" for f, rs in by_factor.items())
+                 + f") and the EP transfers times {ep:.3f}, so who waits for whom is the run's own synchronisation")
+    rows = []
+    for row in typical.sort("stage").iter_rows(named=True):
+        s, src = int(row["stage"]), a[int(row["stage"])]
+        pred = {d: row[d] for d in DIMS}
+        ratio = {d: pred[d] / src[d] if src[d] else None for d in DIMS}
+        how = {d: "trace replayed" for d in DIMS}
+        how["COMP"] = f"trace replayed × {'run load curve' if s in curves else 'estimator'} per rank"
+        rows.append((s, src, pred, ratio, how))
+    return rows
+
+
+def _load_curves(con: duckdb.DuckDBPyConnection, run_id: str, loads: tuple[float, ...],
+                 notes: list[str]) -> dict[int, tuple[float, float]]:
+    """Per stage whose ranks ran at two loads or more: (fixed, per load) ms, the least squares of each rank's
+    measured COMP (typical step) on its EP rank's load. A small GEMM costs more than its FLOPs (moe_skewed's cold
+    ranks compute 16 tokens in 0.6x a balanced rank's time, not 0.25x), which a run shows where its ranks computed
+    different loads; a stage with one load, or a fit not positive at every load, keeps the estimator's ratio."""
+    rows = con.execute("SELECT coalesce(pp, 0), coalesce(ep, 0), COMP_ns / 1e6 FROM rank_breakdown "
+                       "WHERE run_id = ? AND step IS NULL", [run_id]).fetchall()
+    curves = {}
+    for stage in sorted({r[0] for r in rows}):
+        x = np.array([loads[e] for s, e, _ in rows if s == stage])
+        y = np.array([comp for s, _, comp in rows if s == stage])
+        if len(set(x.tolist())) < 2:
+            continue
+        per_load, fixed = np.polyfit(x, y, 1)
+        if fixed < 0 or per_load <= 0:
+            notes.append(f"compute on stage {stage}: the run's COMP per rank fits no positive curve on its load "
+                         f"({fixed:.3f} ms + {per_load:.3f} ms x load), so the estimator's ratio prices each rank")
+            continue
+        curves[stage] = (float(fixed), float(per_load))
+        notes.append(f"compute on stage {stage}: the run's own COMP per rank on its EP rank's load, {fixed:.3f} ms + "
+                     f"{per_load:.3f} ms x load (least squares over {len(x)} ranks), prices each rank's ratio")
+    return curves
 
 
 def _estimated(stage: object, dim: str) -> float | None:
@@ -300,13 +418,16 @@ def _memory(con: duckdb.DuckDBPyConnection, run_id: str, est_a: Estimate, est_b:
 INFORMED = {"model": ("seq_len",), "parallel": None, "schedule": None}  # None: every field is what predict is for
 
 
-def _assumptions(cfg: Config, target: Config) -> list[str]:
-    """A note per changed setting the trace cannot inform: the model's shapes (but the sequence length), the
-    hardware, precision and calibration; the ratio then is the estimator's alone."""
+def _assumptions(cfg: Config, target: Config, replays: bool) -> list[str]:
+    """A note per changed setting the trace cannot inform: the model's shapes (but the sequence length, and the
+    routing where the run's graph is replayed), the hardware, precision and calibration; the ratio then is the
+    estimator's alone."""
     notes = []
     for section in ("model", "hardware", "precision", "calibration", "parallel", "schedule"):
         before, after = getattr(cfg, section), getattr(target, section)
         informed = INFORMED.get(section, ())
+        if section == "model" and replays:
+            informed = (*informed, *REPLAYED)
         for f in fields(before):
             x, y = getattr(before, f.name), getattr(after, f.name)
             if x == y or informed is None or f.name in informed:

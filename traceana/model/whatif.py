@@ -8,7 +8,8 @@ A change is ``KEY=TARGET[:FACTOR]``; several compose, applied in the order given
 - ``kernel=*flash*:0.8`` compute / memcpy / memset events whose name matches the pattern (fnmatch, any case)
 - ``host=0``           host time between launches scaled (0: every launch at once, what CUDA graphs would do)
 - ``rank=5:median``    rank 5's work scaled to the median COMP of its peers (its stage's other ranks, or all others
-                       without a layout), step by step; ``rank=*:median`` every rank to its stage's median
+                       without a layout), step by step; ``rank=*:median`` every rank to its stage's median;
+                       ``rank=5:1.4`` rank 5's work 1.4x (`traceana predict` gives each rank its own factor)
 - ``stage=0:median``   the stage's ranks scaled so its mean COMP is the median of the other stages' means
 - ``overlap=DP``       nothing waits for DP communication any more: it runs in the background
 
@@ -69,11 +70,13 @@ def parse(spec: str) -> Change:
     if not colon or not target:
         raise TraceanaError(f"--change {spec!r}: expected {key}=TARGET:FACTOR")
     if key in ("rank", "stage"):
-        if amount.strip().lower() != "median":
-            raise TraceanaError(f"--change {spec!r}: {key} changes take ':median' (the group's median compute)")
+        median = amount.strip().lower() == "median"
+        if not median and (key == "stage" or target == "*"):
+            raise TraceanaError(f"--change {spec!r}: {key} changes take ':median' (the group's median compute)"
+                                f"{'; one rank also a factor, rank=5:1.4' if key == 'rank' else ''}")
         if not (target == "*" and key == "rank") and not re.fullmatch(r"\d+", target):
             raise TraceanaError(f"--change {spec!r}: {key} must be a number{' or *' if key == 'rank' else ''}")
-        return Change(key, target, None)
+        return Change(key, target, None if median else _factor(spec, amount))
     if key == "dim" and target.upper() not in DIMS:
         raise TraceanaError(f"--change {spec!r}: dim is one of {', '.join(DIMS)}")
     return Change(key, target.upper() if key == "dim" else target, _factor(spec, amount))
@@ -124,6 +127,8 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame) -> tuple[n
             scale(where(ev["name"].is_in(names).to_numpy() & work, change.factor))
         elif change.key == "host":
             weight[graph.kind == dependency.HOST] *= change.factor
+        elif change.key == "rank" and change.factor is not None:
+            scale(where(work & (ev["rank"] == int(change.target)).to_numpy(), change.factor))
         elif change.key in ("rank", "stage"):
             factors = _to_median(change, measured)
             per_event = (ev.select("rank", "step").join(factors, on=["rank", "step"], how="left")
