@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
@@ -50,6 +51,9 @@ from traceana.estimator.estimate import Estimate, estimate
 from traceana.estimator.memory import MIB
 from traceana.estimator.stages import device_of_chunk
 from traceana.model import compare
+
+if TYPE_CHECKING:
+    from traceana.model.whatif import Baseline
 
 SCALED = {"COMP": "comp", "MP_WAIT": "mp_wait", "CP_WAIT": "cp_wait", "EP_WAIT": "ep_wait", "DP_WAIT": "dp_wait",
           "IDLE": "idle"}
@@ -95,11 +99,11 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
     else:
         est_a, est_b = estimate(cfg), scratch_b
     spread = _spread(con, run_id)
-    replay_pct = _replay_residual(con, run_id, notes)
+    base, replay_pct = _replay_residual(con, run_id, notes)
 
     a = {int(r["stage"]): {d: r[f"{d}_mean_ms"] for d in DIMS} for r in measured.iter_rows(named=True)}
     if replays:
-        rows, schedule = _replayed(con, run_id, a, est_a, est_b, notes), {}
+        rows, schedule = _replayed(con, run_id, a, est_a, est_b, base, notes), {}
     else:
         rows, schedule = _scaled(con, run_id, a, est_a, est_b, notes)
     same_stages = cfg.parallel.pp == target.parallel.pp
@@ -207,13 +211,13 @@ def _loads(cfg: Config) -> tuple[float, ...]:
 
 
 def _replayed(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str, float]], est_a: Estimate,
-              est_b: Estimate, notes: list[str]) -> list[Row]:
+              est_b: Estimate, base: Baseline | None, notes: list[str]) -> list[Row]:
     """A routing change: the run's dependency graph replayed with each rank's compute times the ratio for its EP
     rank's load (the run's own load curve where its ranks ran at several loads, :func:`_load_curves`; else the
     estimator's: its stage's COMP at the target's load over the run's) and the EP transfers times the ratio of the
     all-to-all the most loaded rank receives, so who waits for whom is the run's own synchronisation, not a stage
     mean. Each part: measured plus what the change moves it in the replay (whatif.predicted), over the typical step
-    (the steps after the first, as the breakdown's)."""
+    (the steps after the first, as the breakdown's); ``base``: the run's plain replay, when already built."""
     from traceana.model import whatif
 
     at: dict[tuple[int, float], Estimate] = {}  # (0 the run's config, 1 the target's; a load) -> its estimate
@@ -238,7 +242,7 @@ def _replayed(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str
     ep_a, ep_b = (comm.ep_layer(e.config) for e in (est_a, est_b))
     ep = (ep_b.forward + ep_b.backward) / (ep_a.forward + ep_a.backward) if ep_a.forward + ep_a.backward else 1.0
     changes = [whatif.Change("rank", str(r), f) for r, f in factors.items()] + [whatif.Change("dim", "EP", ep)]
-    _, frame, _ = whatif.whatif_run(con, run_id, changes)
+    _, frame, _ = whatif.whatif_run(con, run_id, changes, base=base)
     steady = (pl.len().over("rank") == 1) | (pl.col("step") > pl.col("step").min().over("rank"))
     typical = (frame.filter(steady).with_columns(pl.col("stage").fill_null(0))
                .group_by("stage").agg(pl.col(f"predicted_{d}_ms").mean().alias(d) for d in DIMS))
@@ -383,20 +387,22 @@ def _spread(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[tuple[int | Non
             for r in frame.iter_rows(named=True) for d in DIMS}
 
 
-def _replay_residual(con: duckdb.DuckDBPyConnection, run_id: str, notes: list[str]) -> float:
-    """RMS over the run's rank-steps of the replay's TOTAL error, %; 0 with a note when the run cannot be
-    replayed (the error bar is then the spread alone)."""
-    from traceana.model.replay import replay_run
+def _replay_residual(con: duckdb.DuckDBPyConnection, run_id: str, notes: list[str]) -> tuple[Baseline | None, float]:
+    """(the run's replay, for a what-if from it; RMS over the run's rank-steps of the replay's TOTAL error, %); (None,
+    0) with a note when the run cannot be replayed (the error bar is then the spread alone)."""
+    from traceana.model.replay import side_by_side
+    from traceana.model.whatif import baseline
 
     try:
-        errors = replay_run(con, run_id)[1]["error_pct"].drop_nulls()
+        base = baseline(con, run_id)
     except TraceanaError as exc:
         notes.append(f"error bar: the spread of each measured part alone; no replay residual ({exc})")
-        return 0.0
+        return None, 0.0
+    errors = side_by_side(base.measured, base.replayed)["error_pct"].drop_nulls()
     rms = float((errors ** 2).mean() ** 0.5) if len(errors) else 0.0
     notes.append(f"error bar: replay residual {rms:.1f}% (RMS over rank-steps) with the spread of each measured part "
                  "over the stage's ranks and steps")
-    return rms
+    return base, rms
 
 
 def _memory(con: duckdb.DuckDBPyConnection, run_id: str, est_a: Estimate, est_b: Estimate,
