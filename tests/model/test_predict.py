@@ -6,6 +6,7 @@ GPipe with one micro-batch, the error bar from `traceana replay --json`, the mis
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from dataclasses import replace
@@ -113,11 +114,31 @@ def test_each_part_is_the_measured_part_times_the_estimators_ratio(db: Path, a: 
             sum(work_a) + 2 * out["schedule"]["p2p_source_ms"] + max(tails), rel=1e-9)
 
 
+def gemm_ms_in_step(trace: Path, step: int) -> float:
+    """A rank's matrix products in one step, read from its raw trace: the main thread's outermost aten::mm /
+    aten::linear calls inside ProfilerStep#step (a product inside another counts once)."""
+    with gzip.open(trace) as handle:
+        events = json.load(handle)["traceEvents"]
+    window = next(e for e in events if e.get("name") == f"ProfilerStep#{step}")
+    start, end = window["ts"], window["ts"] + window["dur"]
+    calls = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                   if e.get("ph") == "X" and e.get("cat") == "cpu_op" and e["tid"] == window["tid"]
+                   and e["name"] in ("aten::mm", "aten::addmm", "aten::linear") and start <= e["ts"] < end)
+    total, last = 0.0, -math.inf
+    for begin, finish in calls:
+        if begin >= last:
+            total, last = total + finish - begin, finish
+    return total / 1e3
+
+
 def test_a_routing_skew_replays_the_runs_graph_with_each_ranks_own_compute(db: Path) -> None:
     """moe_balanced -> moe_skewed changes only the routing (model.expert_load [1.75, 0.25]): the same ops in the
-    same order, so the run's graph is replayed with per-rank compute. The factors by a second route: a config
-    whose every expert is padded to 1.75 (or 0.25) x a balanced share prices each EP rank, and its estimated EP wait
-    is the all-to-all alone; the replay is `traceana whatif` with those changes, over the typical step (3)."""
+    same order, so the run's graph is replayed with per-rank compute. The factors by a second route: each rank's
+    matrix products from its raw trace over its COMP (`breakdown --by rank`), times the FLOP ratio of the stage's
+    products at 1.75 (or 0.25) x a balanced expert share (the expert's two 512 x 2048 GEMMs over 64 tokens beside
+    the config's 2-expert router and 8-word output layer), the rest of its compute (bucket copies, SGD) left as
+    measured; its estimated EP wait is the all-to-all alone; the replay is `traceana whatif` with those changes,
+    over the typical step (3)."""
     out = predict_json(db, "moe_balanced", CONFIGS / "moe_balanced.yaml", CONFIGS / "moe_skewed.yaml")
     base = config.load(CONFIGS / "moe_balanced.yaml")
     hardware = replace(base.hardware, collectives="gloo")  # one all-reduce size: the config's links stay
@@ -125,10 +146,13 @@ def test_a_routing_skew_replays_the_runs_graph_with_each_ranks_own_compute(db: P
     def at(capacity: float):  # type: ignore[no-untyped-def]
         return estimate(replace(base, hardware=hardware, model=replace(base.model, capacity_factor=capacity)))
 
-    balanced, hot, cold = at(1.0), at(1.75), at(0.25)
-    comp = balanced.stages[0].comp
-    factors = {0: hot.stages[0].comp / comp, 2: hot.stages[0].comp / comp,  # ranks 0, 2: EP rank 0
-               1: cold.stages[0].comp / comp, 3: cold.stages[0].comp / comp}
+    balanced, hot = at(1.0), at(1.75)
+    expert, fixed = 64 * 2 * 512 * 2048, 64 * 512 * (8 + 2)  # multiply-adds a micro-batch: the experts'; the
+    product_ratio = {e: (load * expert + fixed) / (expert + fixed) for e, load in enumerate((1.75, 0.25))}  # rest
+    comp = {r["rank"]: (r["ep"], r["COMP_ms"]) for r in breakdown(db, "moe_balanced", "rank")}
+    share = {r: gemm_ms_in_step(SAMPLES / "moe_balanced" / f"rank{r}.json.gz", 3) / ms for r, (_, ms) in comp.items()}
+    assert all(0.5 < x < 0.85 for x in share.values())  # a third of a rank's compute is not its products (cat, SGD)
+    factors = {r: 1 + share[r] * (product_ratio[e] - 1) for r, (e, _) in comp.items()}
     ep = hot.stages[0].ep_wait / balanced.stages[0].ep_wait
     changes = [c for r, f in factors.items() for c in ("--change", f"rank={r}:{f!r}")]
     whatif = json.loads(run_cli("whatif", "moe_balanced", *changes, "--change", f"dim=EP:{ep!r}", "--json",
@@ -140,7 +164,7 @@ def test_a_routing_skew_replays_the_runs_graph_with_each_ranks_own_compute(db: P
         assert got[0, dim]["predicted_B_ms"] == pytest.approx(expected, rel=1e-6), dim
         assert got[0, dim]["source"].startswith("trace replayed")
     path = next(n for n in out["notes"] if n.startswith("path: the run's dependency graph replayed"))
-    assert f"ranks 0, 2: {factors[0]:.3f}; ranks 1, 3: {factors[1]:.3f}" in path and f"times {ep:.3f}" in path
+    assert "; ".join(f"rank {r}: {factors[r]:.3f}" for r in range(4)) in path and f"times {ep:.3f}" in path
     assert out["schedule"] == {} and not any("expert_load" in n for n in out["notes"])
     # the hot ranks' extra compute fills what was their EP wait, so the step grows far less than their compute
     hot_growth = np.mean([r["predicted_COMP_ms"] - r["COMP_ms"] for r in ranks if r["rank"] in (0, 2)])

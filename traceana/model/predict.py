@@ -45,10 +45,9 @@ import polars as pl
 
 from traceana.analyses import breakdown as bd
 from traceana.errors import TraceanaError
-from traceana.estimator import comm, pipeline
+from traceana.estimator import comm, compute, memory, pipeline
 from traceana.estimator.config import Config, Hardware, Links, at_load
 from traceana.estimator.estimate import Estimate, estimate
-from traceana.estimator.memory import MIB
 from traceana.estimator.stages import device_of_chunk
 from traceana.model import compare
 
@@ -214,7 +213,10 @@ def _replayed(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str
               est_b: Estimate, base: Baseline | None, notes: list[str]) -> list[Row]:
     """A routing change: the run's dependency graph replayed with each rank's compute times the ratio for its EP
     rank's load (the run's own load curve where its ranks ran at several loads, :func:`_load_curves`; else the
-    estimator's: its stage's COMP at the target's load over the run's) and the EP transfers times the ratio of the
+    estimator's ratio of the stage's matrix products at the target's load over the run's, for the share of the
+    rank's compute its products took, :func:`_gemm_shares`: the optimizer step, gradient-bucket copies and the like
+    do not follow the routing, and moe_balanced's ranks spend a third of their compute there; else, when the trace
+    tells no products apart, the estimator's stage COMP ratio) and the EP transfers times the ratio of the
     all-to-all the most loaded rank receives, so who waits for whom is the run's own synchronisation, not a stage
     mean. Each part: measured plus what the change moves it in the replay (whatif.predicted), over the typical step
     (the steps after the first, as the breakdown's); ``base``: the run's plain replay, when already built."""
@@ -231,14 +233,25 @@ def _replayed(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str
     ranks = con.execute("SELECT rank, coalesce(ep, 0), coalesce(pp, 0) FROM ranks WHERE run_id = ? ORDER BY rank",
                         [run_id]).fetchall()
     curves = _load_curves(con, run_id, loads_a, notes)
+    gemm_share = _gemm_shares(con, run_id)
+    if not curves and not any(gemm_share.values()):
+        notes.append("compute: the run's compute names no matrix product (aten::mm, a *gemm* kernel ...), so each "
+                     "rank's whole compute is priced at the estimator's COMP ratio")
 
-    def factor(e: int, s: int) -> float:
+    def factor(r: int, e: int, s: int) -> float:
         if s in curves:
             fixed, per_load = curves[s]
             return (fixed + per_load * loads_b[e]) / (fixed + per_load * loads_a[e])
+        if gemm_share:
+            ratio = _stage_gemm_s(est_b.config, loads_b[e], est_b, s) / _stage_gemm_s(est_a.config, loads_a[e],
+                                                                                      est_a, s)
+            return 1 + gemm_share.get(r, 0.0) * (ratio - 1)
         return stage_comp(1, loads_b[e], s) / stage_comp(0, loads_a[e], s)
 
-    factors = {r: factor(e, s) for r, e, s in ranks}
+    factors = {r: factor(r, e, s) for r, e, s in ranks}
+    how = ("the ratio for its EP rank's load" if curves or not gemm_share else
+           "1 + its matrix products' share of it x (the estimator's product ratio for its EP rank's load - 1): "
+           "the rest, the optimizer and copies, does not follow the routing")
     ep_a, ep_b = (comm.ep_layer(e.config) for e in (est_a, est_b))
     ep = (ep_b.forward + ep_b.backward) / (ep_a.forward + ep_a.backward) if ep_a.forward + ep_a.backward else 1.0
     changes = [whatif.Change("rank", str(r), f) for r, f in factors.items()] + [whatif.Change("dim", "EP", ep)]
@@ -250,8 +263,9 @@ def _replayed(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str
     for r, f in factors.items():
         by_factor.setdefault(round(f, 3), []).append(r)
     notes.append("path: the run's dependency graph replayed (the change re-prices its ops, it adds or moves none): "
-                 "each rank's compute times the ratio for its EP rank's load ("
-                 + "; ".join(f"ranks {', '.join(map(str, rs))}: {f:.3f}" for f, rs in by_factor.items())
+                 f"each rank's compute times {how} ("
+                 + "; ".join(f"rank{'s' * (len(rs) > 1)} {', '.join(map(str, rs))}: {f:.3f}"
+                             for f, rs in by_factor.items())
                  + f") and the EP transfers times {ep:.3f}, so who waits for whom is the run's own synchronisation")
     rows = []
     for row in typical.sort("stage").iter_rows(named=True):
@@ -262,6 +276,44 @@ def _replayed(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str
         how["COMP"] = f"trace replayed × {'run load curve' if s in curves else 'estimator'} per rank"
         rows.append((s, src, pred, ratio, how))
     return rows
+
+
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul")
+GEMM_KERNELS = "gemm|nvjet|matmul"  # cuBLAS (sm90_xmma_gemm_*, ampere_*gemm*), cuBLASLt's nvjet_*, Ascend MatMulV2
+
+
+def _gemm_shares(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[int, float]:
+    """Per rank, the share of its compute (typical step) spent in matrix products: compute events an ``aten::mm``
+    family op launched (event_ops), or named so themselves (a CPU run's ops, a kernel matching GEMM_KERNELS).
+    Empty when no rank has any: the trace cannot tell its products apart."""
+    rows = con.execute(f"""
+        WITH w AS (SELECT rank, step, start_ns, end_ns,
+                          count(*) OVER r = 1 OR step > min(step) OVER r AS steady
+                   FROM step_windows WHERE run_id = $run WINDOW r AS (PARTITION BY rank)),
+        gemm AS (SELECT e.rank, sum(e.end_ns - e.start_ns) AS ns
+                 FROM device_events e
+                 JOIN w ON w.rank = e.rank AND e.start_ns >= w.start_ns AND e.start_ns < w.end_ns AND w.steady
+                 LEFT JOIN event_ops o ON o.run_id = e.run_id AND o.rank = e.rank AND o.event_id = e.event_id
+                 WHERE e.run_id = $run AND e.category = 'compute'
+                   AND (coalesce(o.op, e.name) IN {GEMM_OPS} OR regexp_matches(e.name, '{GEMM_KERNELS}', 'i'))
+                 GROUP BY e.rank)
+        SELECT b.rank, least(1.0, gemm.ns / (SELECT count(*) FROM w WHERE w.rank = b.rank AND w.steady)
+                                  / nullif(b.COMP_ns, 0))
+        FROM rank_breakdown b JOIN gemm ON gemm.rank = b.rank
+        WHERE b.run_id = $run AND b.step IS NULL""", {"run": run_id}).fetchall()
+    return {int(r): float(share) for r, share in rows if share is not None}
+
+
+def _stage_gemm_s(cfg: Config, load: float, est: Estimate, stage: int) -> float:
+    """The estimator's matrix-product seconds for one micro-batch through ``stage``'s layers (and the output layer
+    on the last), its EP rank at ``load``: what a routing change re-prices."""
+    at = at_load(cfg, load)
+    chunks = [layers for k, layers in enumerate(est.chunks) if device_of_chunk(at, k) == stage]
+    seconds = sum(compute.gemm_seconds(compute.layer_gemms(at, i), at).total * n
+                  for layers in chunks for i, n in memory.layer_kinds(at, layers).items())
+    if est.chunks[-1] in chunks and at.model.vocab:
+        seconds += compute.gemm_seconds(compute.head_gemms(at), at).total
+    return seconds
 
 
 def _load_curves(con: duckdb.DuckDBPyConnection, run_id: str, loads: tuple[float, ...],
@@ -409,13 +461,13 @@ def _memory(con: duckdb.DuckDBPyConnection, run_id: str, est_a: Estimate, est_b:
             notes: list[str]) -> dict[str, float | str | None]:
     """Peak MiB: the run's largest rank peak times the estimator's ratio, else the estimator's; the error bar is
     the estimator's own miss on the run's peak, scaled to the prediction."""
-    peak_b = est_b.peak_memory / MIB
+    peak_b = est_b.peak_memory / memory.MIB
     measured = compare.measured_quantities(con, run_id).get(compare.PEAK)
     if measured is None:
         notes.append("memory: the run sampled no memory, so the peak is the estimator's alone")
         return {"measured_A_MiB": None, "predicted_B_MiB": peak_b, "error_bar_MiB": None,
                 "estimated_B_MiB": peak_b, "source": "estimator"}
-    miss = abs(est_a.peak_memory / MIB / measured - 1)
+    miss = abs(est_a.peak_memory / memory.MIB / measured - 1)
     predicted = measured * est_b.peak_memory / est_a.peak_memory
     return {"measured_A_MiB": measured, "predicted_B_MiB": predicted, "error_bar_MiB": miss * predicted,
             "estimated_B_MiB": peak_b, "source": "trace × estimator"}
