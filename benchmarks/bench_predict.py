@@ -2,8 +2,10 @@
 `estimate` of B from scratch. Pairs: the sample traces' (sample_traces/traces, both directions), the two recorded
 for predict (pp2_mb4, tp2dp2_mlp_b256), and the shared H200 traces (another model; other batch sizes, which have no
 measured truth). Each `predict` is its own process, timed. Measured B is compare's mean over ranks of the typical
-step (the same number as `traceana breakdown --json`), the estimate compare's. Nothing here is fitted: the
-prediction's error bar is measured on A alone.
+step (the same number as `traceana breakdown --json`), the estimate compare's. "misplaced": time put in the wrong
+dim, the sum over dims of |predicted - measured| as % of B's step, for predict and for the estimate (a step that
+lands near by cancelling errors shows them here). Nothing here is fitted: the prediction's error bar is measured on
+A alone.
 
 Then the recording noise: each run of the three sample pairs recorded three more times, in three rounds of the six
 one after another (sample_traces/repeats/r1..r3, `generate.py --out`): B's three steps, their median and spread
@@ -58,14 +60,24 @@ def row(label: str, db: Path, run: str, cfg: Path, target: Path, truth: str | No
     estimated = total_of(pred["step"], "estimated_B_ms")
     if truth is None:
         print(f"{label:<46}{'(no run)':>11}{predicted:>10.1f}{bar:>8.1f}{'':>9}{estimated:>10.1f}{'':>9}{'':>8}"
-              f"{seconds:>7.1f}")
+              f"{'':>27}{seconds:>7.1f}")
         return
-    measured = total_of(cli("compare", "--estimate", target, truth, "--json", "--db", db)["by_dimension"],
-                        "measured_ms")
+    by_dim = cli("compare", "--estimate", target, truth, "--json", "--db", db)["by_dimension"]
+    measured = total_of(by_dim, "measured_ms")
     miss = predicted - measured
     print(f"{label:<46}{measured:>11.1f}{predicted:>10.1f}{bar:>8.1f}{100 * miss / measured:>+9.1f}"
           f"{estimated:>10.1f}{100 * (estimated - measured) / measured:>+9.1f}{'yes' if abs(miss) <= bar else 'no':>8}"
-          f"{seconds:>7.1f}", flush=True)
+          f"{misplaced(by_dim, pred['step'], 'predicted_B_ms'):>17.0f}%"
+          f"{misplaced(by_dim, pred['step'], 'estimated_B_ms'):>8.0f}%{seconds:>7.1f}", flush=True)
+
+
+def misplaced(by_dim: list[dict], step: list[dict], key: str) -> float:
+    """Time put in the wrong dim, % of B's measured step: the sum over dims (TOTAL aside) of |predicted - measured|,
+    so a step that lands near by cancelling errors per dim still shows them."""
+    measured = {r["dim"]: r["measured_ms"] for r in by_dim}
+    got = {r["dim"]: r[key] or 0.0 for r in step}
+    dims = (set(measured) | {d for d, v in got.items() if v}) - {"TOTAL"}
+    return 100 * sum(abs(got.get(d, 0.0) - measured.get(d, 0.0)) for d in dims) / measured["TOTAL"]
 
 
 def h200(db: Path, work: Path) -> None:
@@ -118,7 +130,7 @@ def main() -> None:
         for name, (layout, _) in RECORDED.items():
             cli("ingest", ROOT / "sample_traces" / "traces" / name, "--layout", layout, "--db", db)
         print(f"{'A -> B (step ms)':<46}{'measured B':>11}{'predict':>10}{'± bar':>8}{'err %':>9}{'estimate':>10}"
-              f"{'err %':>9}{'covers':>8}{'s':>7}")
+              f"{'err %':>9}{'covers':>8}{'misplaced predict':>18}{'estimate':>9}{'s':>7}")
         pairs = [*SAMPLE_PAIRS, *[(b, a) for a, b in SAMPLE_PAIRS], *RECORDED_PAIRS]
         for a, b in pairs:
             row(f"{a} -> {b}", db, a, CONFIGS / f"{a}.yaml", CONFIGS / f"{b}.yaml", b)
