@@ -76,6 +76,12 @@ def test_profile_points_and_host_time_match_the_raw_trace(store: Path, tmp_path:
     assert len(written["gemm_us"]) == 175 and len(written["gemm_measured_us"]) == 10
     assert len(written["attention_us"]) == 40
     assert written["measured"]["host_us_per_step"]["samples"] == 1
+    # the step-wide memory ratio is reported, not applied over the profile's rates by kernel size (it would move
+    # every size): the written efficiency is the prior's, so the table reads back as it was measured
+    prior = yaml.safe_load((ROOT / "estimator" / "profiles" / "h200.yaml").read_text())
+    assert written["calibration"]["memory_efficiency"] == prior["calibration"]["memory_efficiency"]
+    assert written["memory_gb_per_s"] == prior["memory_gb_per_s"] and "memory_efficiency" in written["measured"]
+    assert any(n.startswith("memory_efficiency 0.803, fitted over") for n in result["notes"])
 
 
 def _measured_ms(store: Path, run: str) -> float:

@@ -12,7 +12,8 @@ its 10-90% range over the samples behind it (steps, operators or ranks) and thei
   one doubling (estimator.hardware.gemm_seconds). A trace without shapes leaves the GEMM tables as they were.
 - Memory-bound kernels and the optimizer: the step's kernels that are neither matrix products (by their operator)
   nor attention cores nor launched inside ``Optimizer.step#`` are the memory-bound ones; their time against the
-  estimator's own memory-bound time for the config gives ``memory_efficiency`` (a scale on the prior's); the
+  estimator's own memory-bound time for the config gives ``memory_efficiency`` (a scale on the data sheet's
+  bandwidth; reported, not applied, where the profile has measured rates by kernel size, which it would all move); the
   optimizer's kernels against its optimizer time give an ``optimizer_measured`` point (parameters, fraction of HBM
   bandwidth) that overrides the prior's ``optimizer_efficiency`` near this model's size and fades back to it within
   one doubling (estimator.hardware.optimizer_efficiency): a small model's few, part-empty launches run faster.
@@ -269,7 +270,13 @@ def measure(db: Path, run_id: str, cfg: Config) -> TraceProfile:
                              "kept at 1")
             fits.append(Fit(name, min(value, 1.0), "of HBM bandwidth", value * spread / measured, n,
                             f"{column[:-3]} kernels, {measured:.3f} ms a step"))
-    updated = _with(updated, **{f.name: f.value for f in fits if f.name == "memory_efficiency"})
+    memory_fit = [f.value for f in fits if f.name == "memory_efficiency"]
+    if memory_fit and updated.profile and updated.profile.memory_gb_per_s:
+        notes.append(f"memory_efficiency {memory_fit[0]:.3f}, fitted over the step's memory-bound kernels, is not "
+                     "applied: the profile's measured rates by kernel size stay (one step-wide ratio would move "
+                     "every size)")
+    elif memory_fit:
+        updated = _with(updated, memory_efficiency=memory_fit[0])
     optimizer_fit = [f.value for f in fits if f.name == "optimizer_efficiency"]
     if optimizer_fit:  # a point at this model's size, not a new prior: hardware.optimizer_efficiency
         base = _base_profile(updated)
