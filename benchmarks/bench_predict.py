@@ -1,16 +1,17 @@
 """`traceana predict` on real pairs: the step of run B predicted from run A, against B's measured step and against
-`estimate` of B from scratch. Pairs: the sample traces' (sample_traces/traces, both directions), the two recorded
-for predict (pp2_mb4, tp2dp2_mlp_b256), and the shared H200 traces (another model; other batch sizes, which have no
-measured truth). Each `predict` is its own process, timed. Measured B is compare's mean over ranks of the typical
-step (the same number as `traceana breakdown --json`), the estimate compare's. "misplaced": time put in the wrong
-dim, the sum over dims of |predicted - measured| as % of B's step, for predict and for the estimate (a step that
-lands near by cancelling errors shows them here). Nothing here is fitted: the prediction's error bar is measured on
-A alone.
+`estimate` of B from scratch. Pairs: the sample traces' (sample_traces/traces, both directions), the three recorded
+for predict (pp2_mb4, tp2dp2_mlp_b256, tp4_mlp_b256: micro-batches, sequence, layout), and the shared H200 traces
+(another model; other batch sizes, which have no measured truth). Each `predict` is its own process, timed. Measured
+B is compare's mean over ranks of the typical step (the same number as `traceana breakdown --json`), the estimate
+compare's. "misplaced": time put in the wrong dim, the sum over dims of |predicted - measured| as % of B's step, for
+predict and for the estimate (a step that lands near by cancelling errors shows them here). Nothing here is fitted:
+the prediction's error bar is measured on A alone.
 
-Then the recording noise: each run of the three sample pairs recorded three more times, in three rounds of the six
-one after another (sample_traces/repeats/r1..r3, `generate.py --out`): B's three steps, their median and spread
-((max - min) / median), and the prediction from each recording of A against B's median, so that a miss the noise
-explains shows apart from one the method makes every time. Run:
+Then the recording noise: each run of the pairs recorded again, in rounds of one run after another
+(sample_traces/repeats/r1..r3: the three sample pairs' six; r4..r6: the recorded pairs' six runs; `generate.py
+--out`): per pair over the rounds that hold both its runs, B's steps, their median and spread ((max - min) /
+median), and the prediction from each recording of A against B's median, so that a miss the noise explains shows
+apart from one the method makes every time. Run:
     .venv/bin/python benchmarks/bench_predict.py [--workdir DIR]
 """
 
@@ -40,7 +41,8 @@ REPEATS = sorted((ROOT / "sample_traces" / "repeats").glob("r*"))
 H200 = "h200_hostbound_h512_L12_s256_gb8"
 H200_CFG = ROOT / "examples" / "h200_hostbound_h512_L12.yaml"
 SAMPLE_PAIRS = [("pp2_mb1", "pp2_mb8"), ("tp2dp2_mlp", "tp2dp2_mlp_sp"), ("moe_balanced", "moe_skewed")]
-RECORDED_PAIRS = [("pp2_mb1", "pp2_mb4"), ("pp2_mb4", "pp2_mb8"), ("tp2dp2_mlp", "tp2dp2_mlp_b256")]
+RECORDED_PAIRS = [("pp2_mb1", "pp2_mb4"), ("pp2_mb4", "pp2_mb8"), ("tp2dp2_mlp", "tp2dp2_mlp_b256"),
+                  ("tp2dp2_mlp", "tp4_mlp_b256")]  # micro-batches, sequence, layout
 
 
 def cli(*args: object) -> dict:
@@ -99,21 +101,23 @@ def measured_step(db: Path, run: str) -> float:
 
 
 def repeats(db: Path) -> None:
-    """The sample pairs over their repeated recordings: B's spread, and predict from each A against B's median."""
+    """Each pair over every repeat folder that holds both of its runs: B's spread, and predict from each A against
+    B's median."""
     for folder in REPEATS:
-        for name in {n for pair in SAMPLE_PAIRS for n in pair}:
-            cli("ingest", folder / name, "--layout", RECORDED[name][0], "--db", db, "--run-id", f"{name}_{folder.name}")
-    print(f"\n{'A -> B, recorded again':<30}{'B r1 / r2 / r3 ms':>20}{'median':>8}{'spread':>8}"
-          f"{'predict r1 / r2 / r3':>23}{'err % vs median':>22}")
-    for a, b in SAMPLE_PAIRS:
-        steps = [measured_step(db, f"{b}_{f.name}") for f in REPEATS]
+        for run in sorted(p for p in folder.iterdir() if p.is_dir()):
+            cli("ingest", run, "--layout", RECORDED[run.name][0], "--db", db, "--run-id", f"{run.name}_{folder.name}")
+    print(f"\n{'A -> B, recorded again':<32}{'B per recording ms':>32}{'median':>8}{'spread':>8}"
+          f"{'predict from each A':>30}{'err % vs median':>36}")
+    for a, b in [*SAMPLE_PAIRS, *RECORDED_PAIRS]:
+        folders = [f for f in REPEATS if (f / a).is_dir() and (f / b).is_dir()]
+        steps = [measured_step(db, f"{b}_{f.name}") for f in folders]
         median = sorted(steps)[len(steps) // 2]
         predicted = [total_of(cli("predict", f"{a}_{f.name}", "--config", CONFIGS / f"{a}.yaml", "--to",
                                   CONFIGS / f"{b}.yaml", "--json", "--db", db)["step"], "predicted_B_ms")
-                     for f in REPEATS]
-        print(f"{f'{a} -> {b}':<30}{' / '.join(f'{t:.1f}' for t in steps):>20}{median:>8.1f}"
-              f"{100 * (max(steps) - min(steps)) / median:>7.0f}%{' / '.join(f'{p:.1f}' for p in predicted):>23}"
-              f"{' / '.join(f'{100 * (p - median) / median:+.0f}' for p in predicted):>22}", flush=True)
+                     for f in folders]
+        print(f"{f'{a} -> {b}':<32}{' / '.join(f'{t:.0f}' for t in steps):>32}{median:>8.1f}"
+              f"{100 * (max(steps) - min(steps)) / median:>7.0f}%{' / '.join(f'{p:.0f}' for p in predicted):>30}"
+              f"{' / '.join(f'{100 * (p - median) / median:+.0f}' for p in predicted):>36}", flush=True)
 
 
 def main() -> None:

@@ -86,6 +86,10 @@ EXPERIMENTS: dict[str, tuple[str, Callable[[dict[str, int]], Fingerprint]]] = {
 ADDED: dict[str, tuple[str, Callable[[dict[str, int]], Fingerprint]]] = {
     "tp2dp2_mlp_b256": ("tp=2,dp=2", _tp_mlp(256)),
     "pp2_mb4": ("pp=2,dp=2,order=tp-cp-ep-pp-dp", _pipeline(4)),
+    # TP4 over 256 tokens: the activation [256, 512] each way; DP is each rank alone, and the code still all-reduces
+    # the two weight shards ([256, 512] and [512, 256]) over it
+    "tp4_mlp_b256": ("tp=4", lambda c: {("AllReduce", "TP"): (2, 2 * 256 * 512 * F32),
+                                         ("AllReduce", "DP"): (2, 2 * 256 * 512 * F32)}),
 }
 RECORDED = {**EXPERIMENTS, **ADDED}
 STEPS = (2, 3)  # the profiler schedule records ProfilerStep#2 and #3
@@ -114,7 +118,7 @@ def raw_fingerprint(name: str) -> dict[tuple[int, int], Fingerprint]:
         with gzip.open(path) as handle:
             trace = json.load(handle)
         rank = trace["distributedInfo"]["rank"]
-        groups = {g["pg_name"]: g["ranks"] for g in trace["distributedInfo"]["pg_config"]}
+        groups = {g["pg_name"]: (g["ranks"], g["pg_desc"]) for g in trace["distributedInfo"]["pg_config"]}
         events = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X"), key=lambda e: e["ts"])
         steps = {int(e["name"].split("#")[1]): e for e in events if e["name"].startswith("ProfilerStep#")}
         main = next(iter(steps.values()))["tid"]
@@ -122,7 +126,7 @@ def raw_fingerprint(name: str) -> dict[tuple[int, int], Fingerprint]:
         worker_ranges = [e for e in events if e["tid"] != main and e["name"].startswith("gloo:")]
         collectives = [c for c in calls if c["name"] not in ("c10d::send", "c10d::recv_")]
         assert len(collectives) == len(worker_ranges)
-        ran_as = {id(call): (layout.dim_of(groups[threads[str(rank)][str(work["tid"])]])[0],
+        ran_as = {id(call): (layout.dim_of(*groups[threads[str(rank)][str(work["tid"])]])[0],
                              _nelems(work["args"]["Input Dims"][0]) * F32)
                   for call, work in zip(collectives, worker_ranges, strict=True)}
         for step, marker in steps.items():

@@ -65,7 +65,7 @@ def attribute(coll: pl.DataFrame, events: pl.DataFrame, groups: pl.DataFrame, la
     if layout is not None:
         candidates = _layout_groups(layout, world_size)
         work, matched = _from_matching(work, candidates, world_size)
-        work, fingerprinted = _from_fingerprints(work, layout, candidates)
+        work, fingerprinted = _from_fingerprints(work, layout, candidates, groups)
         new_groups = [matched, fingerprinted.filter(~pl.col("pg").is_in(matched["pg"].to_list()))]
     groups = pl.concat([groups.select(list(_GROUP_SCHEMA)).cast(_GROUP_SCHEMA),  # type: ignore[arg-type]
                         *new_groups], how="vertical")
@@ -126,27 +126,43 @@ def _from_matching(work: pl.DataFrame, candidates: pl.DataFrame,
     return work, used.with_columns(pl.lit(None, pl.String()).alias("name"), pl.lit("timing-match").alias("source"))
 
 
-def _fingerprint(layout: Layout, rank: int, ops: set[str], sizes: set[int]) -> list[int] | None:
-    """The rank set one communicator serves by :data:`FINGERPRINTS`, or None when no rule names exactly one."""
+def _fingerprint(layout: Layout, rank: int, ops: set[str], sizes: set[int], alone: bool,
+                 taken: set[tuple[int, ...]]) -> list[int] | None:
+    """The rank set one communicator serves by :data:`FINGERPRINTS`, or None when no rule names exactly one.
+
+    ``alone``: the trace states a group of this rank alone (pg_config), which a communicator of reductions may
+    serve as well: then the sets another of the rank's communicators already matched in time (``taken``) are not
+    this one's, and what is left decides (a tp=4 job's one-rank DP all-reduces are not TP's)."""
     for _rule, trigger, kinds in FINGERPRINTS:
         if not ops & trigger or (trigger == frozenset(P2P) and not ops <= trigger):
             continue
         sets = {tuple(g) for kind in kinds for g in layout.groups[kind] if rank in g and len(g) > 1}
+        if alone and trigger == _REDUCTIONS:
+            sets = (sets | {(rank,)}) - taken
         if len(sizes) == 1:
             sets = {s for s in sets if len(s) in sizes}
         return list(sets.pop()) if len(sets) == 1 else None
     return None
 
 
-def _from_fingerprints(work: pl.DataFrame, layout: Layout,
-                       candidates: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Unnamed, unmatched communicators given the layout group that what they run implies (fingerprint)."""
+def _from_fingerprints(work: pl.DataFrame, layout: Layout, candidates: pl.DataFrame,
+                       stated: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Unnamed, unmatched communicators given the layout group that what they run implies (fingerprint), or the
+    group of their rank alone that the trace states (``stated``: pg_config's groups)."""
     pg_of = {tuple(r): pg for pg, r in candidates.select("pg", "ranks").iter_rows()}
+    alone = {r[0]: pg for pg, r in stated.select("pg", "ranks").iter_rows() if r is not None and len(r) == 1}
+    pg_of |= {(rank,): pg for rank, pg in alone.items()}
+    ranks_of = {pg: tuple(r) for pg, r in pl.concat([candidates.select("pg", "ranks"), stated.select("pg", "ranks")
+                                                     .cast({"ranks": pl.List(pl.Int32())})]).iter_rows() if r}
+    taken: dict[int, set[tuple[int, ...]]] = {}
+    for rank, pg in work.filter(pl.col("evidence") == "timing-match").select("rank", "pg").unique().iter_rows():
+        if pg in ranks_of:
+            taken.setdefault(rank, set()).add(ranks_of[pg])
     todo = work.filter(pl.col("pg").is_null() & pl.col("stream").is_not_null()).group_by("rank", "stream").agg(
         pl.col("op").unique().alias("ops"), pl.col("group_size").drop_nulls().unique().alias("sizes"))
     rows = []
     for rank, stream, ops, sizes in todo.iter_rows():
-        ranks = _fingerprint(layout, rank, set(ops), set(sizes))
+        ranks = _fingerprint(layout, rank, set(ops), set(sizes), rank in alone, taken.get(rank, set()))
         if ranks is not None:
             rows.append({"rank": rank, "stream": stream, "_fpg": pg_of[tuple(ranks)], "ranks": ranks})
     if not rows:
