@@ -242,9 +242,9 @@ def _replayed(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str
         if s in curves:
             fixed, per_load = curves[s]
             return (fixed + per_load * loads_b[e]) / (fixed + per_load * loads_a[e])
-        if gemm_share:
-            ratio = _stage_gemm_s(est_b.config, loads_b[e], est_b, s) / _stage_gemm_s(est_a.config, loads_a[e],
-                                                                                      est_a, s)
+        source = _stage_gemm_s(est_a.config, loads_a[e], est_a, s) if gemm_share else 0.0
+        if source:
+            ratio = _stage_gemm_s(est_b.config, loads_b[e], est_b, s) / source
             return 1 + gemm_share.get(r, 0.0) * (ratio - 1)
         return stage_comp(1, loads_b[e], s) / stage_comp(0, loads_a[e], s)
 
