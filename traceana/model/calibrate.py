@@ -46,6 +46,7 @@ import yaml
 
 from traceana import store
 from traceana.analyses import idle as idle_analysis
+from traceana.analyses.roofline import GEMMS
 from traceana.errors import TraceanaError
 from traceana.estimator import estimate as estimator
 from traceana.estimator import hardware
@@ -55,7 +56,7 @@ from traceana.model.compare import check_matches
 
 SYNC = "%ynchronize%"     # cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize: the host waits
 MIN_LINK_BYTES = 2**20    # smaller all-reduces measure latency, not bandwidth
-GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+GEMM_OPS = tuple(GEMMS)  # the roofline's matrix products
 OVERLAP_DIMS = {"TP": ("tp", "MP_WAIT_ns"), "CP": ("cp", "CP_WAIT_ns"), "EP": ("ep", "EP_WAIT_ns"),
                 "DP": ("dp", "DP_WAIT_ns")}
 DEVICE_BOUND = 0.5        # a run whose IDLE is under this share of the step is limited by its device

@@ -44,6 +44,7 @@ import numpy as np
 import polars as pl
 
 from traceana.analyses import breakdown as bd
+from traceana.analyses.roofline import GEMMS
 from traceana.errors import TraceanaError
 from traceana.estimator import comm, compute, memory, pipeline
 from traceana.estimator.config import Config, Hardware, Links, at_load
@@ -238,13 +239,18 @@ def _replayed(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str
         notes.append("compute: the run's compute names no matrix product (aten::mm, a *gemm* kernel ...), so each "
                      "rank's whole compute is priced at the estimator's COMP ratio")
 
+    def product_ratio(e: int, s: int) -> float | None:  # None: the stage has no products to re-price
+        source = _stage_gemm_s(est_a.config, loads_a[e], est_a, s)
+        return _stage_gemm_s(est_b.config, loads_b[e], est_b, s) / source if source else None
+
+    ratios = {(e, s): product_ratio(e, s) for e, s in {(e, s) for _, e, s in ranks}} if gemm_share else {}
+
     def factor(r: int, e: int, s: int) -> float:
         if s in curves:
             fixed, per_load = curves[s]
             return (fixed + per_load * loads_b[e]) / (fixed + per_load * loads_a[e])
-        source = _stage_gemm_s(est_a.config, loads_a[e], est_a, s) if gemm_share else 0.0
-        if source:
-            ratio = _stage_gemm_s(est_b.config, loads_b[e], est_b, s) / source
+        ratio = ratios.get((e, s))
+        if ratio is not None:
             return 1 + gemm_share.get(r, 0.0) * (ratio - 1)
         return stage_comp(1, loads_b[e], s) / stage_comp(0, loads_a[e], s)
 
@@ -278,7 +284,7 @@ def _replayed(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str
     return rows
 
 
-GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul")
+GEMM_OPS = (*GEMMS, "aten::linear", "aten::matmul")  # the products, and a CPU-only run's outermost ops over them
 GEMM_KERNELS = "gemm|nvjet|matmul"  # cuBLAS (sm90_xmma_gemm_*, ampere_*gemm*), cuBLASLt's nvjet_*, Ascend MatMulV2
 
 
@@ -296,10 +302,10 @@ def _gemm_shares(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[int, float
                  LEFT JOIN event_ops o ON o.run_id = e.run_id AND o.rank = e.rank AND o.event_id = e.event_id
                  WHERE e.run_id = $run AND e.category = 'compute'
                    AND (coalesce(o.op, e.name) IN {GEMM_OPS} OR regexp_matches(e.name, '{GEMM_KERNELS}', 'i'))
-                 GROUP BY e.rank)
-        SELECT b.rank, least(1.0, gemm.ns / (SELECT count(*) FROM w WHERE w.rank = b.rank AND w.steady)
-                                  / nullif(b.COMP_ns, 0))
-        FROM rank_breakdown b JOIN gemm ON gemm.rank = b.rank
+                 GROUP BY e.rank),
+        steps AS (SELECT rank, count(*) AS n FROM w WHERE steady GROUP BY rank)
+        SELECT b.rank, least(1.0, gemm.ns / steps.n / nullif(b.COMP_ns, 0))
+        FROM rank_breakdown b JOIN gemm ON gemm.rank = b.rank JOIN steps ON steps.rank = b.rank
         WHERE b.run_id = $run AND b.step IS NULL""", {"run": run_id}).fetchall()
     return {int(r): float(share) for r, share in rows if share is not None}
 
