@@ -16,3 +16,13 @@ def open(db: str | Path = "traceana.duckdb", run: str | None = None) -> Traces:
     from traceana.api import Traces
 
     return Traces(db, run)
+
+
+def __getattr__(name: str) -> str:
+    """``traceana.__version__``: the installed distribution's version, read from its metadata when first asked for
+    (importlib.metadata costs more than the rest of this module, and most imports never ask)."""
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("traceana")
+    raise AttributeError(f"module 'traceana' has no attribute {name!r}")

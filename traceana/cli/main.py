@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import traceback
+from typing import Annotated
 
 import typer
 
@@ -14,6 +15,20 @@ from traceana.errors import TraceanaError
 
 app = typer.Typer(help="Trace-driven analyzer for distributed LLM training.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        import traceana
+
+        typer.echo(f"traceana {traceana.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                   help="Print traceana's version and exit.")] = False) -> None:
+    """Trace-driven analyzer for distributed LLM training."""
 
 # The commands, in the order `traceana --help` lists them.
 for command in (ingest.ingest, runs.runs, runs.info, runs.sql, breakdown.breakdown, breakdown.timeline,

@@ -18,7 +18,7 @@ def runs(db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> Non
     with store.connect(db, read_only=True, views=False) as con:
         result = con.execute(
             "SELECT run_id, source_format, world_size, layout, tool_version, rank_source, ingested_at, "
-            "len(sources) AS n_sources FROM runs ORDER BY ingested_at"
+            "len(sources) AS n_sources, COLUMNS(lambda c: c = 'traceana_version') FROM runs ORDER BY ingested_at"
         )
         columns = [c[0] for c in result.description]
         rows = result.fetchall()

@@ -90,6 +90,12 @@ def _parts(widths: list[int], keys: int, width: int) -> list[list[int]]:
 
 
 def emit_json(payload: Any) -> None:
+    """An object gets ``traceana_version`` first, so a saved result names what made it; a table's records (a JSON
+    array, as `sql --format json` prints) stay an array that scripts index directly."""
+    if isinstance(payload, dict):
+        import traceana
+
+        payload = {"traceana_version": traceana.__version__, **payload}
     sys.stdout.write(json.dumps(payload, default=str, indent=1) + "\n")
 
 

@@ -14,6 +14,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import traceana
 from traceana.errors import TraceanaError
 from traceana.store.schema import FRESH, check_tables, define_views, schema_sql, view_sql
 
@@ -131,10 +132,11 @@ def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData) -> Non
         for table in ("runs", *TABLES):
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
         con.execute(
-            "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO runs (run_id, source_format, sources, ingested_at, world_size, layout, tool_version, "
+            "rank_source, notes, device, traceana_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [run_id, data.source_format, data.sources, dt.datetime.now(dt.UTC).replace(tzinfo=None),
              data.world_size, data.layout.spec if data.layout else None, data.tool_version, data.rank_source,
-             data.notes, data.device],
+             data.notes, data.device, traceana.__version__],
         )
         if data.spill is not None:
             con.register("spill_parts", data.spill.parts.to_arrow())

@@ -9,9 +9,11 @@ CREATE TABLE IF NOT EXISTS runs (
     tool_version  VARCHAR,               -- profiler / export version as the trace states it
     rank_source   VARCHAR,               -- how ranks were decided (distributedInfo, env:RANK, file-name, device-order, ...)
     notes         VARCHAR[],             -- what the ingester noticed (missing tables, guessed values)
-    device        VARCHAR                -- the device model the trace names (Kineto deviceProperties: 'NVIDIA H200'); NULL when none
+    device        VARCHAR,               -- the device model the trace names (Kineto deviceProperties: 'NVIDIA H200'); NULL when none
+    traceana_version VARCHAR             -- the traceana that ingested the run (a bug report names it); NULL before 0.2
 );
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS device VARCHAR;  -- stores written before the column existed
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS traceana_version VARCHAR;
 CREATE TABLE IF NOT EXISTS ranks (
     run_id          VARCHAR NOT NULL,
     rank            INTEGER NOT NULL,
