@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 TRACES = SHARED / "traces"
 SAMPLES = ROOT / "sample_traces" / "traces"
+NSYS_REPORTS = ROOT / "sample_traces" / "nsys"  # .nsys-rep files: reading them needs `nsys export`
+needs_nsys = pytest.mark.skipif(shutil.which("nsys") is None, reason="nsys is not on PATH: a .nsys-rep is read "
+                                "through `nsys export` (Debian non-free nsight-systems; sample_traces/nsys/record.sh)")
+
+
+def params(names: object, needing_nsys: set[str]) -> list:
+    """pytest parameters for ``names``, those in ``needing_nsys`` skipped (with the reason) where nsys is missing."""
+    return [pytest.param(n, marks=needs_nsys) if n in needing_nsys else n for n in names]
 
 
 def run_cli(*args: object, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -20,9 +20,9 @@ def open(db: str | Path = "traceana.duckdb", run: str | None = None) -> Traces:
 
 def __getattr__(name: str) -> str:
     """``traceana.__version__``: the installed distribution's version, read from its metadata when first asked for
-    (importlib.metadata costs more than the rest of this module, and most imports never ask)."""
+    (traceana/about.py)."""
     if name == "__version__":
-        from importlib.metadata import version
+        from traceana.about import version
 
-        return version("traceana")
+        return version()
     raise AttributeError(f"module 'traceana' has no attribute {name!r}")

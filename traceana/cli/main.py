@@ -19,9 +19,9 @@ app = typer.Typer(help="Trace-driven analyzer for distributed LLM training.", no
 
 def _print_version(asked: bool) -> None:
     if asked:
-        import traceana
+        from traceana.about import version
 
-        typer.echo(f"traceana {traceana.__version__}")
+        typer.echo(f"traceana {version()}")
         raise typer.Exit()
 
 

@@ -93,9 +93,9 @@ def emit_json(payload: Any) -> None:
     """An object gets ``traceana_version`` first, so a saved result names what made it; a table's records (a JSON
     array, as `sql --format json` prints) stay an array that scripts index directly."""
     if isinstance(payload, dict):
-        import traceana
+        from traceana.about import version
 
-        payload = {"traceana_version": traceana.__version__, **payload}
+        payload = {"traceana_version": version(), **payload}
     sys.stdout.write(json.dumps(payload, default=str, indent=1) + "\n")
 
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import traceana
+from traceana.about import version
 from traceana.errors import TraceanaError
 from traceana.store.schema import FRESH, check_tables, define_views, schema_sql, view_sql
 
@@ -136,7 +136,7 @@ def write_run(con: duckdb.DuckDBPyConnection, run_id: str, data: RunData) -> Non
             "rank_source, notes, device, traceana_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [run_id, data.source_format, data.sources, dt.datetime.now(dt.UTC).replace(tzinfo=None),
              data.world_size, data.layout.spec if data.layout else None, data.tool_version, data.rank_source,
-             data.notes, data.device, traceana.__version__],
+             data.notes, data.device, version()],
         )
         if data.spill is not None:
             con.register("spill_parts", data.spill.parts.to_arrow())

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import polars as pl
 
-import traceana
+from traceana.about import version
 from traceana.errors import TraceanaError
 
 # the keys rows and bars can be picked by, and the columns that carry them
@@ -113,7 +113,7 @@ class Page:
         return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(self.title)}'
                 f"</title><style>{_asset('page.css')}</style><script>{_inline(bokeh)}</script></head><body>"
                 f"<header><h1>{html.escape(self.title)}</h1><p class=note>{html.escape(self.subtitle)}, written "
-                f"{made} by traceana {html.escape(traceana.__version__)}.</p></header>{body}"
+                f"{made} by traceana {html.escape(version())}.</p></header>{body}"
                 f"<script>{_inline(_asset('page.js'))}</script>{script}</body></html>\n")
 
     def write(self, out: Path, first_screen: str) -> int:
