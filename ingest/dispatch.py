@@ -15,6 +15,7 @@ import polars as pl
 from traceana.errors import TraceanaError
 from traceana.ingest.clocks import align_hosts, align_ranks
 from traceana.ingest.executor import RayCluster
+from traceana.ingest.formats import not_read
 from traceana.ingest.groups.communicators import attribute, group_dims
 from traceana.ingest.groups.instances import number_instances
 from traceana.ingest.groups.stated import settle_layout
@@ -75,7 +76,7 @@ def detect(path: Path) -> str:
         raise TraceanaError(f"{path}: nothing to ingest here (no Kineto JSON, nsys export or Ascend profiler folder)")
     if path.stat().st_size == 0:
         raise TraceanaError(f"{path}: the file is empty")
-    raise TraceanaError(f"{path}: unknown trace format (expected Kineto JSON, an nsys export, or Ascend output)")
+    raise TraceanaError(f"{path}: {not_read(path)}")
 
 
 def _is_unit(fmt: str, folder: Path) -> bool:
