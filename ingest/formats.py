@@ -53,7 +53,7 @@ def not_read(path: Path) -> str:
             return ("a TensorFlow/JAX profile (XSpace, *.xplane.pb): traceana reads PyTorch, Nsight Systems, "
                     "rocprofv3 and Ascend traces; for a PyTorch job record with torch.profiler")
         return ("a Perfetto protobuf trace (.pftrace): traceana does not read protobuf traces; on ROCm record "
-                f"`{_ROCPROFV3}`, with PyTorch use torch.profiler's {_KINETO}")
+                f"`{_ROCPROFV3}`, with PyTorch torch.profiler's {_KINETO}")
     if _chakra(head) or name.endswith(".et"):
         return ("a Chakra execution trace (protobuf graph of ops, no measured timeline): ingest the PyTorch profiler "
                 "(Kineto) traces recorded with it")
