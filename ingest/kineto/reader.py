@@ -80,6 +80,7 @@ class ParsedFile:
     whole: bytes | None  # a file without device events: all its rows (Arrow IPC), for a CPU-only run
     vintage: str  # which Kineto wrote it (events.Loaded)
     categories: list[tuple[str, bool, int]]  # (category, read as device work?, events) beyond Kineto's own: a note
+    host_comm: list[tuple[str, int]]  # the process groups' collective calls on the host (nccl:all_reduce), by name
 
 
 def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) -> ParsedFile:
@@ -114,7 +115,28 @@ def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) 
                       con.sql(_SAMPLES_SQL).pl(), comm, frames["steps"].rename({"rank": "f"}), links, unnumbered,
                       dropped, sync_counts.count(frames["syncs"]),
                       None if devices else to_ipc(con.sql("SELECT * FROM ev").arrow()), vintage,
-                      con.execute(_OTHER_CATEGORIES_SQL).fetchall())
+                      con.execute(_OTHER_CATEGORIES_SQL).fetchall(), con.execute(_HOST_COMM_SQL).fetchall())
+
+
+# The ranges a ProcessGroup writes around each collective it runs (nccl:all_reduce, hccl:allgather, gloo:barrier).
+_HOST_COMM_SQL = r"""SELECT name, count(*) FROM ev WHERE cat IN ('user_annotation', 'cpu_op')
+    AND regexp_matches(name, '^[a-z]*ccl:|^gloo:') GROUP BY ALL ORDER BY ALL"""
+
+
+def _silent_comm_note(parsed: list[ParsedFile], groups: pl.DataFrame) -> list[str]:
+    """A device run whose host ran collectives but whose devices ran no communication kernel: say why."""
+    calls: dict[str, int] = {}
+    for part in parsed:
+        for name, n in part.host_comm:
+            calls[name] = calls.get(name, 0) + n
+    if not calls:
+        return []
+    why = ("their process groups hold one rank each (pg_config), so there was nothing to communicate"
+           if not groups.is_empty() and groups["ranks"].list.len().eq(1).all()
+           else "the trace has no communication kernel (CPU collectives, or kernels the profiler did not record)")
+    named = ", ".join(f"{name} {n:,}" for name, n in sorted(calls.items(), key=lambda c: -c[1])[:5])
+    return [f"0 collectives: {sum(calls.values()):,} collective calls on the host ({named}) and no communication "
+            f"on the device: {why}"]
 
 
 # Events whose category is not one Kineto is known to write for work traceana reads (events._CATEGORY): those read
@@ -281,7 +303,7 @@ def _run(files: list[Path], parsed: list[ParsedFile], spill: Spill, options: Ing
         if unnumbered := sum(p.unnumbered for p in parsed):
             notes.append(f"{unnumbered} ProfilerStep ranges left out: their step number does not fit an INTEGER")
         notes += (links.notes() + sum((p.sync_counts for p in parsed), SyncCounts()).notes() + marker_note
-                  + _category_notes(parsed))
+                  + _category_notes(parsed) + (_silent_comm_note(parsed, groups) if comm.is_empty() else []))
         spill.parts = pl.DataFrame({"key": [p.key for p in parsed], "rank": ranks, "shift": offsets},
                                    schema=spill.parts.schema)
         data = RunData(
