@@ -14,7 +14,8 @@ from pathlib import Path
 _HEAD = 65536
 
 _KINETO = "PyTorch profiler (Kineto) JSON"
-_ROCPROFV3 = "rocprofv3 --kernel-trace --memory-copy-trace --rccl-trace --output-format json -- <app>"
+_ROCPROFV3 = ("rocprofv3 --kernel-trace --memory-copy-trace --rccl-trace --hip-runtime-trace --output-format json "
+              "-- <app>")
 
 
 def _head(path: Path) -> bytes:

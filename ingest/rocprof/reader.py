@@ -1,5 +1,6 @@
-"""rocprofv3 (ROCprofiler-SDK) JSON: ``rocprofv3 --kernel-trace --memory-copy-trace --rccl-trace --output-format
-json``, one ``<pid>_results.json`` per process (research: formats-vintages-rocprof.md, section 3).
+"""rocprofv3 (ROCprofiler-SDK) JSON: ``rocprofv3 --kernel-trace --memory-copy-trace --rccl-trace
+--hip-runtime-trace --output-format json``, one ``<pid>_results.json`` per process (research:
+formats-vintages-rocprof.md, section 3).
 
 Each element of ``rocprofiler-sdk-tool`` is one process, and one process is one rank (the rank is not recorded: the
 file name's rank if it states one, else file order, then process order). Kernels come from

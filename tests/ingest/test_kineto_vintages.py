@@ -1,7 +1,7 @@
 """Kineto traces of other vintages and accelerators (issue 35): the 2021 Operator/Runtime/Kernel scheme, MTIA's
 ``mtia_ccp_events``, the CUPTI range profiler's ``cuda_profiler_range``. The files are real (provenance:
-tests/data/traces/README.md); every expected number is counted from the raw JSON here with the standard library, or computed from it (interval
-unions), not taken from traceana."""
+tests/data/traces/README.md); every expected number is counted from the raw JSON here with the standard library,
+or computed from it (interval unions), not taken from traceana."""
 
 from __future__ import annotations
 
