@@ -229,7 +229,8 @@ def _unknown_note(work: pl.DataFrame, groups: pl.DataFrame, layout: Layout | Non
     share = unknown.select(busy.sum()).item() / total if total else 0.0
     head = f"{unknown.height} of {work.height} collectives ({share:.0%} of communication time) have no dim: "
     members = unknown.join(groups.select("pg", pl.col("ranks").list.len().alias("_members")), on="pg", how="left")
-    if members["_members"].eq(1).fill_null(False).all():
+    alone = not groups.is_empty() and groups["ranks"].list.len().eq(1).all()  # every group the trace states
+    if members["_members"].eq(1).fill_null(alone).all():
         return [head + "their groups hold one rank each (the trace's process groups), so no other rank takes part"]
     ingested = work["rank"].n_unique()
     helps = []

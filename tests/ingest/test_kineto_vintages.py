@@ -116,6 +116,21 @@ def test_mtia_one_rank_groups_are_the_reason_for_no_collectives(tmp_path: Path) 
     assert "CPU-only" not in out
 
 
+def test_one_rank_groups_are_the_missing_dims_reason(tmp_path: Path) -> None:
+    """The same trace without its device events is a CPU-only run whose gloo collectives have no dim: the note says
+    the trace's groups hold one rank (it has pg_config), not to record one."""
+    with gzip.open(MTIA_TRAINING) as handle:
+        doc = json.load(handle)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "mtia_ccp_events"]
+    barriers = sum(e.get("name") == "gloo:barrier" for e in doc["traceEvents"])
+    host = tmp_path / "host_only.json"
+    host.write_text(json.dumps(doc))
+    out = run_cli("ingest", host, "--db", tmp_path / "t.duckdb").stdout
+    assert f"{barriers} of {barriers} collectives (100% of communication time) have no dim: their groups hold one " \
+           "rank each" in out
+    assert "pg_config and Process Group args" not in out
+
+
 def test_range_profiler_kernels_are_device_events(db: Path) -> None:
     doc = raw(RANGE_PROFILER)
     ranges = [e for e in doc["traceEvents"] if e.get("cat") == "cuda_profiler_range"]
