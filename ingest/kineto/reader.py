@@ -6,10 +6,12 @@ file is read on its own (:func:`parse_file`, in a worker process with --jobs), i
 Parquet beside the store; only what needs every file (ranks, host clocks, groups) runs over the small parts the
 files give back (:func:`_run`).
 
-GPU runs: device events are `kernel`, `gpu_memcpy`, `gpu_memset`. A communication kernel's op comes, in order,
-from its own args (`Collective name`, pg-args), from the CPU op that launched it (runtime correlation, then the
-innermost enclosing `record_param_comms` / `nccl:*` / `c10d::*` op on the launching thread, cpu-op), else from its
-name (name-rule). CPU-only runs (gloo) have no device events: see :mod:`traceana.ingest.kineto.cpu`.
+GPU runs: device events are `kernel`, `gpu_memcpy`, `gpu_memset` in today's spelling (events._CATEGORY maps every
+vintage's and accelerator's categories onto them: 2021's `Kernel`, MTIA's `mtia_ccp_events`, ...). A communication
+kernel's op comes, in order, from its own args (`Collective name`, pg-args), from the CPU op that launched it
+(runtime correlation, then the innermost enclosing `record_param_comms` / `nccl:*` / `c10d::*` op on the launching
+thread, cpu-op), else from its name (name-rule). CPU-only runs (gloo) have no device events: see
+:mod:`traceana.ingest.kineto.cpu`.
 """
 
 from __future__ import annotations
