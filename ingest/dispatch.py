@@ -15,6 +15,7 @@ import polars as pl
 from traceana.errors import TraceanaError
 from traceana.ingest.clocks import align_hosts, align_ranks
 from traceana.ingest.executor import RayCluster
+from traceana.ingest.formats import not_read
 from traceana.ingest.groups.communicators import attribute, group_dims
 from traceana.ingest.groups.instances import number_instances
 from traceana.ingest.groups.stated import settle_layout
@@ -26,7 +27,7 @@ from traceana.layout import Layout
 # Format name -> module. Each module has ``matches(path) -> bool`` (cheap: names and a few header bytes) and
 # ``read(paths, options) -> RunData``. Order is the detection order.
 FORMATS = {"ascend": "traceana.ingest.ascend.reader", "nsys": "traceana.ingest.nsys.reader",
-           "kineto": "traceana.ingest.kineto.reader"}
+           "rocprofv3": "traceana.ingest.rocprof.reader", "kineto": "traceana.ingest.kineto.reader"}
 
 
 class ReadProgress:
@@ -72,10 +73,13 @@ def detect(path: Path) -> str:
     if claims:
         return claims[0]
     if path.is_dir():
-        raise TraceanaError(f"{path}: nothing to ingest here (no Kineto JSON, nsys export or Ascend profiler folder)")
+        first = next((f for f in sorted(path.iterdir()) if f.is_file() and f.stat().st_size), None)
+        raise TraceanaError(f"{path}: nothing to ingest here (no PyTorch profiler JSON, nsys report or export, "
+                            "rocprofv3 JSON or Ascend profiler folder)"
+                            + (f"; {first.name}: {not_read(first)}" if first else ""))
     if path.stat().st_size == 0:
         raise TraceanaError(f"{path}: the file is empty")
-    raise TraceanaError(f"{path}: unknown trace format (expected Kineto JSON, an nsys export, or Ascend output)")
+    raise TraceanaError(f"{path}: {not_read(path)}")
 
 
 def _is_unit(fmt: str, folder: Path) -> bool:

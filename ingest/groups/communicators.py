@@ -72,7 +72,7 @@ def attribute(coll: pl.DataFrame, events: pl.DataFrame, groups: pl.DataFrame, la
     work = _pair_peers(_op_dims(work, groups, layout), groups)
     groups = groups.join(_streams(work), on="pg", how="left")
     out = work.sort("_row").select(coll.columns)
-    return out, groups, _unknown_note(work, layout, world_size, source_format)
+    return out, groups, _unknown_note(work, groups, layout, world_size, source_format)
 
 
 def _from_stream(work: pl.DataFrame) -> pl.DataFrame:
@@ -217,26 +217,35 @@ def _streams(work: pl.DataFrame) -> pl.DataFrame:
         pl.format("{}:{}", "rank", "stream").str.join(" ").alias("streams"))
 
 
-def _unknown_note(work: pl.DataFrame, layout: Layout | None, world_size: int, source_format: str) -> list[str]:
-    """One note: how many collectives, and what share of communication time, have no dim, and what would help."""
+def _unknown_note(work: pl.DataFrame, groups: pl.DataFrame, layout: Layout | None, world_size: int,
+                  source_format: str) -> list[str]:
+    """One note: how many collectives, and what share of communication time, have no dim, and why: their groups
+    hold one rank each (nothing to tell apart), or the trace states no groups, or too few ranks / no layout."""
     busy = (pl.col("end_ns") - pl.col("start_ns")).fill_null(0)
     unknown = work.filter(pl.col("dim") == "UNKNOWN")
     if unknown.is_empty():
         return []
     total = work.select(busy.sum()).item() or 0
     share = unknown.select(busy.sum()).item() / total if total else 0.0
+    head = f"{unknown.height} of {work.height} collectives ({share:.0%} of communication time) have no dim: "
+    members = unknown.join(groups.select("pg", pl.col("ranks").list.len().alias("_members")), on="pg", how="left")
+    alone = not groups.is_empty() and groups["ranks"].list.len().eq(1).all()  # every group the trace states
+    if members["_members"].eq(1).fill_null(alone).all():
+        return [head + "their groups hold one rank each (the trace's process groups), so no other rank takes part"]
     ingested = work["rank"].n_unique()
     helps = []
     if layout is None:
         helps.append("pass --layout")
     if ingested < world_size:
         helps.append(f"ingest all {world_size} ranks (this run has {ingested})")
-    if source_format == "kineto":  # only torch.profiler writes pg_config; nsys and Ascend name groups otherwise
-        helps.append("record with a PyTorch that writes pg_config and Process Group args (2.2 or newer)")
+    if source_format == "kineto" and groups.is_empty():  # only torch.profiler writes pg_config
+        helps.append("record with a PyTorch that writes pg_config and Process Group args (2.2 or newer): this "
+                     "trace states no process groups")
+    if source_format == "rocprofv3":
+        helps.append("rocprofv3 records no process groups")
     if layout is not None and ingested == world_size:
         helps.append("check that --layout is the job's (no layout group matched these communicators)")
-    return [f"{unknown.height} of {work.height} collectives ({share:.0%} of communication time) have no dim: "
-            + "; or ".join(helps)]
+    return [head + "; or ".join(helps)]
 
 
 def group_dims(groups: pl.DataFrame, layout: Layout | None) -> pl.DataFrame:

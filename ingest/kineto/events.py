@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import duckdb
 
 from traceana.errors import TraceanaError
+from traceana.ingest.formats import not_read
 from traceana.ingest.validate import MAX_RANK, MAX_TIME_NS, checked_rank, rank_list
 
 _SUFFIXES = (".json", ".json.gz")
@@ -25,8 +27,38 @@ _EVENT = (
     '"Process Group Ranks" JSON, "Process Group Description" VARCHAR, "Seq" JSON, "Input Dims" JSON, '
     '"Input type" JSON, "Concrete Inputs" JSON, "dst rank" JSON, "src rank" JSON, "Total Allocated" JSON, '
     '"Total Reserved" JSON, "Device Type" JSON, "Group size" JSON, wait_on_stream JSON, '
-    'wait_on_cuda_event_record_corr_id JSON, cuda_sync_kind VARCHAR))[]'
+    'wait_on_cuda_event_record_corr_id JSON, cuda_sync_kind VARCHAR, labels VARCHAR))[]'
 )
+
+# Kineto's category of every vintage and accelerator, spelled as CUDA traces have since 2022: the 2021 names
+# (`Operator`, `Runtime`, `Kernel`, `Memcpy`, `Memset`, `User`), any case; every launch API (HIP's too, `xpu_runtime`,
+# `mtia_runtime`, ...) as `cuda_runtime` / `cuda_driver`; the work of other devices and CUPTI modes as `kernel` /
+# `gpu_memcpy` (MTIA's `mtia_ccp_events`, whose `dma*` events are copies; the range profiler's one event per kernel).
+# A category Kineto never wrote that runs on a device (a stream id, or a process the trace labels a device) is
+# device work too (`kernel`, classified by name); the rest keeps its own spelling and is not read.
+_RUNTIMES = ("runtime", "cuda_runtime", "xpu_runtime", "mtia_runtime", "privateuse1_runtime", "hpu_op", "glow_runtime")
+_DRIVERS = ("cuda_driver", "xpu_driver", "privateuse1_driver")
+# Categories Kineto writes that are not kernels or copies (host ranges, syncs, counters, overhead, spans).
+NOT_DEVICE_WORK = ("cpu_instant_event", "python_function", "overhead", "trace", "cuda_sync", "cuda_event",
+                   "mtia_insight", "mtia_counters", "collective_comm", "xpu_scope_profiler", "xpu_sync",
+                   "hardware_counters", "external_correlation")
+# The categories read (_CATEGORY's spelling): a file with events but none of these is no PyTorch profiler trace.
+KINETO_CATEGORIES = ("cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset",
+                     "cuda_runtime", "cuda_driver", "cuda_sync")
+_CATEGORY = f"""CASE
+    WHEN lower(e.cat) IN ('kernel', 'cuda_profiler_range') THEN 'kernel'
+    WHEN lower(e.cat) IN ('memcpy', 'gpu_memcpy') THEN 'gpu_memcpy'
+    WHEN lower(e.cat) IN ('memset', 'gpu_memset') THEN 'gpu_memset'
+    WHEN lower(e.cat) = 'mtia_ccp_events' THEN CASE WHEN starts_with(e.name, 'dma') THEN 'gpu_memcpy' ELSE 'kernel' END
+    WHEN lower(e.cat) IN ('operator', 'cpu_op') THEN 'cpu_op'
+    WHEN lower(e.cat) = 'user_annotation' THEN 'user_annotation'
+    WHEN lower(e.cat) IN ('user', 'gpu_user_annotation') THEN 'gpu_user_annotation'
+    WHEN lower(e.cat) IN {_RUNTIMES} THEN 'cuda_runtime'
+    WHEN lower(e.cat) IN {_DRIVERS} THEN 'cuda_driver'
+    WHEN lower(e.cat) = 'cuda_sync' THEN 'cuda_sync'
+    WHEN lower(e.cat) NOT IN {NOT_DEVICE_WORK} AND e.ph = 'X'
+         AND (e.args.stream IS NOT NULL OR e.pid->>'$' IN (SELECT pid FROM devices)) THEN 'kernel'
+    ELSE e.cat END"""
 
 
 # The table load fills (also read by traceana calibrate, which needs the operators' input shapes).
@@ -35,7 +67,8 @@ EVENT_TABLE = (
     "start_ns BIGINT, end_ns BIGINT, ext_id BIGINT, corr BIGINT, stream BIGINT, coll_name VARCHAR, "
     "in_nelems BIGINT, dtype VARCHAR, pg_name VARCHAR, pg_ranks VARCHAR, pg_desc VARCHAR, seq BIGINT, "
     "input_dims JSON, input_type JSON, concrete JSON, peer INTEGER, mem_allocated BIGINT, mem_reserved BIGINT, "
-    "mem_device_type INTEGER, group_size INTEGER, wait_stream BIGINT, record_corr BIGINT, sync_kind VARCHAR)"
+    "mem_device_type INTEGER, group_size INTEGER, wait_stream BIGINT, record_corr BIGINT, sync_kind VARCHAR, "
+    "kineto_cat VARCHAR)"  # cat: the category in today's spelling (_CATEGORY); kineto_cat: as the file wrote it
 )
 
 
@@ -45,35 +78,69 @@ def trace_files(path: Path) -> list[Path]:
     return [path] if path.name.endswith(_SUFFIXES) else []
 
 
-def load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> tuple[dict, list[str]]:
-    """Load one file's events into table ``ev`` (tagged with ``f = index``); return its metadata and the device
-    names its deviceProperties list ('NVIDIA H200').
+class Loaded(NamedTuple):
+    info: dict  # distributedInfo, checked
+    device_names: list[str]  # the devices deviceProperties lists ('NVIDIA H200')
+    vintage: str  # which Kineto wrote the file, as far as the file tells (runs.tool_version)
 
-    One typed pass over the JSON: the document lands in a temporary table, from which the three metadata values
-    and the events are read (a second read_json for the metadata alone cost as much as the events)."""
+
+def load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> Loaded:
+    """Load one file's events into table ``ev`` (tagged with ``f = index``); return its metadata.
+
+    One typed pass over the JSON: the document lands in a temporary table, from which the metadata values and the
+    events are read (a second read_json for the metadata alone cost as much as the events)."""
     if file.stat().st_size == 0:
         raise TraceanaError(f"{file}: the file is empty")
     source = str(file).replace("'", "''")
     reader = (f"read_json('{source}', format='unstructured', maximum_object_size=4000000000, "
               f"columns={{'traceEvents': '{_EVENT}', 'distributedInfo': 'JSON', 'baseTimeNanoseconds': 'JSON', "
-              "'deviceProperties': 'JSON'})")
+              "'deviceProperties': 'JSON', 'schemaVersion': 'JSON'})")
     try:
         con.execute(f"CREATE OR REPLACE TEMP TABLE kineto_file AS SELECT * FROM {reader}")
         meta = con.execute("SELECT distributedInfo, baseTimeNanoseconds, len(traceEvents), "
-                           "json_extract_string(deviceProperties, '$[*].name') FROM kineto_file").fetchall()
+                           "json_extract_string(deviceProperties, '$[*].name'), schemaVersion FROM kineto_file"
+                           ).fetchall()
         if len(meta) != 1 or meta[0][2] is None:
-            raise TraceanaError(f"{file}: not a Kineto trace (no traceEvents array)")
+            raise TraceanaError(f"{file}: {not_read(file)}")
         info, base = _metadata(file, meta[0][0], meta[0][1])
         # Times in HUGEINT, then TRY_CAST: a time no BIGINT holds becomes NULL, and validation drops it with a note.
         con.execute(_INSERT.format(index=index, base=base, reader="kineto_file"))
+        written, read = con.execute(f"SELECT list(DISTINCT kineto_cat), count(*) FILTER (WHERE cat IN "
+                                    f"{KINETO_CATEGORIES}) FROM ev WHERE f = $f", {"f": index}).fetchall()[0]
+        if written and not read:
+            raise TraceanaError(f"{file}: {not_read(file)} (categories {', '.join(sorted(map(str, written)))})")
     except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
         raise TraceanaError(f"{file}: not a readable Kineto trace ({first_line(exc)})") from None
     finally:
         con.execute("DROP TABLE IF EXISTS kineto_file")
-    return info, [n for n in meta[0][3] or [] if n]
+    return Loaded(info, [n for n in meta[0][3] or [] if n],
+                  _vintage(meta[0][4], set(filter(None, written or [])), bool(meta[0][1]), info.get("backend")))
 
 
-_INSERT = """INSERT INTO ev SELECT {index} AS f, e.ph, e.cat, e.name, e.pid->>'$' AS pid, e.tid->>'$' AS tid,
+def _vintage(schema: str | None, categories: set[str], based: bool, backend: str | None) -> str:
+    """The Kineto generation a file's own spelling dates (research: formats-vintages-rocprof.md, 1.4): categories
+    were renamed Operator -> cpu_op (2021-06), Runtime -> cuda_runtime (2021-11), Kernel/Memcpy/Memset -> kernel/
+    gpu_memcpy/gpu_memset (2022-04); times count from baseTimeNanoseconds since 2024-05."""
+    if "Operator" in categories:
+        era = "2021 categories (Operator, Runtime, Kernel)"
+    elif "Runtime" in categories:
+        era = "2021 categories (cpu_op, Runtime, Kernel)"
+    elif categories & {"Kernel", "Memcpy", "Memset"}:
+        era = "2021-22 categories (cuda_runtime, Kernel)"
+    else:
+        era = "2022+ categories"
+    devices = [name for cat, name in (("mtia_ccp_events", "MTIA"), ("cuda_profiler_range", "CUPTI range profiler"),
+                                      ("xpu_runtime", "XPU"), ("hpu_op", "HPU")) if cat in categories]
+    parts = [f"kineto schema {schema or '?'}", era, *devices,
+             "times from baseTimeNanoseconds" if based else "epoch times", backend]
+    return ", ".join(p for p in parts if p)
+
+
+_INSERT = """INSERT INTO ev
+        WITH raw AS (SELECT unnest(traceEvents) AS e FROM {reader}),
+        devices AS (SELECT DISTINCT e.pid->>'$' AS pid FROM raw  -- the processes the trace labels "GPU 0", "MTIA 9"
+                    WHERE e.ph = 'M' AND e.name = 'process_labels' AND e.args.labels <> 'CPU')
+        SELECT {index} AS f, e.ph, """ + _CATEGORY + """ AS cat, e.name, e.pid->>'$' AS pid, e.tid->>'$' AS tid,
             TRY_CAST({base}::HUGEINT + e.ts * 1000 AS BIGINT) AS start_ns,
             TRY_CAST({base}::HUGEINT + e.ts * 1000 + coalesce(e.dur, 0) * 1000 AS BIGINT) AS end_ns,
             TRY_CAST(e.args."External id"->>'$' AS BIGINT) AS ext_id,
@@ -95,8 +162,8 @@ _INSERT = """INSERT INTO ev SELECT {index} AS f, e.ph, e.cat, e.name, e.pid->>'$
             TRY_CAST(e.args."Group size"->>'$' AS INTEGER) AS group_size,
             TRY_CAST(e.args.wait_on_stream->>'$' AS BIGINT) AS wait_stream,
             TRY_CAST(e.args.wait_on_cuda_event_record_corr_id->>'$' AS BIGINT) AS record_corr,
-            e.args.cuda_sync_kind AS sync_kind
-        FROM (SELECT unnest(traceEvents) AS e FROM {reader}) WHERE e.ph = 'X' OR e.name = '[memory]'"""
+            e.args.cuda_sync_kind AS sync_kind, e.cat AS kineto_cat
+        FROM raw WHERE e.ph = 'X' OR e.name = '[memory]'"""
 
 
 def _metadata(file: Path, distributed: str | None, base: str | None) -> tuple[dict, int]:

@@ -6,10 +6,12 @@ file is read on its own (:func:`parse_file`, in a worker process with --jobs), i
 Parquet beside the store; only what needs every file (ranks, host clocks, groups) runs over the small parts the
 files give back (:func:`_run`).
 
-GPU runs: device events are `kernel`, `gpu_memcpy`, `gpu_memset`. A communication kernel's op comes, in order,
-from its own args (`Collective name`, pg-args), from the CPU op that launched it (runtime correlation, then the
-innermost enclosing `record_param_comms` / `nccl:*` / `c10d::*` op on the launching thread, cpu-op), else from its
-name (name-rule). CPU-only runs (gloo) have no device events: see :mod:`traceana.ingest.kineto.cpu`.
+GPU runs: device events are `kernel`, `gpu_memcpy`, `gpu_memset` in today's spelling (events._CATEGORY maps every
+vintage's and accelerator's categories onto them: 2021's `Kernel`, MTIA's `mtia_ccp_events`, ...). A communication
+kernel's op comes, in order, from its own args (`Collective name`, pg-args), from the CPU op that launched it
+(runtime correlation, then the innermost enclosing `record_param_comms` / `nccl:*` / `c10d::*` op on the launching
+thread, cpu-op), else from its name (name-rule). CPU-only runs (gloo) have no device events: see
+:mod:`traceana.ingest.kineto.cpu`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from traceana.errors import TraceanaError
 from traceana.ingest.clocks import require_overlapping_clocks
 from traceana.ingest.dispatch import IngestOptions
 from traceana.ingest.executor import from_ipc, map_files, threads_per_task, to_ipc, worker_count
-from traceana.ingest.kineto.events import EVENT_TABLE, FIRST_INPUT_NELEMS, load, trace_files
+from traceana.ingest.kineto.events import EVENT_TABLE, FIRST_INPUT_NELEMS, KINETO_CATEGORIES, load, trace_files
 from traceana.ingest.kineto.link import device_frames, device_steps
 from traceana.ingest.kineto.syncs import file_syncs
 from traceana.ingest.ranks import rank_in_file_name, require_distinct, require_unique_ranks
@@ -56,6 +58,8 @@ def matches(path: Path) -> bool:
 
 
 _DEVICE = "cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"
+# Host-side detail Kineto writes that no analysis needs (python frames, CUPTI overhead, the profiler's own span).
+_HOST_DETAIL = ("python_function", "cpu_instant_event", "overhead", "trace")
 
 
 @dataclass
@@ -76,6 +80,9 @@ class ParsedFile:
     dropped: Dropped  # what validation left out of this file's rows
     sync_counts: SyncCounts  # sync calls left out, syncs whose waited event is unknown
     whole: bytes | None  # a file without device events: all its rows (Arrow IPC), for a CPU-only run
+    vintage: str  # which Kineto wrote it (events.Loaded)
+    categories: list[tuple[str, bool, int]]  # (category, read as device work?, events) beyond Kineto's own: a note
+    host_comm: list[tuple[str, int]]  # the process groups' collective calls on the host (nccl:all_reduce), by name
 
 
 def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) -> ParsedFile:
@@ -85,7 +92,7 @@ def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) 
     con = duckdb.connect(config={"threads": threads})
     con.execute("SET enable_progress_bar = false")  # a worker's bar would garble the CLI's
     con.execute(EVENT_TABLE)
-    info, device_names = load(con, file, 0)
+    info, device_names, vintage = load(con, file, 0)
     span = con.execute("SELECT min(start_ns), max(end_ns) FROM ev").fetchall()[0]
     seen = con.execute("SELECT DISTINCT pg_name, pg_desc, pg_ranks FROM ev "
                        "WHERE pg_name IS NOT NULL AND pg_ranks IS NOT NULL").fetchall()
@@ -109,7 +116,54 @@ def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) 
     return ParsedFile(info, device_names, key, span if span[0] is not None else None, seen,
                       con.sql(_SAMPLES_SQL).pl(), comm, frames["steps"].rename({"rank": "f"}), links, unnumbered,
                       dropped, sync_counts.count(frames["syncs"]),
-                      None if devices else to_ipc(con.sql("SELECT * FROM ev").arrow()))
+                      None if devices else to_ipc(con.sql("SELECT * FROM ev").arrow()), vintage,
+                      con.execute(_OTHER_CATEGORIES_SQL).fetchall(), con.execute(_HOST_COMM_SQL).fetchall())
+
+
+# The ranges a ProcessGroup writes around each collective it runs (nccl:all_reduce, hccl:allgather, gloo:barrier).
+_HOST_COMM_SQL = r"""SELECT name, count(*) FROM ev WHERE cat IN ('user_annotation', 'cpu_op')
+    AND regexp_matches(name, '^[a-z]*ccl:|^gloo:') GROUP BY ALL ORDER BY ALL"""
+
+
+def _silent_comm_note(parsed: list[ParsedFile], groups: pl.DataFrame) -> list[str]:
+    """A device run whose host ran collectives but whose devices ran no communication kernel: say why."""
+    calls: dict[str, int] = {}
+    for part in parsed:
+        for name, n in part.host_comm:
+            calls[name] = calls.get(name, 0) + n
+    if not calls:
+        return []
+    why = ("their process groups hold one rank each (pg_config), so there was nothing to communicate"
+           if not groups.is_empty() and groups["ranks"].list.len().eq(1).all()
+           else "the trace has no communication kernel (CPU collectives, or kernels the profiler did not record)")
+    named = ", ".join(f"{name} {n:,}" for name, n in sorted(calls.items(), key=lambda c: -c[1])[:5])
+    return [f"0 collectives: {sum(calls.values()):,} collective calls on the host ({named}) and no communication "
+            f"on the device: {why}"]
+
+
+# Events whose category is not one Kineto is known to write for work traceana reads (events._CATEGORY): those read
+# as device work because they ran on a device, and those left out, per category as the file spells it.
+_OTHER_CATEGORIES_SQL = f"""SELECT kineto_cat, cat = 'kernel', count(*) FROM ev
+    WHERE ph = 'X' AND ((cat = 'kernel'
+                         AND lower(kineto_cat) NOT IN ('kernel', 'cuda_profiler_range', 'mtia_ccp_events'))
+                        OR (cat NOT IN {KINETO_CATEGORIES} AND lower(cat) NOT IN {_HOST_DETAIL}))
+    GROUP BY ALL ORDER BY ALL"""
+
+
+def _category_notes(parsed: list[ParsedFile]) -> list[str]:
+    """What the files hold beyond the categories traceana reads: counted, never silently lost."""
+    totals: dict[tuple[str, bool], int] = {}
+    for part in parsed:
+        for cat, device, n in part.categories:
+            totals[(cat, device)] = totals.get((cat, device), 0) + n
+    notes = []
+    for device, what in ((True, "read as device work (they ran on a device; classified by name)"),
+                         (False, "left out: traceana does not read these categories")):
+        counts = [f"{cat} {n:,}" for (cat, d), n in sorted(totals.items()) if d is device]
+        if counts:
+            notes.append(f"{sum(n for (_, d), n in totals.items() if d is device):,} events of categories Kineto "
+                         f"is not known to write for device work or launches {what}: {', '.join(counts)}")
+    return notes
 
 
 # torch.profiler.tensorboard_trace_handler names files {worker_name}.{ms}.pt.trace.json with worker_name
@@ -234,7 +288,7 @@ def _run(files: list[Path], parsed: list[ParsedFile], spill: Spill, options: Ing
     if all(p.whole is not None for p in parsed):
         spill.remove()
         data = _cpu_run(parsed, file_rank, offsets, groups, options)
-        data.notes[:0] = marker_note
+        data.notes[:0] = marker_note + _category_notes(parsed)
     else:
         def tagged(frame: pl.DataFrame, index: int) -> pl.DataFrame:
             shifted = [pl.col(c) + offsets[index] for c in ("start_ns", "end_ns") if c in frame.columns]
@@ -250,12 +304,13 @@ def _run(files: list[Path], parsed: list[ParsedFile], spill: Spill, options: Ing
                      for i, p in enumerate(parsed)), StepLinks())
         if unnumbered := sum(p.unnumbered for p in parsed):
             notes.append(f"{unnumbered} ProfilerStep ranges left out: their step number does not fit an INTEGER")
-        notes += links.notes() + sum((p.sync_counts for p in parsed), SyncCounts()).notes() + marker_note
+        notes += (links.notes() + sum((p.sync_counts for p in parsed), SyncCounts()).notes() + marker_note
+                  + _category_notes(parsed) + (_silent_comm_note(parsed, groups) if comm.is_empty() else []))
         spill.parts = pl.DataFrame({"key": [p.key for p in parsed], "rank": ranks, "shift": offsets},
                                    schema=spill.parts.schema)
         data = RunData(
             source_format="kineto", sources=[], world_size=world,
-            tool_version=f"kineto schema {infos[0].get('backend', '?')}", notes=notes,
+            tool_version="; ".join(dict.fromkeys(p.vintage for p in parsed)), notes=notes,
             frames={"process_groups": groups.drop("name_key"),
                     "collectives": comm.select(*[c for c in SCHEMAS["collectives"] if c in comm.columns],
                                                "group_size"),
@@ -295,7 +350,8 @@ def _cpu_run(parsed: list[ParsedFile], file_rank: pl.DataFrame, offsets: list[in
         notes.append("CPU memory samples count only what was allocated while the profiler ran: tensors that "
                      "existed before it started (parameters, optimizer state) are not in them")
     return RunData(
-        source_format="kineto", sources=[], world_size=0, tool_version="kineto (cpu-only)", notes=notes,
+        source_format="kineto", sources=[], world_size=0, notes=notes,
+        tool_version="; ".join(dict.fromkeys(p.vintage for p in parsed)) + ", cpu-only",
         frames={
             "process_groups": groups.drop("name_key"),
             "device_events": events.join(file_rank, on="f"),

@@ -147,7 +147,18 @@ def test_unknown_dims_are_said_once(tmp_path: Path) -> None:
     notes = [line for line in out.splitlines() if "have no dim" in line]
     assert notes == ["  note: 80 of 80 collectives (100% of communication time) have no dim: pass --layout; "
                      "or ingest all 16 ranks (this run has 1); or record with a PyTorch that writes pg_config and "
-                     "Process Group args (2.2 or newer)"]
+                     "Process Group args (2.2 or newer): this trace states no process groups"]
+
+
+def test_a_trace_with_pg_config_is_not_told_to_record_one(tmp_path: Path) -> None:
+    """hta_rank0of2 states its group (pg_config): what is missing is the other rank, or a layout."""
+    trace = KINETO / "hta_rank0of2_pg_args.json.gz"
+    with gzip.open(trace) as handle:
+        assert json.load(handle)["distributedInfo"]["pg_config"]
+    out = run_cli("ingest", trace, "--db", tmp_path / "t.duckdb").stdout
+    notes = [line for line in out.splitlines() if "have no dim" in line]
+    assert notes == ["  note: 21 of 21 collectives (100% of communication time) have no dim: pass --layout; "
+                     "or ingest all 2 ranks (this run has 1)"]
 
 
 # Timing cannot tell these apart: in pp2_mb1 each worker thread runs one 2 MiB all-reduce, and all four ranks run

@@ -1,7 +1,7 @@
 -- The store: one DuckDB file, many runs. Times are integer ns on one timeline per run; sizes in bytes.
 CREATE TABLE IF NOT EXISTS runs (
     run_id        VARCHAR PRIMARY KEY,
-    source_format VARCHAR NOT NULL,      -- nsys / kineto / ascend
+    source_format VARCHAR NOT NULL,      -- nsys / kineto / ascend / rocprofv3
     sources       VARCHAR[] NOT NULL,    -- absolute paths of the input files or folders
     ingested_at   TIMESTAMP NOT NULL,
     world_size    INTEGER NOT NULL,

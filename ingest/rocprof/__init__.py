@@ -1,0 +1,1 @@
+"""rocprofv3 (ROCprofiler-SDK) JSON traces: reader.py."""
