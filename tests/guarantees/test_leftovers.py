@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TRACES, run_main
+from tests.conftest import ROOT, SAMPLES, TRACES, run_cli, run_main
 
 GOOD = TRACES / "kineto" / "hta_rank0of2_pg_args.json.gz"
 
@@ -151,3 +151,30 @@ def test_concurrent_ingests_into_a_dataset_lose_no_run(tmp_path) -> None:
     assert code == 0, err
     assert {r for r in landed if r in out} == landed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.parquet"]
+
+
+def test_a_read_only_dataset_is_refused_before_parsing_and_leaves_nothing() -> None:
+    """Another user's ingest into a dataset whose folders are read-only: one line before the trace is read, and
+    no `.NAME.partial-<pid>` beside it (a copy of its folders kept their modes, which rmtree could not remove)."""
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("running as another user needs root and setpriv")
+    tmp_path = Path(tempfile.mkdtemp())  # pytest's folders are root's alone: the other user could not reach it
+    tmp_path.chmod(0o1777)
+    dataset = tmp_path / "ds.parquet"
+    run_cli("ingest", SAMPLES / "moe_balanced", "--db", dataset)
+    subprocess.run(["chmod", "-R", "a-w", str(dataset)], check=True)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                             "traceana", "ingest", str(SAMPLES / "moe_balanced"), "--run-id", "other", "--db",
+                             str(dataset)], capture_output=True, text=True, cwd=ROOT,
+                            env={**os.environ, "HOME": "/tmp"})
+    assert result.returncode == 2 and result.stderr == f"error: {dataset}: the dataset is read-only for this user; " \
+                                                      "it is unchanged\n", result.stderr
+    try:
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+    finally:
+        shutil.rmtree(tmp_path)
+

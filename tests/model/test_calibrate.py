@@ -207,3 +207,28 @@ def test_a_cpu_only_trace_keeps_the_gemm_tables_and_says_why(tmp_path: Path) -> 
     assert body["gemms"] == []
     assert "no device kernels (a CPU-only trace): the GEMM tables stay the prior's" in body["notes"]
     assert {f["name"] for f in body["fits"]} >= {"host_us_per_layer", "host_us_per_step"}
+
+
+def test_a_kernel_longer_than_its_step_is_left_out_and_noted(tmp_path: Path) -> None:
+    """A memory kernel of 10^12 µs (damaged) once gave memory_efficiency 0.000, exit 0. It is left out and counted
+    in a note: the kernel-time fits equal those of the same trace with that kernel removed (the second route)."""
+    events = _raw_events()
+    steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
+    last = sorted(steps, key=lambda e: e["ts"])[-1]
+    victim = next(i for i, e in enumerate(events) if e.get("cat") == "kernel" and "elementwise" in e["name"]
+                  and last["ts"] <= e["ts"] < last["ts"] + last["dur"])
+    fits = {}
+    for name, changed in (("long", [*events[:victim], {**events[victim], "dur": 1e12}, *events[victim + 1:]]),
+                          ("gone", events[:victim] + events[victim + 1:])):
+        trace = tmp_path / f"{name}.json"
+        trace.write_text(json.dumps({"traceEvents": changed}))
+        db = tmp_path / f"{name}.duckdb"
+        run_cli("ingest", trace, "--db", db, "--run-id", name)
+        body = json.loads(run_cli("calibrate", name, "--config", ROOT / "examples" / "h200_gpt_h2048_L8.yaml",
+                                  "--db", db, "--json").stdout)
+        fits[name] = ({f["name"]: f["value"] for f in body["fits"]}, body["notes"])
+    kernel_fits = ("memory_efficiency", "optimizer_efficiency")  # idle comes from the store's own analyses
+    assert [fits["long"][0][k] for k in kernel_fits] == [fits["gone"][0][k] for k in kernel_fits]
+    assert fits["long"][0]["memory_efficiency"] > 0.01
+    assert "1 kernel(s) longer than the step they start in left out of the kernel times" in fits["long"][1]
+    assert not any("longer than the step" in n for n in fits["gone"][1])

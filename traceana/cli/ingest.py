@@ -62,6 +62,7 @@ def ingest(
     if executor == "ray" and jobs is not None:
         raise TraceanaError("--jobs sets local worker processes; with --executor ray the Ray cluster sizes itself")
     store.check_path(db)
+    store.check_writer(db)
     if removed := store.remove_leftovers(db.resolve()):
         typer.echo(f"note: removed {len(removed)} folder(s) that killed writers of {db} left behind: "
                    f"{', '.join(removed)}")

@@ -148,8 +148,10 @@ def _steps(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
             FROM ev k LEFT JOIN ops o ON o.f = k.f AND o.ext_id = k.ext_id
             WHERE k.cat IN ('kernel', 'gpu_memset', 'gpu_memcpy') AND k.name NOT ILIKE '%nccl%'),
         per_kind AS (
-            SELECT s.f, s.start_ns, {", ".join(f"sum(k.ns) FILTER (WHERE k.kind = '{kind}') AS {kind}_ns"
-                                             for kind in ("gemm", "attention", "optimizer", "memory"))}
+            SELECT s.f, s.start_ns, {", ".join(f"sum(k.ns) FILTER (WHERE k.kind = '{kind}' AND k.ns <= "
+                                             f"s.end_ns - s.start_ns) AS {kind}_ns"
+                                             for kind in ("gemm", "attention", "optimizer", "memory"))},
+                   count(*) FILTER (WHERE k.ns > s.end_ns - s.start_ns) AS oversized
             FROM steps s JOIN kernels k ON k.f = s.f AND k.start_ns >= s.start_ns AND k.start_ns < s.end_ns
             GROUP BY s.f, s.start_ns),
         syncs AS (
@@ -164,7 +166,8 @@ def _steps(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
         SELECT s.name AS step, (s.end_ns - s.start_ns) / 1e6 AS step_ms, coalesce(y.sync_ns, 0) / 1e6 AS sync_ms,
                coalesce(o.host_ns, 0) / 1e6 AS optimizer_host_ms,
                {", ".join(f"coalesce(k.{kind}_ns, 0) / 1e6 AS {kind}_ms"
-                          for kind in ("gemm", "attention", "optimizer", "memory"))}
+                          for kind in ("gemm", "attention", "optimizer", "memory"))},
+               coalesce(k.oversized, 0) AS oversized
         FROM steps s LEFT JOIN per_kind k USING (f, start_ns) LEFT JOIN syncs y USING (f, start_ns)
         LEFT JOIN optimizer o USING (f, start_ns)
         ORDER BY s.start_ns""").pl()
@@ -241,6 +244,9 @@ def measure(db: Path, run_id: str, cfg: Config) -> TraceProfile:
     events = _events(list(row[1]))
     gemms, steps = _gemms(events), _steps(events)
     notes: list[str] = []
+    if oversized := steps["oversized"].sum():  # a kernel longer than its whole step: a damaged or foreign time
+        notes.append(f"{oversized:,} kernel(s) longer than the step they start in left out of the kernel times")
+    steps = steps.drop("oversized")
     if gemms.is_empty():
         (kernels,) = events.execute("SELECT count(*) FROM ev WHERE cat = 'kernel'").fetchall()[0]
         notes.append("no device kernels (a CPU-only trace): the GEMM tables stay the prior's" if not kernels else

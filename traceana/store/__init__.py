@@ -29,8 +29,8 @@ from traceana.store.schema import OUTDATED
 if TYPE_CHECKING:
     import duckdb
 
-__all__ = ["DEFAULT_DB", "OUTDATED", "check_path", "connect", "materialize", "open_run", "remove_leftovers",
-           "resolve_run", "restrict_to_run", "show_every_run", "transaction", "write_run"]
+__all__ = ["DEFAULT_DB", "OUTDATED", "check_path", "check_writer", "connect", "materialize", "open_run",
+           "remove_leftovers", "resolve_run", "restrict_to_run", "show_every_run", "transaction", "write_run"]
 
 DEFAULT_DB = "traceana.duckdb"
 
@@ -56,6 +56,17 @@ def connect(db: str | Path = DEFAULT_DB, *, read_only: bool = False,
     opened = dataset.connect if dataset.is_dataset(path) else database.connect
     with opened(path, read_only=read_only, views=views) as con:
         yield con
+
+
+def check_writer(db: Path) -> None:
+    """What would refuse a writer of the store ``db`` at its end, said before it reads its inputs (minutes on a big
+    run): a .duckdb file that another process holds (a reader or a writer, named), or that is not a store; a
+    dataset read-only for this user. A .duckdb file opened for writing and closed unchanged keeps its bytes."""
+    if dataset.is_dataset(db):
+        dataset.check_writable(db)
+    elif db.exists():
+        with database.connect(db, read_only=False, views=False):
+            pass
 
 
 def remove_leftovers(db: Path) -> list[str]:

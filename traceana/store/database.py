@@ -162,11 +162,17 @@ def bounded_memory(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     dataset's partitions are written: by default it may keep up to 80 % of RAM of written blocks cached (or buffer
     every open partition), and a large run would take that much."""
     (limit, threads), = con.execute("SELECT current_setting('memory_limit'), current_setting('threads')").fetchall()
+    import duckdb
+
     con.execute(f"SET memory_limit = '{max(512, 256 * int(threads))}MiB'")
+    restore = f"SET memory_limit = '{limit}'"
     try:
         yield
-    finally:
-        con.execute(f"SET memory_limit = '{limit}'")
+    except BaseException:
+        with suppress(duckdb.TransactionException):  # an aborted transaction (disk full) refuses any SET until
+            con.execute(restore)  # its ROLLBACK; the error that aborted it is the one to report
+        raise
+    con.execute(restore)
 
 
 def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None) -> str:

@@ -14,6 +14,7 @@ DuckDB views over its files, and `traceana ingest` (or any writer) adds to it wi
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -53,6 +54,9 @@ def export(con: duckdb.DuckDBPyConnection, target: Path, replace: bool = False,
     """Write every table of the store at ``con`` under ``target``; returns rows per table."""
     if target.exists() and not replace:
         raise TraceanaError(f"{target}: already exists (pass --replace to overwrite it)")
+    if target.exists() and not (is_marked(target) or (target.is_dir() and not any(target.iterdir()))):
+        raise TraceanaError(f"{target}: not a traceana Parquet dataset (no {SCHEMA_FILE} declaring its runs table); "
+                            "--replace replaces only a dataset, never a file or another folder: pick a new name")
     with writer_lock(target):
         partial = _partial(target)
         partial.mkdir(parents=True)
@@ -60,16 +64,36 @@ def export(con: duckdb.DuckDBPyConnection, target: Path, replace: bool = False,
             counts = _write(con, partial, progress)
             _move_into_place(partial, target)
         except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
+            _remove(partial)
             raise
     return counts
+
+
+def is_marked(folder: Path) -> bool:
+    """Whether ``folder`` is a traceana dataset, by its marker: a schema.sql that declares the store's runs table
+    (as every export writes it), not only a file of that name."""
+    schema = folder / SCHEMA_FILE
+    try:
+        return folder.is_dir() and schema.is_file() and re.search(r'CREATE TABLE "?runs"?\s*\(',
+                                                                   schema.read_text(errors="replace")) is not None
+    except OSError:
+        return False
 
 
 def _partial(target: Path) -> Path:
     """The hidden sibling a new version of ``target`` is written in (same file system: renamed into place)."""
     partial = target.parent / f".{target.name}.partial-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
+    _remove(partial)
     return partial
+
+
+def _remove(folder: Path) -> None:
+    """Remove a folder this process wrote, read-only folders in it too: copytree gives the copy of a read-only
+    dataset the same modes, and rmtree alone would leave it behind."""
+    for parent, _, _ in os.walk(folder):
+        with suppress(OSError):
+            os.chmod(parent, 0o700)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _write(con: duckdb.DuckDBPyConnection, folder: Path,
@@ -105,7 +129,7 @@ def _move_into_place(partial: Path, target: Path) -> None:
     (readers, and a kill at any moment, see the old folder or the new one, never none) and removed after; elsewhere
     it is set aside first."""
     if target.exists() and _exchange(partial, target):
-        shutil.rmtree(partial, ignore_errors=True)
+        _remove(partial)
         return
     old = target.parent / f".{target.name}.old-{os.getpid()}"
     if target.exists():
@@ -201,6 +225,13 @@ def writer_lock(folder: Path) -> Iterator[None]:
     finally:
         lock.unlink(missing_ok=True)
         os.close(fd)
+
+
+def check_writable(folder: Path) -> None:
+    """A one-line error for a dataset this user may not change (its folder read-only), before a writer reads its
+    inputs: the write would only fail at its end."""
+    if folder.is_dir() and not (os.access(folder, os.W_OK | os.X_OK) and os.access(folder.parent, os.W_OK)):
+        raise TraceanaError(f"{folder}: the dataset is read-only for this user; it is unchanged")
 
 
 @contextmanager
@@ -353,7 +384,7 @@ def merge(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
             _write(con, partial)
         _move_into_place(partial, folder)
     except BaseException as exc:
-        shutil.rmtree(partial, ignore_errors=True)
+        _remove(partial)
         if isinstance(exc, OSError):  # no space for the new files, a folder it may not write in
             reason = exc.args[0][0][2] if isinstance(exc, shutil.Error) else exc.strerror or exc  # copytree's list
             raise TraceanaError(f"{folder}: cannot write the dataset ({reason}); it is unchanged") from None
