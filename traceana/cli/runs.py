@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,6 +11,10 @@ from traceana import store
 from traceana.cli.options import DbOption, JsonOption, RunArgument
 from traceana.errors import TraceanaError
 from traceana.render.console import emit, emit_json, emit_rows
+
+if TYPE_CHECKING:  # imported where used: `traceana --help` loads neither
+    import duckdb
+    import polars as pl
 
 
 def runs(db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> None:
@@ -26,34 +30,42 @@ def runs(db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> Non
     emit_rows(columns, rows, numeric, title="runs", fmt="json" if json else "table")
 
 
+# `info`'s tables, one query each over the run's rows ($r: its id); `traceana mcp`'s info tool reads them too.
+INFO_PARTS = {
+    "ranks": "SELECT rank, host, device, pid, clock_offset_ns, tp, cp, ep, dp, pp, rank_source "
+             "FROM ranks WHERE run_id=$r ORDER BY rank",
+    "steps": "SELECT step, count(*) AS ranks, round(avg(end_ns - start_ns) / 1e6, 3) AS mean_ms, "
+             "round(max(end_ns - start_ns) / 1e6, 3) AS max_ms, bool_and(from_markers) AS from_markers "
+             "FROM step_windows WHERE run_id=$r GROUP BY step ORDER BY step",
+    # streams: a column stores written before it existed lack, hence COLUMNS (source is always there)
+    "process_groups": "SELECT pg, dim, name, ranks, COLUMNS(lambda c: c IN ('source', 'streams')) "
+                      "FROM process_groups WHERE run_id=$r ORDER BY dim, pg",
+    "events by category": "SELECT category, count(*) AS events, sum(end_ns-start_ns)/1e6 AS busy_ms "
+                          "FROM device_events WHERE run_id=$r GROUP BY ALL ORDER BY events DESC",
+    "collectives by op and dim": "SELECT op, kernel_op, dim, evidence, count(*) AS events, "
+                                 "sum(bytes) AS bytes FROM collectives WHERE run_id=$r "
+                                 "GROUP BY ALL ORDER BY events DESC, op, kernel_op, dim, evidence",
+}
+
+
+def info_frames(con: duckdb.DuckDBPyConnection, rid: str) -> tuple[dict[str, pl.DataFrame], list[str]]:
+    """(each of INFO_PARTS' tables, the run's notes) on a connection that shows run ``rid``."""
+    frames = {title: con.sql(sql, params={"r": rid}).pl() for title, sql in INFO_PARTS.items()}
+    notes = con.execute("SELECT notes FROM runs WHERE run_id=$r", {"r": rid}).fetchall()[0][0]
+    return frames, notes or []
+
+
 def info(run: RunArgument = None, db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> None:
     """A run's ranks with coordinates, steps, process groups with dims, and event counts by category, op, dim."""
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
-        parts = {
-            "ranks": "SELECT rank, host, device, pid, clock_offset_ns, tp, cp, ep, dp, pp, rank_source "
-                     "FROM ranks WHERE run_id=$r ORDER BY rank",
-            "steps": "SELECT step, count(*) AS ranks, round(avg(end_ns - start_ns) / 1e6, 3) AS mean_ms, "
-                     "round(max(end_ns - start_ns) / 1e6, 3) AS max_ms, bool_and(from_markers) AS from_markers "
-                     "FROM step_windows WHERE run_id=$r GROUP BY step ORDER BY step",
-            # streams: a column stores written before it existed lack, hence COLUMNS (source is always there)
-            "process_groups": "SELECT pg, dim, name, ranks, COLUMNS(lambda c: c IN ('source', 'streams')) "
-                              "FROM process_groups WHERE run_id=$r ORDER BY dim, pg",
-            "events by category": "SELECT category, count(*) AS events, sum(end_ns-start_ns)/1e6 AS busy_ms "
-                                  "FROM device_events WHERE run_id=$r GROUP BY ALL ORDER BY events DESC",
-            "collectives by op and dim": "SELECT op, kernel_op, dim, evidence, count(*) AS events, "
-                                         "sum(bytes) AS bytes FROM collectives WHERE run_id=$r "
-                                         "GROUP BY ALL ORDER BY events DESC, op, kernel_op, dim, evidence",
-        }
-        frames = {title: con.sql(sql, params={"r": rid}).pl() for title, sql in parts.items()}
-        notes = con.execute("SELECT notes FROM runs WHERE run_id=$r", {"r": rid}).fetchall()[0]
+        frames, notes = info_frames(con, rid)
     if json:
-        emit_json({"run_id": rid, "notes": notes[0] or [],
-                   **{k: v.to_dicts() for k, v in frames.items()}})
+        emit_json({"run_id": rid, "notes": notes, **{k: v.to_dicts() for k, v in frames.items()}})
         return
     for title, frame in frames.items():
         emit(frame, title=f"{rid}: {title}")
-    for note in notes[0] or []:
+    for note in notes:
         typer.echo(f"note: {note}")
 
 
