@@ -19,15 +19,17 @@ class Result:
         self.fields: dict[str, Any] = dict(fields)
         self.notes: list[str] = []
 
-    def rows(self, name: str, frame: pl.DataFrame, top: int, keep: str | pl.Expr | None = None,
+    def rows(self, name: str, frame: pl.DataFrame, top: int, keep: str | None = None, magnitude: bool = False,
              param: str = "top") -> None:
-        """``frame``'s first ``top`` rows as records under ``name`` (``keep``: the ``top`` with the largest
-        ``keep``, still in the frame's order), with a note naming ``param`` when rows were cut."""
+        """``frame``'s first ``top`` rows as records under ``name`` (``keep``: the ``top`` with the largest value of
+        that column, or of its absolute value with ``magnitude``, still in the frame's order), with a note naming
+        ``param`` when rows were cut."""
         if frame.height > top:
-            which = "the first" if keep is None else f"the largest {keep}"
+            which = "the first" if keep is None else f"the largest {f'|{keep}|' if magnitude else keep}"
             self.notes.append(f"{name}: {top} of {frame.height} rows shown, {which} (pass a larger {param})")
             if keep is not None:
-                frame = frame.with_row_index("_order").sort(keep, descending=True, nulls_last=True).head(top)
+                order = pl.col(keep).abs() if magnitude else pl.col(keep)
+                frame = frame.with_row_index("_order").sort(order, descending=True, nulls_last=True).head(top)
                 frame = frame.sort("_order").drop("_order")
         self.fields[name] = _records(frame.head(top))
 

@@ -90,16 +90,20 @@ class Tools:
         TOTAL; OVERLAP_pct: OVERLAPPED / (OVERLAPPED + waits). As `traceana breakdown --json`. Next: stragglers,
         critical_path."""
         from traceana.analyses import breakdown as bd
+        from traceana.analyses.memory import rank_peaks
 
         traces = self._traces(run_id)
 
         def read(con: DuckDBPyConnection, rid: str) -> tuple:
             chosen = bd.median_step(con, rid) if step == "median" else step
-            return rid, chosen, bd.which_step(con, rid, chosen), bd.outlier_notes(con, rid) if chosen is None else []
+            return (rid, chosen, bd.which_step(con, rid, chosen), bd.outlier_notes(con, rid) if chosen is None else [],
+                    rank_peaks(con, rid, chosen) if by == "rank" else None)
 
         with traces.session():
-            rid, chosen, which, notes = traces.read(None, read)
+            rid, chosen, which, notes, peaks = traces.read(None, read)
             frame = traces.breakdown(by, chosen)
+        if peaks is not None:  # the memory peak of the same step(s), where sampled, as `breakdown --json` adds it
+            frame = frame.join(peaks, on="rank", how="left")
         if frame.is_empty():
             raise TraceanaError(f"run {rid!r} has no device events, so no breakdown")
         suffix = "_ms" if by == "rank" else "_mean_ms"
@@ -261,7 +265,7 @@ class Tools:
         if parts.is_empty():
             raise TraceanaError(f"runs {run_a!r} and {run_b!r} have no device events to compare")
         result = Result(run_a=run_a, run_b=run_b, step="typical (mean over steps after the first)")
-        result.rows("breakdown", parts, 10_000)
+        result.rows("breakdown", parts, top * parts["part"].n_unique())  # whole stages: `top` of them
         status = pl.col("status")
         result.rows("kernels_changed", kernels.filter(status == "both"), top)
         result.rows("kernels_new", kernels.filter(status == "new"), top)
@@ -283,7 +287,7 @@ class Tools:
         rid, graph, frame = self._traces(run_id).read(None, read)
         result = Result(run_id=rid, step=step if step is not None else "every step", **replay.summary(frame),
                         edges=graph.counts, missing=graph.missing)
-        result.rows("rank_steps", frame, top, keep=pl.col("error_pct").abs())
+        result.rows("rank_steps", frame, top, keep="error_pct", magnitude=True)
         return result.to_json()
 
     def whatif(self, changes: Annotated[list[str], Field(min_length=1, description=(
