@@ -149,7 +149,7 @@ async def test_a_bad_call_is_an_error_and_the_server_goes_on(session: Any) -> No
     assert "unknown run 'nope' (known: toy8_tp2pp2dp2_1f1b)" in await error(session, "breakdown", run_id="nope")
     assert "--change 'dim=TP'" in await error(session, "whatif", run_id=RUN, changes=["dim=TP"])
     assert "read-only" in await error(session, "sql", query="DELETE FROM runs")
-    assert "validation error" in await error(session, "breakdown", False, top=0)  # refused by the schema, before the tool
+    assert "validation error" in await error(session, "breakdown", False, top=0)  # the schema refused it
     assert (await call(session, "runs"))["runs"][0]["run_id"] == RUN  # still serving
 
 

@@ -28,7 +28,7 @@ class Result:
             which = "the first" if keep is None else f"the largest {f'|{keep}|' if magnitude else keep}"
             self.notes.append(f"{name}: {top} of {frame.height} rows shown, {which} (pass a larger {param})")
             if keep is not None:
-                order = pl.col(keep).abs() if magnitude else pl.col(keep)
+                order = (pl.col(keep).abs() if magnitude else pl.col(keep)).fill_nan(None)  # NaN sorts largest
                 frame = frame.with_row_index("_order").sort(order, descending=True, nulls_last=True).head(top)
                 frame = frame.sort("_order").drop("_order")
         self.fields[name] = _records(frame.head(top))
