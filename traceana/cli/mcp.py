@@ -30,10 +30,10 @@ def mcp(
         if exc.name is None or exc.name.split(".")[0] not in ("mcp", "mcp_types", "pydantic"):
             raise
         raise TraceanaError("traceana mcp needs the MCP SDK: pip install 'traceana[mcp]'") from None
-    Traces(db)  # a missing or unreadable store: one line now, not a server that fails every call
     if output_dir is not None and not output_dir.is_dir():
         raise TraceanaError(f"--output-dir {output_dir}: not a folder")
     for path in config or []:
         if not path.is_file():
             raise TraceanaError(f"--config {path}: no such file")
+    Traces(db)  # a missing or empty store: one line now, not a server that fails every call
     build_server(db, output_dir, tuple(config or ())).run()  # stdio; nothing may reach stdout before this
