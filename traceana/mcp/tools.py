@@ -68,10 +68,10 @@ class Tools:
         """A run's ranks (host, device, clock_offset_ns, tp cp ep dp pp coordinates), its steps (ranks, mean_ms,
         max_ms, from_markers: true when the trace marked them), process groups (pg id, dim, ranks), device events
         by category (events, busy_ms) and collectives by op and dim, and the ingest's notes."""
-        from traceana.cli.runs import info_frames
+        from traceana.analyses.info import tables
 
         def read(con: DuckDBPyConnection, rid: str) -> tuple:
-            return rid, *info_frames(con, rid)
+            return rid, *tables(con, rid)
 
         rid, frames, notes = self._traces(run_id).read(None, read)
         result = Result(run_id=rid, notes=notes)
