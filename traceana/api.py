@@ -23,6 +23,8 @@ from traceana.analyses import breakdown as bd
 from traceana.errors import TraceanaError
 
 if TYPE_CHECKING:
+    from mcp.server import MCPServer
+
     from traceana.model.predict import Prediction
 
 T = TypeVar("T")
@@ -303,6 +305,14 @@ class Traces:
             for name in (run_a, run_b):
                 store.resolve_run(con, name)
             return write(con, Path(self.db), run_a, run_b, Path(html))
+
+    def mcp_server(self, output_dir: str | Path | None = None, configs: tuple[str | Path, ...] = ()) -> MCPServer:
+        """The Model Context Protocol server `traceana mcp` runs over stdio, on this store (needs the ``mcp`` extra):
+        ``.run()`` serves stdio; ``mcp.Client(server)`` talks to it in-process. ``configs``: the estimator YAMLs its
+        tools may read; ``output_dir``: where `report` writes (YAMLs under it are readable too)."""
+        from traceana.mcp.server import build_server
+
+        return build_server(self.db, None if output_dir is None else Path(output_dir), tuple(map(Path, configs)))
 
     def compare(self, config: str | Path | None = None, run: str | None = None,
                 predicted: str | Path | None = None) -> pl.DataFrame:

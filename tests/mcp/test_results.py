@@ -62,7 +62,7 @@ async def test_every_tool_answers_64_ranks_in_under_20_kB(synth64: tuple[Path, P
     pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install 'traceana[mcp]')")
     from mcp import Client
 
-    from traceana.mcp.server import build_server
+    from traceana.api import Traces
     from traceana.mcp.tools import TOOLS
 
     db, out = synth64
@@ -71,7 +71,7 @@ async def test_every_tool_answers_64_ranks_in_under_20_kB(synth64: tuple[Path, P
         "predict": {"config": str(out / "a.yaml"), "to": str(out / "b.yaml")}, "sql": {"query": "FROM device_events"},
         "report": {"file_name": "r.html"}}
     sizes, cut = {}, set()
-    async with Client(build_server(db, out)) as client:
+    async with Client(Traces(db).mcp_server(out)) as client:  # the Python API's way in
         for tool in TOOLS:
             if tool == "report" and not _has("bokeh"):
                 continue

@@ -70,7 +70,7 @@ def mcp(
     from traceana.api import Traces
 
     try:
-        from traceana.mcp.server import build_server
+        import traceana.mcp.server  # noqa: F401 (the SDK, imported here to say what to install when it is missing)
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] not in ("mcp", "mcp_types", "pydantic"):
             raise
@@ -80,5 +80,5 @@ def mcp(
     for path in config or []:
         if not path.is_file():
             raise TraceanaError(f"--config {path}: no such file")
-    Traces(db)  # a missing or empty store: one line now, not a server that fails every call
-    build_server(db, output_dir, tuple(config or ())).run()  # stdio; nothing may reach stdout before this
+    # a missing or empty store: one line now, not a server that fails every call
+    Traces(db).mcp_server(output_dir, tuple(config or ())).run()  # stdio; nothing may reach stdout before this
