@@ -67,7 +67,7 @@ def test_plot_into_a_folder_that_cannot_be_written_is_one_line(store, tmp_path) 
 
 def test_sql_empty_or_no_statement(store) -> None:
     assert one_error(run_main("sql", "", "--db", store)) == "error: sql: the query is empty"
-    assert "the statement returns no rows" in one_error(run_main("sql", ";", "--db", store))
+    assert one_error(run_main("sql", ";", "--db", store)) == "error: sql: the query is empty"
 
 
 def test_layout_with_a_repeated_key(store, tmp_path) -> None:

@@ -336,19 +336,13 @@ class Traces:
         return self.read(run, lambda con, rid: compare_run(con, rid, est).by_dimension)
 
     def sql(self, query: str, run: str | None = None) -> pl.DataFrame:
-        """Ad-hoc SQL over the tables and views; with ``run`` (or the run given to open), that run's rows only."""
-        if not query.strip():
-            raise TraceanaError("sql: the query is empty")
-        def run_query(con: duckdb.DuckDBPyConnection, _rid: str | None = None) -> pl.DataFrame:
-            try:
-                relation = con.sql(query)
-                if relation is None:
-                    raise TraceanaError("sql: the statement returns no rows (sql runs queries such as SELECT)")
-                return relation.pl()
-            except duckdb.Error as exc:
-                raise TraceanaError(f"query failed: {str(exc).splitlines()[0]}") from None
+        """Ad-hoc SQL over the tables and views; with ``run`` (or the run given to open), that run's rows only.
+        One SELECT that reads the store's own files only (store/sql_guard.py), on a connection of its own, never
+        a session's: its confinement lasts as long as the connection."""
+        from traceana.store import sql_guard
 
-        if run or self.run:
-            return self.read(run, run_query)
-        with self._connect(every=True) as con:
-            return run_query(con)
+        sql_guard.check_select(query)  # before the store is opened
+        with store.connect(self.db, read_only=True) as con:
+            if run or self.run:
+                store.open_run(con, run or self.run)
+            return sql_guard.select(con, self.db, query)

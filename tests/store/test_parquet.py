@@ -100,3 +100,26 @@ def test_a_broken_dataset_leaves_the_store_untouched(source_db: Path, tmp_path: 
     assert all(only_a == only_b == 0 for _, only_a, only_b in differences(source_db, db).values())
     result = run_cli("import-parquet", tmp_path, "--db", db, check=False)
     assert result.returncode == 2 and "not a traceana Parquet dataset" in result.stderr
+
+
+def test_replace_overwrites_only_a_dataset(source_db: Path, tmp_path: Path) -> None:
+    """--replace takes the place of a traceana dataset (or an empty folder), never of the user's file or folder,
+    even one holding a schema.sql of its own."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("the user's\n")
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "precious.txt").write_text("the user's\n")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "schema.sql").write_text("CREATE TABLE accounts(id INTEGER);\n")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for target in (precious, folder, foreign):
+        result = run_cli("export", "--parquet", target, "--replace", "--db", source_db, check=False)
+        assert result.returncode == 2 and result.stderr.startswith(f"error: {target}: not a traceana Parquet dataset")
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    (tmp_path / "empty").mkdir()
+    run_cli("export", "--parquet", tmp_path / "empty", "--replace", "--db", source_db)
+    assert dataset.is_marked(tmp_path / "empty")
+    run_cli("export", "--parquet", tmp_path / "empty", "--replace", "--db", source_db)  # a dataset: replaced

@@ -14,6 +14,7 @@ DuckDB views over its files, and `traceana ingest` (or any writer) adds to it wi
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -53,6 +54,9 @@ def export(con: duckdb.DuckDBPyConnection, target: Path, replace: bool = False,
     """Write every table of the store at ``con`` under ``target``; returns rows per table."""
     if target.exists() and not replace:
         raise TraceanaError(f"{target}: already exists (pass --replace to overwrite it)")
+    if target.exists() and not (is_marked(target) or (target.is_dir() and not any(target.iterdir()))):
+        raise TraceanaError(f"{target}: not a traceana Parquet dataset (no {SCHEMA_FILE} declaring its runs table); "
+                            "--replace replaces only a dataset, never a file or another folder: pick a new name")
     with writer_lock(target):
         partial = _partial(target)
         partial.mkdir(parents=True)
@@ -63,6 +67,17 @@ def export(con: duckdb.DuckDBPyConnection, target: Path, replace: bool = False,
             shutil.rmtree(partial, ignore_errors=True)
             raise
     return counts
+
+
+def is_marked(folder: Path) -> bool:
+    """Whether ``folder`` is a traceana dataset, by its marker: a schema.sql that declares the store's runs table
+    (as every export writes it), not only a file of that name."""
+    schema = folder / SCHEMA_FILE
+    try:
+        return folder.is_dir() and schema.is_file() and re.search(r'CREATE TABLE "?runs"?\s*\(',
+                                                                   schema.read_text(errors="replace")) is not None
+    except OSError:
+        return False
 
 
 def _partial(target: Path) -> Path:
