@@ -335,8 +335,9 @@ class Traces:
         est = estimate(cfgmod.load(Path(config)))  # type: ignore[arg-type]  (not None: checked above)
         return self.read(run, lambda con, rid: compare_run(con, rid, est).by_dimension)
 
-    def sql(self, query: str, run: str | None = None) -> pl.DataFrame:
-        """Ad-hoc SQL over the tables and views; with ``run`` (or the run given to open), that run's rows only.
+    def sql(self, query: str, run: str | None = None, limit: int | None = None) -> pl.DataFrame:
+        """Ad-hoc SQL over the tables and views; with ``run`` (or the run given to open), that run's rows only;
+        at most ``limit`` rows (None: all), cut by DuckDB before any reaches Python.
         One SELECT that reads the store's own files only (store/sql_guard.py), on a connection of its own, never
         a session's: its confinement lasts as long as the connection."""
         from traceana.store import sql_guard
@@ -345,4 +346,4 @@ class Traces:
         with store.connect(self.db, read_only=True) as con:
             if run or self.run:
                 store.open_run(con, run or self.run)
-            return sql_guard.select(con, self.db, query)
+            return sql_guard.select(con, self.db, query, limit=limit)

@@ -148,7 +148,7 @@ async def test_two_calls_at_once_are_both_answered_right(session: Any) -> None:
 async def test_a_bad_call_is_an_error_and_the_server_goes_on(session: Any) -> None:
     assert "unknown run 'nope' (known: toy8_tp2pp2dp2_1f1b)" in await error(session, "breakdown", run_id="nope")
     assert "--change 'dim=TP'" in await error(session, "whatif", run_id=RUN, changes=["dim=TP"])
-    assert "read-only" in await error(session, "sql", query="DELETE FROM runs")
+    assert "changes the store; got DELETE" in await error(session, "sql", query="DELETE FROM runs")
     assert "validation error" in await error(session, "breakdown", False, top=0)  # the schema refused it
     assert (await call(session, "runs"))["runs"][0]["run_id"] == RUN  # still serving
 
@@ -167,12 +167,11 @@ async def test_no_tool_reads_etc_passwd_by_config_or_report_path(session: Any, o
 
 @pytest.mark.anyio
 async def test_sql_cannot_read_etc_passwd_or_write(session: Any, tmp_path: Path) -> None:
-    pytest.importorskip("traceana.store.sql_guard", reason="the shared SQL guard (issue 35, branch safety) has not "
-                        "landed: until it does, DuckDB's own file functions can read outside the store")
     for query in ("SELECT * FROM read_csv('/etc/passwd')", "SELECT * FROM read_text('/etc/passwd')",
                   "SELECT * FROM glob('/etc/*')", f"COPY (SELECT 1) TO '{tmp_path}/x.csv'",
                   f"SELECT 1; COPY (SELECT 1) TO '{tmp_path}/y.csv'"):
-        await error(session, "sql", query=query)
+        assert "sql reads the store's own files only" in (text := await error(session, "sql", query=query)) \
+            or "never writes a file" in text
     assert not list(tmp_path.iterdir())
     assert (await call(session, "sql", query="SELECT count(*) AS n FROM runs"))["rows"] == [[1]]
 

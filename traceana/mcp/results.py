@@ -19,14 +19,13 @@ class Result:
         self.fields: dict[str, Any] = dict(fields)
         self.notes: list[str] = []
 
-    def rows(self, name: str, frame: pl.DataFrame, top: int, keep: str | None = None, magnitude: bool = False,
-             param: str = "top") -> None:
+    def rows(self, name: str, frame: pl.DataFrame, top: int, keep: str | None = None, magnitude: bool = False) -> None:
         """``frame``'s first ``top`` rows as records under ``name`` (``keep``: the ``top`` with the largest value of
-        that column, or of its absolute value with ``magnitude``, still in the frame's order), with a note naming
-        ``param`` when rows were cut."""
+        that column, or of its absolute value with ``magnitude``, still in the frame's order), with a note when rows
+        were cut."""
         if frame.height > top:
             which = "the first" if keep is None else f"the largest {f'|{keep}|' if magnitude else keep}"
-            self.notes.append(f"{name}: {top} of {frame.height} rows shown, {which} (pass a larger {param})")
+            self.notes.append(f"{name}: {top} of {frame.height} rows shown, {which} (pass a larger top)")
             if keep is not None:
                 order = (pl.col(keep).abs() if magnitude else pl.col(keep)).fill_nan(None)  # NaN sorts largest
                 frame = frame.with_row_index("_order").sort(order, descending=True, nulls_last=True).head(top)

@@ -365,10 +365,13 @@ class Tools:
             limit: Annotated[int, Field(ge=1, le=1_000, description="How many rows to return.")] = 50) -> str:
         """Ad-hoc SQL for what no other tool answers. Read-only: statements that write, and file access outside
         the store, are refused. Returns the columns and the first `limit` rows."""
-        frame = self._traces(run_id).sql(query, run_id)
+        frame = self._traces(run_id).sql(query, run_id, limit=limit + 1)  # one row more: were rows cut?
         result = Result(run_id=run_id, step=None, columns=frame.columns)
-        result.rows("rows", frame, limit, param="limit")
+        result.rows("rows", frame.head(limit), limit)
         result.fields["rows"] = [list(row.values()) for row in result.fields["rows"]]
+        if frame.height > limit:
+            result.notes.append(f"rows: the first {limit} shown; the query returns more (pass a larger limit, or "
+                                "aggregate in SQL)")
         return result.to_json()
 
     def report(self, file_name: Annotated[str, Field(pattern=r"^[\w.-]+\.html$", description="The HTML file's name "
