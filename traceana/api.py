@@ -312,7 +312,7 @@ class Traces:
         tools may read; ``output_dir``: where `report` writes (YAMLs under it are readable too)."""
         from traceana.mcp.server import build_server
 
-        return build_server(self.db, None if output_dir is None else Path(output_dir), tuple(map(Path, configs)))
+        return build_server(self, None if output_dir is None else Path(output_dir), tuple(map(Path, configs)))
 
     def compare(self, config: str | Path | None = None, run: str | None = None,
                 predicted: str | Path | None = None) -> pl.DataFrame:

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 from mcp.server import MCPServer
@@ -23,6 +24,9 @@ from mcp.types import ToolAnnotations
 from traceana.errors import TraceanaError
 from traceana.mcp.tools import TOOLS, Tools
 from traceana.store import schema
+
+if TYPE_CHECKING:
+    from traceana.api import Traces
 
 CONCURRENT = 2
 INSTRUCTIONS = """traceana's store of distributed-training traces: every rank of each run, with its parallel
@@ -42,10 +46,11 @@ DIAGNOSE = """Diagnose run {run_id} of the traceana store, with numbers and unit
 Report the three most useful findings, each with its evidence (tool, numbers) and the change to try."""
 
 
-def build_server(db: Path, output_dir: Path | None = None, configs: tuple[Path, ...] = ()) -> MCPServer:
-    """The server over store ``db``; files as Tools allows (``configs`` readable, ``output_dir`` for reports)."""
+def build_server(traces: Traces, output_dir: Path | None = None, configs: tuple[Path, ...] = ()) -> MCPServer:
+    """The server over the store ``traces`` opened; files as Tools allows (``configs`` readable, ``output_dir`` for
+    reports)."""
     server = MCPServer("traceana", version=version("traceana"), instructions=INSTRUCTIONS)
-    tools = Tools(db, output_dir, configs)
+    tools = Tools(traces, output_dir, configs)
     slots = threading.BoundedSemaphore(CONCURRENT)
     writes = ("report",)
     for name in TOOLS:

@@ -8,16 +8,19 @@ A new analysis adds one method here and its name to TOOLS. (No ``from __future__
 reads the parameters' types, Top's calls included, from the live annotations.)
 """
 
+import copy
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import polars as pl
 from duckdb import DuckDBPyConnection
 from pydantic import Field
 
-from traceana.api import Traces
 from traceana.errors import TraceanaError
 from traceana.mcp.results import Result
+
+if TYPE_CHECKING:  # the API builds the server (Traces.mcp_server): an import of it here would be a circle
+    from traceana.api import Traces
 
 RunId = Annotated[str | None, Field(description="Run id, from `runs` (default: the latest ingested run).")]
 Step = Annotated[int | None, Field(description="One step number, from `info` (default: see the tool).")]
@@ -34,16 +37,20 @@ TOOLS = ("runs", "info", "breakdown", "stragglers", "critical_path", "comm", "ke
 
 
 class Tools:
-    """The tools over one store. ``configs``: estimator YAMLs the user allowed at start; ``output_dir``: where
-    YAMLs may also be read from and where `report` writes (None: no report, no YAML but ``configs``)."""
+    """The tools over the store ``traces`` opened. ``configs``: estimator YAMLs the user allowed at start;
+    ``output_dir``: where YAMLs may also be read from and where `report` writes (None: no report, no YAML but
+    ``configs``)."""
 
-    def __init__(self, db: Path, output_dir: Path | None = None, configs: tuple[Path, ...] = ()) -> None:
-        self.db = db
+    def __init__(self, traces: "Traces", output_dir: Path | None = None, configs: tuple[Path, ...] = ()) -> None:
+        self.traces = traces
         self.output_dir = output_dir.resolve() if output_dir is not None else None
         self.configs = frozenset(p.resolve() for p in configs)
 
-    def _traces(self, run_id: str | None) -> Traces:
-        return Traces(self.db, run_id)
+    def _traces(self, run_id: str | None) -> "Traces":
+        """The store for one call, reading ``run_id``: a copy, so a session one call holds is never another's."""
+        traces = copy.copy(self.traces)
+        traces.run = run_id
+        return traces
 
     def _config(self, path: str, option: str) -> Path:
         """``path`` when the user allowed it at start (listed by --config, or under --output-dir), else an error."""
@@ -258,7 +265,7 @@ class Tools:
         """What changed from run A to B, per typical step: breakdown per stage and part (ms_A, ms_B, ms_delta, %,
         explains_pct: share of the stage's TOTAL change), the kernels whose time changed most, new and vanished
         kernels (ms and calls per rank and step), collectives by op and dim. As `traceana diff --json`."""
-        traces = Traces(self.db)
+        traces = self._traces(None)
         with traces.session():
             parts, kernels, comms = (traces.diff(run_a, run_b, part)
                                      for part in ("breakdown", "kernels", "collectives"))
