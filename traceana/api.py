@@ -23,6 +23,8 @@ from traceana.analyses import breakdown as bd
 from traceana.errors import TraceanaError
 
 if TYPE_CHECKING:
+    from mcp.server import MCPServer
+
     from traceana.model.predict import Prediction
 
 T = TypeVar("T")
@@ -304,6 +306,14 @@ class Traces:
                 store.resolve_run(con, name)
             return write(con, Path(self.db), run_a, run_b, Path(html))
 
+    def mcp_server(self, output_dir: str | Path | None = None, configs: tuple[str | Path, ...] = ()) -> MCPServer:
+        """The Model Context Protocol server `traceana mcp` runs over stdio, on this store (needs the ``mcp`` extra):
+        ``.run()`` serves stdio; ``mcp.Client(server)`` talks to it in-process. ``configs``: the estimator YAMLs its
+        tools may read; ``output_dir``: where `report` writes (YAMLs under it are readable too)."""
+        from traceana.mcp.server import build_server
+
+        return build_server(self, None if output_dir is None else Path(output_dir), tuple(map(Path, configs)))
+
     def compare(self, config: str | Path | None = None, run: str | None = None,
                 predicted: str | Path | None = None) -> pl.DataFrame:
         """Estimate (job YAML ``config``) versus measured, per dimension (ms), as `traceana compare` prints it; or,
@@ -325,8 +335,9 @@ class Traces:
         est = estimate(cfgmod.load(Path(config)))  # type: ignore[arg-type]  (not None: checked above)
         return self.read(run, lambda con, rid: compare_run(con, rid, est).by_dimension)
 
-    def sql(self, query: str, run: str | None = None) -> pl.DataFrame:
-        """Ad-hoc SQL over the tables and views; with ``run`` (or the run given to open), that run's rows only.
+    def sql(self, query: str, run: str | None = None, limit: int | None = None) -> pl.DataFrame:
+        """Ad-hoc SQL over the tables and views; with ``run`` (or the run given to open), that run's rows only;
+        at most ``limit`` rows (None: all), cut by DuckDB before any reaches Python.
         One SELECT that reads the store's own files only (store/sql_guard.py), on a connection of its own, never
         a session's: its confinement lasts as long as the connection."""
         from traceana.store import sql_guard
@@ -335,4 +346,4 @@ class Traces:
         with store.connect(self.db, read_only=True) as con:
             if run or self.run:
                 store.open_run(con, run or self.run)
-            return sql_guard.select(con, self.db, query)
+            return sql_guard.select(con, self.db, query, limit=limit)

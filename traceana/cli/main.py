@@ -37,7 +37,7 @@ for command in (ingest.ingest, runs.runs, runs.info, runs.sql, breakdown.breakdo
     app.command()(command)
 app.command("critical-path")(analyses.critical_path)
 for command in (analyses.comm, analyses.kernels, analyses.idle, analyses.memory, analyses.diff, replay.replay,
-                replay.whatif, replay.predict, replay.advise):
+                replay.whatif, replay.predict, replay.advise, runs.mcp):
     app.command()(command)
 
 

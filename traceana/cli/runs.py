@@ -1,4 +1,6 @@
-"""What the store holds: `traceana runs`, `info` (one run's ranks, steps, groups and event counts) and `sql`."""
+"""What the store holds: `traceana runs`, `info` (one run's ranks, steps, groups and event counts), `sql`, and `mcp`,
+the store served to coding assistants (the server, traceana/mcp/server.py, and the SDK imported on use: `traceana
+--help` pays for neither)."""
 
 from __future__ import annotations
 
@@ -28,32 +30,17 @@ def runs(db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> Non
 
 def info(run: RunArgument = None, db: DbOption = Path(store.DEFAULT_DB), json: JsonOption = False) -> None:
     """A run's ranks with coordinates, steps, process groups with dims, and event counts by category, op, dim."""
+    from traceana.analyses.info import tables as info_tables
+
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
-        parts = {
-            "ranks": "SELECT rank, host, device, pid, clock_offset_ns, tp, cp, ep, dp, pp, rank_source "
-                     "FROM ranks WHERE run_id=$r ORDER BY rank",
-            "steps": "SELECT step, count(*) AS ranks, round(avg(end_ns - start_ns) / 1e6, 3) AS mean_ms, "
-                     "round(max(end_ns - start_ns) / 1e6, 3) AS max_ms, bool_and(from_markers) AS from_markers "
-                     "FROM step_windows WHERE run_id=$r GROUP BY step ORDER BY step",
-            # streams: a column stores written before it existed lack, hence COLUMNS (source is always there)
-            "process_groups": "SELECT pg, dim, name, ranks, COLUMNS(lambda c: c IN ('source', 'streams')) "
-                              "FROM process_groups WHERE run_id=$r ORDER BY dim, pg",
-            "events by category": "SELECT category, count(*) AS events, sum(end_ns-start_ns)/1e6 AS busy_ms "
-                                  "FROM device_events WHERE run_id=$r GROUP BY ALL ORDER BY events DESC",
-            "collectives by op and dim": "SELECT op, kernel_op, dim, evidence, count(*) AS events, "
-                                         "sum(bytes) AS bytes FROM collectives WHERE run_id=$r "
-                                         "GROUP BY ALL ORDER BY events DESC, op, kernel_op, dim, evidence",
-        }
-        frames = {title: con.sql(sql, params={"r": rid}).pl() for title, sql in parts.items()}
-        notes = con.execute("SELECT notes FROM runs WHERE run_id=$r", {"r": rid}).fetchall()[0]
+        frames, notes = info_tables(con, rid)
     if json:
-        emit_json({"run_id": rid, "notes": notes[0] or [],
-                   **{k: v.to_dicts() for k, v in frames.items()}})
+        emit_json({"run_id": rid, "notes": notes, **{k: v.to_dicts() for k, v in frames.items()}})
         return
     for title, frame in frames.items():
         emit(frame, title=f"{rid}: {title}")
-    for note in notes[0] or []:
+    for note in notes:
         typer.echo(f"note: {note}")
 
 
@@ -69,3 +56,29 @@ def sql(
     if fmt not in ("table", "csv", "json"):
         raise TraceanaError(f"--format {fmt!r}: choose table, csv or json")
     emit(Traces(db, run).sql(query), fmt=fmt)
+
+
+def mcp(
+    db: DbOption = Path(store.DEFAULT_DB),
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", help="Folder the report tool writes into; "
+                                                    "estimator YAMLs under it are readable too.")] = None,
+    config: Annotated[list[Path] | None, typer.Option("--config", help="An estimator YAML the advise, predict and "
+                                                      "report tools may read. Repeat for more.")] = None,
+) -> None:
+    """Serve the store over the Model Context Protocol on stdin/stdout, read-only: one tool per analysis, SQL,
+    the schema as resources, a "diagnose" prompt. Register it with an MCP client (docs/mcp.md)."""
+    from traceana.api import Traces
+
+    try:
+        import traceana.mcp.server  # noqa: F401 (the SDK, imported here to say what to install when it is missing)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] not in ("mcp", "mcp_types", "pydantic"):
+            raise
+        raise TraceanaError("traceana mcp needs the MCP SDK: pip install 'traceana[mcp]'") from None
+    if output_dir is not None and not output_dir.is_dir():
+        raise TraceanaError(f"--output-dir {output_dir}: not a folder")
+    for path in config or []:
+        if not path.is_file():
+            raise TraceanaError(f"--config {path}: no such file")
+    # a missing or empty store: one line now, not a server that fails every call
+    Traces(db).mcp_server(output_dir, tuple(config or ())).run()  # stdio; nothing may reach stdout before this
