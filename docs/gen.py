@@ -44,8 +44,10 @@ SETUP = [
 EXAMPLE = re.compile(r"<!-- example: (?P<id>[\w-]+)(?: exit=(?P<exit>\d+))? -->")
 QUOTES = re.compile(r"<!-- quotes: (?P<ids>[\w -]+?) -->")
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?%?")
-# What truly varies between two runs of one command: the working folder, and when a run was ingested.
-VARIES = [(re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?"), "<time>")]
+# What truly varies between two runs of one command (the working folder is replaced as it is printed): when a run
+# was ingested, and how long a command took ("3.9 MB in 0.3 s", "55 simulated, 0.5 s").
+VARIES = [(re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?"), "<time>"),
+          (re.compile(r"(?<=[ (])\d+(?:\.\d+)? s\b"), "<seconds>")]
 
 
 @dataclass
