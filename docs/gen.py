@@ -2,7 +2,7 @@
 from the headers of queries/*.sql, so that no quoted output or column can drift from what the code does.
 
     .venv/bin/python docs/gen.py            # rewrite the pages in place
-    .venv/bin/python docs/gen.py --check    # exit 1 naming each page that differs (what tests/test_docs.py does)
+    .venv/bin/python docs/gen.py --check    # exit 1 naming each page that differs (what tests/docs/test_docs.py does)
 
 Conventions (docs/contributing.md says them for page authors):
 - ``<!-- example: ID -->`` (optionally ``exit=N``) on the line before a ```` ```console ```` fence: each ``$ `` line in
