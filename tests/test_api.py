@@ -119,20 +119,20 @@ def test_analyses_equal_the_commands_json(db: Path) -> None:
         traces.diff(TOY, "no-such-run")
 
 
-def test_the_readme_python_block_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_the_docs_python_block_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    # the store the README says: the first command's sample and the two it names; the block then runs from the
-    # checkout, with the store's file name pointed here
-    readme = (ROOT / "README.md").read_text()
+    # the store docs/python.md says: the README's first command's sample and the two it names; the block then runs
+    # from the checkout, with the store's file name pointed here
+    readme = (ROOT / "docs" / "python.md").read_text()
     assert "traceana ingest sample_traces/traces/pp2_mb1 && traceana ingest sample_traces/traces/pp2_mb8" in readme
     path = tmp_path / "traceana.duckdb"
     run_cli("ingest", SAMPLES / TOY, "--layout", "tp=2,pp=2,dp=2", "--db", path)
     for name in ("pp2_mb1", "pp2_mb8"):
         run_cli("ingest", SAMPLES / name, "--db", path)
-    block = readme.split("### In Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
     assert block.count('"traceana.duckdb"') == 1
     monkeypatch.chdir(ROOT)
-    exec(compile(block.replace('"traceana.duckdb"', repr(str(path))), "README.md", "exec"), {})
+    exec(compile(block.replace('"traceana.duckdb"', repr(str(path))), "docs/python.md", "exec"), {})
     assert "MP_WAIT_mean_ms" in capsys.readouterr().out  # its print
 
 

@@ -125,10 +125,10 @@ def test_every_package_says_what_it_does() -> None:
 
 
 def test_the_readmes_paths_exist() -> None:
-    """Every project path README.md names in backticks (a file, a folder, a `file.py:function`) is there."""
+    """Every project path README.md and docs/ name in backticks (a file, a folder, a `file.py:function`) is there."""
     import re
 
-    text = (ROOT / "README.md").read_text()
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
     named = {m.split(":")[0] for m in re.findall(r"`((?:ingest|traceana|queries|estimator|synth|tests|benchmarks|"
                                                   r"sample_traces|examples)/[\w./:-]*)`", text)}
     assert len(named) > 30

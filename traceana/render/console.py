@@ -18,8 +18,9 @@ if TYPE_CHECKING:  # imported where used: a command that prints a few rows must 
     import polars as pl
     from rich.progress import Progress, TaskID
 
-# Piped output is not cut to 80 columns: a number a user quotes must never be elided.
-console = Console() if sys.stdout.isatty() else Console(width=250)
+# Piped output is not cut to 80 columns: a number a user quotes must never be elided. COLUMNS, where set, says the
+# width a pipe's reader has (the docs' examples are printed at 100 columns).
+console = Console() if sys.stdout.isatty() else Console(width=int(os.environ.get("COLUMNS") or 250))
 
 
 def emit(frame: pl.DataFrame, *, title: str | None = None, fmt: str = "table", keys: int = 1) -> None:

@@ -1,0 +1,1 @@
+"""The documentation: docs/ shows what the commands print on the samples."""
