@@ -93,7 +93,7 @@ def test_self_contained_with_the_numbers_of_the_cli(report: tuple[Path, Path]) -
     # the first screen: the mean rank's step and the top findings of advise, in its order
     ranks = json.loads(run_cli("breakdown", TOY, "--json", "--db", db).stdout)
     total = sum(r["TOTAL_ms"] for r in ranks) / len(ranks)
-    first = text[text.index('id="first"'):text.index("<nav>")]
+    first = text[text.index('id="first"'):text.index("</section>", text.index('id="first"'))]
     assert f"Step time {ms(total)} ms" in first
     advised = json.loads(run_cli("advise", TOY, "--config", CONFIG, "--json", "--db", db).stdout)["findings"]
     at = [first.index(f"<code>{f['change']}</code> would take the step from {ms(f['measured_step_ms'])} to "
