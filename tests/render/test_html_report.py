@@ -13,6 +13,7 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from tests.conftest import SAMPLES, TRACES, run_cli
@@ -340,3 +341,15 @@ def test_at_1280_px_the_page_does_not_scroll_sideways(h200_report: Path, tmp_pat
         box.send_keys(" ")  # an input event with nothing to look for shows every row again
         assert page.visible_rows(caption) == every
         page.screenshot(tmp_path / "h200.png")
+
+
+def test_an_interval_comes_from_low_and_high_when_a_result_carries_them() -> None:
+    from traceana.render.report.run import with_intervals
+
+    plain = pl.DataFrame({"finding": ["f"], "measured_step_ms": [100.0], "predicted_step_ms": [90.0],
+                          "gain_ms": [10.0], "error_bar_ms": [0.004]})
+    row = with_intervals(plain).row(0, named=True)
+    assert (row["gain_low_ms"], row["gain_high_ms"], row["interval"]) == (9.996, 10.004, "10.000 ± 0.004")
+    bounded = plain.with_columns(low=pl.lit(88.0), high=pl.lit(95.0), level=pl.lit(0.8))
+    row = with_intervals(bounded).row(0, named=True)
+    assert (row["gain_low_ms"], row["gain_high_ms"], row["interval"]) == (5.0, 12.0, "10.000 [5.000, 12.000] (80%)")

@@ -98,15 +98,17 @@ def _labelled(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def _advice(ctx: Context) -> pl.DataFrame:
-    """advise's findings, each with its gain's interval: gain_low_ms and gain_high_ms from the predicted step's
-    ``low``/``high`` where the result carries them (with their ``level``), else the gain ± its error bar; and
-    ``interval``, those numbers in words."""
+    """advise's findings (with the job config, the estimator's too), each with its gain's interval."""
     if ctx.estimate is None:
-        advice = ctx.traces.advise(run=ctx.run)
-    else:
-        from traceana.model.advise import findings
+        return with_intervals(ctx.traces.advise(run=ctx.run))
+    from traceana.model.advise import findings
 
-        advice = ctx.traces.read(ctx.run, lambda con, rid: findings(con, rid, None, str(ctx.estimate))[1])
+    return with_intervals(ctx.traces.read(ctx.run, lambda con, rid: findings(con, rid, None, str(ctx.estimate))[1]))
+
+
+def with_intervals(advice: pl.DataFrame) -> pl.DataFrame:
+    """``advice`` with gain_low_ms and gain_high_ms, from the predicted step's ``low``/``high`` where the result
+    carries them (with their ``level``), else the gain ± its error bar; and ``interval``, those numbers in words."""
     measured, gain, bar = pl.col("measured_step_ms"), pl.col("gain_ms"), pl.col("error_bar_ms")
     if {"low", "high"} <= set(advice.columns):
         advice = advice.with_columns((measured - pl.col("high")).alias("gain_low_ms"),
