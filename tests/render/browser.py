@@ -118,11 +118,11 @@ class Browser:
         time.sleep(0.15)
 
     def visible_rows(self, caption: str) -> list[list[str]]:
-        """The shown rows of the table with that caption, as cell texts."""
+        """The shown rows of the table with that caption (neither picked away nor filtered out), as cell texts."""
         return self.driver.execute_script("""
             for (const table of document.querySelectorAll("table.data"))
               if (table.caption && table.caption.textContent === arguments[0])
-                return [...table.tBodies[0].rows].filter((r) => !r.hidden)
+                return [...table.tBodies[0].rows].filter((r) => getComputedStyle(r).display !== "none")
                   .map((r) => [...r.cells].map((c) => c.textContent));
             return null;""", caption)
 

@@ -13,6 +13,7 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from tests.conftest import SAMPLES, TRACES, run_cli
@@ -93,13 +94,23 @@ def test_self_contained_with_the_numbers_of_the_cli(report: tuple[Path, Path]) -
     # the first screen: the mean rank's step and the top findings of advise, in its order
     ranks = json.loads(run_cli("breakdown", TOY, "--json", "--db", db).stdout)
     total = sum(r["TOTAL_ms"] for r in ranks) / len(ranks)
-    first = text[text.index('id="first"'):text.index("<nav>")]
+    first = text[text.index('id="first"'):text.index("</section>", text.index('id="first"'))]
     assert f"Step time {ms(total)} ms" in first
     advised = json.loads(run_cli("advise", TOY, "--config", CONFIG, "--json", "--db", db).stdout)["findings"]
     at = [first.index(f"<code>{f['change']}</code> would take the step from {ms(f['measured_step_ms'])} to "
                       f"{ms(f['predicted_step_ms'])} ms (gain {ms(f['gain_ms'])} ± {ms(f['error_bar_ms'])} ms")
           for f in advised[:3]]
     assert at == sorted(at)
+    # one step time, related to advise's (the median rank's TOTAL) and the timeline's span; the first screen names
+    # the stragglers advise finds, by the same threshold
+    first = html.unescape(first)
+    assert first.count("Step time ") == 1 and f"median rank's TOTAL is {ms(advised[0]['measured_step_ms'])} ms" in first
+    path = json.loads(run_cli("critical-path", TOY, "--json", "--db", db).stdout)
+    assert f"step {path['step']}: " in first and f"it spans {ms(path['length_ms'])} ms" in first
+    named = re.findall(r"rank (\d+) \+", first[first.index("Stragglers, as advise finds them"):])
+    assert [f["finding"] for f in advised if f["finding"].startswith("straggler rank ") and "," not in f["finding"]
+            ] and sorted(named) == sorted(f["finding"].split()[-1] for f in advised
+                                         if f["finding"].startswith("straggler rank ") and "," not in f["finding"])
     assert [row[1] for row in tables.find("measured step")[1:]] == [f["change"] for f in advised]
     # the stage table holds what `traceana breakdown --by stage --json` prints, to 3 decimals
     stages = json.loads(run_cli("breakdown", TOY, "--by", "stage", "--json", "--db", db).stdout)
@@ -147,7 +158,7 @@ def test_in_a_browser_it_draws_hovers_and_drills_down(report: tuple[Path, Path],
         page.open(out)
         assert page.console() == [] and page.requests() == []
         plots = page.plots()
-        assert len(plots) == 8 and min(plots.values()) > 0.05, plots  # every chart drawn, none blank
+        assert len(plots) == 9 and min(plots.values()) > 0.05, plots  # every chart drawn, none blank
         title = next(t for t in plots if t.startswith("time per rank"))
         # hovering rank 6's COMP bar shows its value, as `breakdown --json` has it
         page.hover(*page.point(title, "6", ranks[6]["COMP_ms"] / 2))
@@ -284,3 +295,61 @@ def test_a_timeline_of_many_ranks_keeps_the_paths_ranks_and_spaces_the_rest() ->
     gaps = {b - a for a, b in itertools.pairwise(drawn) if a not in (5, 6) and b not in (5, 6, 1023)}
     assert len(gaps) == 1  # the others evenly spaced
     assert _timeline_ranks(ranks[:64], {3}) == ranks[:64]  # few ranks: all drawn
+
+
+@pytest.fixture(scope="module")
+def h200_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("h200")
+    db, out = folder / "h.duckdb", folder / "h200.html"
+    run_cli("ingest", TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz", "--db", db)
+    run_cli("report", "--html", out, "--db", db)
+    return out
+
+
+def test_long_kernel_names_are_cut_with_the_whole_name_on_hover(h200_report: Path) -> None:
+    text = h200_report.read_text(encoding="utf-8")
+    cut = re.findall(r'<td class="s cut" title="([^"]*)"><div>([^<]*)</div></td>', text)
+    assert cut and all(title == shown and len(html.unescape(shown)) > 32 for title, shown in cut)
+    assert any(html.unescape(shown).startswith("cudnn_generated_fort_native_sdpa") for _, shown in cut)
+
+
+@browser
+def test_at_1280_px_the_page_does_not_scroll_sideways(h200_report: Path, tmp_path: Path) -> None:
+    """The H200 GPT report (cuDNN and nvjet names, 47 roofline rows) at a laptop's width: no sideways scroll, a
+    contents list that stays on screen, and a filter box that keeps the rows holding what is typed."""
+    with chromium(tmp_path) as page:
+        page.driver.set_window_size(1280, 900)
+        page.open(h200_report)
+        assert page.console() == [] and page.requests() == []
+        width = page.driver.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
+        assert width[1] == 1280 and width[0] <= width[1], width
+        page.driver.execute_script("document.getElementById('s-memory').scrollIntoView()")
+        toc = page.driver.execute_script("""const r = document.querySelector('nav.toc').getBoundingClientRect();
+            return [r.top, r.bottom, document.querySelectorAll('nav.toc a').length]""")
+        sections = re.findall(r'<section id="s-', h200_report.read_text(encoding="utf-8"))
+        assert toc[0] >= 0 and toc[1] <= 900 and toc[2] == 1 + len(sections)  # the first screen and each section
+        caption = next(c for c in Tables(h200_report.read_text(encoding="utf-8")).tables if c.startswith("top 50"))
+        every = page.visible_rows(caption)
+        wanted = [r for r in every if "nvjet" in r[0]]
+        assert 0 < len(wanted) < len(every)
+        box = page.driver.execute_script("""for (const t of document.querySelectorAll("table.data"))
+            if (t.caption.textContent === arguments[0]) return t.parentNode.querySelector("input.search");""", caption)
+        box.send_keys("NVJET")
+        assert page.visible_rows(caption) == wanted
+        assert box.find_element("xpath", "following-sibling::span").text == f"{len(wanted)} of {len(every)} rows shown"
+        box.clear()
+        box.send_keys(" ")  # an input event with nothing to look for shows every row again
+        assert page.visible_rows(caption) == every
+        page.screenshot(tmp_path / "h200.png")
+
+
+def test_an_interval_comes_from_low_and_high_when_a_result_carries_them() -> None:
+    from traceana.render.report.run import with_intervals
+
+    plain = pl.DataFrame({"finding": ["f"], "measured_step_ms": [100.0], "predicted_step_ms": [90.0],
+                          "gain_ms": [10.0], "error_bar_ms": [0.004]})
+    row = with_intervals(plain).row(0, named=True)
+    assert (row["gain_low_ms"], row["gain_high_ms"], row["interval"]) == (9.996, 10.004, "10.000 ± 0.004")
+    bounded = plain.with_columns(low=pl.lit(88.0), high=pl.lit(95.0), level=pl.lit(0.8))
+    row = with_intervals(bounded).row(0, named=True)
+    assert (row["gain_low_ms"], row["gain_high_ms"], row["interval"]) == (5.0, 12.0, "10.000 [5.000, 12.000] (80%)")

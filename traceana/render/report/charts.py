@@ -88,6 +88,32 @@ def parts_bar(values: dict[str, float], colors: dict[str, str], title: str) -> f
     return fig
 
 
+def gains(frame: pl.DataFrame, title: str) -> figure:
+    """One horizontal bar per finding (``frame``: finding, change, gain_ms, gain_low_ms, gain_high_ms, interval):
+    its predicted gain, the interval drawn over it as a line with caps of a fixed pixel size, so that one of a few
+    µs still shows, and its numbers (``interval``) written beside it."""
+    factors = [f"{i}. {name}" for i, name in enumerate(frame["finding"], 1)]
+    source = ColumnDataSource({"y": factors, **{c: frame[c].to_list() for c in frame.columns}})
+    low, high = min(0.0, frame["gain_low_ms"].min()), max(0.0, frame["gain_high_ms"].max())
+    fig = figure(y_range=factors[::-1], height=70 + 30 * len(factors), title=title, tools="save",
+                 toolbar_location=None, sizing_mode="stretch_width")
+    bars = fig.hbar(y="y", left=0, right="gain_ms", height=0.6, source=source, color=COMP_COLOR, alpha=0.5)
+    fig.segment(x0="gain_low_ms", x1="gain_high_ms", y0="y", y1="y", source=source, line_color="black",
+                line_width=2)
+    for end in ("gain_low_ms", "gain_high_ms"):
+        fig.scatter(x=end, y="y", source=source, marker="dash", angle=1.5708, size=14, line_color="black",
+                    line_width=2)
+    fig.text(x="gain_high_ms", y="y", text="interval", source=source, x_offset=10, text_baseline="middle",
+             text_font_size="11px")
+    fig.add_tools(HoverTool(renderers=[bars], tooltips=[("finding", "@finding"), ("change", "@change"),
+                                                        ("gain (ms)", "@interval")]))
+    fig.x_range.start = low
+    fig.x_range.end = high + 0.45 * ((high - low) or 1.0)  # room for the numbers
+    fig.xaxis.axis_label = "gain: measured − predicted step (ms)"
+    fig.ygrid.grid_line_color = None
+    return fig
+
+
 def _legend(column: str) -> str:
     part = column.removesuffix("_ms")
     return f"{label(part)} ms"

@@ -1,6 +1,8 @@
 // Sorting, and the drill-down: pick(key, value) keeps a filter per key (stage, rank; null drops it); a table shows
 // the rows that match every filter it declares; the bars of every chart whose data source is named "pick:..." and
-// has a filtered column are selected (a stage picks its ranks' bars); a banner says what is shown.
+// has a filtered column are selected (a stage picks its ranks' bars); a banner says what is shown. A long table's
+// filter box hides the rows whose text lacks what is typed (apart from the picks); the table of contents marks the
+// section on screen.
 const traceana = {
   picking: false,
   filters: {},
@@ -15,6 +17,7 @@ const traceana = {
         for (const row of table.tBodies[0].rows)
           row.hidden = active.some(([k, v]) => keys.includes(k) && row.dataset[k] !== v);
       }
+      for (const box of document.querySelectorAll("input.search")) this.search(box);
       for (const table of document.querySelectorAll("table[data-pick]")) {
         const k = table.dataset.pick;
         for (const row of table.tBodies[0].rows) row.classList.toggle("picked", this.filters[k] === row.dataset[k]);
@@ -34,6 +37,15 @@ const traceana = {
         for (const k of Object.keys(traceana.filters)) traceana.pick(k, null);
       };
     } finally { this.picking = false; }
+  },
+  search(box) {
+    const rows = box.parentNode.querySelector("table").tBodies[0].rows, text = box.value.trim().toLowerCase();
+    let shown = 0, picked = 0;
+    for (const row of rows) {
+      row.classList.toggle("unmatched", text !== "" && !row.textContent.toLowerCase().includes(text));
+      if (!row.hidden) { picked++; if (!row.classList.contains("unmatched")) shown++; }
+    }
+    box.nextElementSibling.textContent = shown === rows.length ? "" : `${shown} of ${picked} rows shown`;
   },
   sort(th) {
     const table = th.closest("table"), col = [...th.parentNode.children].indexOf(th);
@@ -55,3 +67,11 @@ document.addEventListener("click", (event) => {
   const row = event.target.closest("table[data-pick] tbody tr");
   if (row) { const key = row.closest("table").dataset.pick; traceana.pick(key, row.classList.contains("picked") ? null : row.dataset[key]); }
 });
+document.addEventListener("input", (event) => {
+  if (event.target.matches("input.search")) traceana.search(event.target);
+});
+const here = new IntersectionObserver((seen) => {
+  for (const entry of seen) if (entry.isIntersecting) for (const link of document.querySelectorAll("nav.toc a"))
+    link.classList.toggle("here", link.getAttribute("href") === `#${entry.target.id}`);
+}, { rootMargin: "0px 0px -80% 0px" });
+for (const part of document.querySelectorAll("main > section")) here.observe(part);

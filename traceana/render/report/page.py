@@ -1,7 +1,8 @@
 """One self-contained HTML document: BokehJS and the data inline, no external URL, so the file opens offline and
 can be mailed. Sections add HTML and charts to a Page; tables are sortable (click a header) and the rows and bars a
 table or chart marks with ``pick`` filter every table that declares that key (a stage to its ranks, a rank to its
-steps).
+steps). The page fits 1,280 px without scrolling sideways: a sticky table of contents beside the sections, long
+names (cuDNN and nvjet kernels) cut with the whole name on hover, a filter box over every long table.
 
 Why Bokeh (README, "The interactive report"): its inline core is 1.3 MB of BSD-3 JavaScript shipped in the Python
 wheel, against 4.8 MB for Plotly's only bundled build and a 34 MB converter for Vega-Lite's inline mode.
@@ -23,6 +24,8 @@ from traceana.errors import TraceanaError
 
 # the keys rows and bars can be picked by, and the columns that carry them
 PICK_COLUMNS = {"stage": ("stage", "pp"), "rank": ("rank",)}
+CUT = 32          # a text cell with no space and longer than this is cut to the column's width, whole on hover
+FILTER_ROWS = 10  # a table with more rows gets a filter box
 
 
 def need_bokeh() -> None:
@@ -75,22 +78,25 @@ class Page:
         self.tables += 1
         keys = {k: _key_of(frame, k) for k in {*filtered_by, *([pick] if pick else [])}}
         numeric = [dtype.is_numeric() for dtype in frame.dtypes]
-        head = "".join(f'<th class="{"n" if n else "s"}" title="sort">{html.escape(c)}</th>'
+        # a long column name may break after its underscores (per_rank_step_ms), so headers do not widen tables
+        head = "".join(f'<th class="{"n" if n else "s"}" title="sort">{html.escape(c).replace("_", "_<wbr>")}</th>'
                        for c, n in zip(frame.columns, numeric, strict=True))
         index = {c: i for i, c in enumerate(frame.columns)}
         rows = []
         for row in frame.iter_rows():
             attrs = "".join(f' data-{k}="{html.escape(number(row[index[c]]).replace(",", ""))}"'
                             for k, c in keys.items() if c is not None)
-            cells = "".join(
-                f"<td class=n>{html.escape(number(v))}</td>" if n
-                else f'<td class="s">{html.escape(number(v))}</td>'
-                for v, n in zip(row, numeric, strict=True))
+            cells = "".join(f"<td class=n>{html.escape(number(v))}</td>" if n else _text_cell(number(v))
+                            for v, n in zip(row, numeric, strict=True))
             rows.append(f"<tr{attrs}>{cells}</tr>")
         data = (f' data-pick="{pick}"' if pick and keys[pick] else "") + (
             f' data-filter="{" ".join(k for k in filtered_by if keys[k])}"' if filtered_by else "")
-        return (f'<table class="data" id="table-{self.tables}"{data}><caption>{html.escape(caption)}</caption>'
-                f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+        search = (f'<input type="search" class="search" placeholder="filter its {frame.height:,} rows" '
+                  f'aria-label="filter the rows of: {html.escape(caption)}"><span class="shown"></span>'
+                  if frame.height > FILTER_ROWS else "")
+        return (f'<div class="table">{search}<table class="data" id="table-{self.tables}"{data}><caption>'
+                f"{html.escape(caption)}</caption><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody>"
+                "</table></div>")
 
     def add(self, heading: str, body: str | None) -> None:
         if body is not None:
@@ -98,13 +104,14 @@ class Page:
             self.sections.append((anchor, heading, body))
 
     def render(self, first_screen: str) -> str:
-        """The whole document: the first screen, a table of contents, the sections, the charts' data and BokehJS."""
+        """The whole document: a table of contents beside the first screen and the sections, the charts' data and
+        BokehJS."""
         from bokeh.embed import components
         from bokeh.resources import Resources
 
         script, divs = components(self.charts) if self.charts else ("", [])
         toc = "".join(f'<li><a href="#{a}">{html.escape(h)}</a></li>' for a, h, _ in self.sections)
-        body = first_screen + f'<nav><h2>Contents</h2><ol>{toc}</ol></nav><div id="filter" hidden></div>' + "".join(
+        body = first_screen + '<div id="filter" hidden></div>' + "".join(
             f'<section id="{a}"><h2>{html.escape(h)}</h2>{b}</section>' for a, h, b in self.sections)
         for i, div in enumerate(divs):
             body = body.replace(f"<!--chart:{i}-->", f'<div class="chart">{div}</div>', 1)
@@ -112,8 +119,9 @@ class Page:
         made = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
         return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(self.title)}'
                 f"</title><style>{_asset('page.css')}</style><script>{_inline(bokeh)}</script></head><body>"
-                f"<header><h1>{html.escape(self.title)}</h1><p class=note>{html.escape(self.subtitle)}, written "
-                f"{made} by traceana {html.escape(version())}.</p></header>{body}"
+                f'<nav class="toc"><h2>Contents</h2><ol><li><a href="#first">First screen</a></li>{toc}</ol></nav>'
+                f'<main><header><h1>{html.escape(self.title)}</h1><p class=note>'
+                f"{html.escape(self.subtitle)}, written {made} by traceana {html.escape(version())}.</p></header>{body}</main>"
                 f"<script>{_inline(_asset('page.js'))}</script>{script}</body></html>\n")
 
     def write(self, out: Path, first_screen: str) -> int:
@@ -124,6 +132,14 @@ class Page:
         except OSError as exc:
             raise TraceanaError(f"{out}: cannot write ({exc.strerror})") from None
         return len(text.encode())
+
+
+def _text_cell(text: str) -> str:
+    """A text cell; a long one that cannot wrap (a cuDNN kernel's 100-character name) is cut to its column's width
+    by the style sheet, the whole text kept in the cell (for the filter box and copying) and in its hover title."""
+    if len(text) <= CUT or " " in text:
+        return f'<td class="s">{html.escape(text)}</td>'
+    return f'<td class="s cut" title="{html.escape(text)}"><div>{html.escape(text)}</div></td>'
 
 
 def _inline(script: str) -> str:

@@ -63,6 +63,23 @@ class Context:
         return self.traces.idle(run=self.run)
 
     @cached_property
+    def path(self) -> tuple[int, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+        """(step, windows, intervals, segments): the critical path of the step advise reads too (the second)."""
+        from traceana.analyses import critical_path as cp
+
+        def frames(con: duckdb.DuckDBPyConnection, rid: str) -> tuple[int, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+            step, windows, segments = cp.of_step(con, rid, None)
+            return step, windows, bd.timeline(con, rid, step)[1], segments
+
+        return self.traces.read(self.run, frames)
+
+    @cached_property
+    def span_ms(self) -> float:
+        """The path's step from the first rank's start to the last rank's end (ms): the critical path's length."""
+        segments = self.path[3]
+        return (segments["end_ns"].max() - segments["start_ns"].min()) / 1e6
+
+    @cached_property
     def has_stages(self) -> bool:
         """Whether the run has more than one pipeline stage."""
         return self.ranks["pp"].drop_nulls().n_unique() > 1
@@ -81,17 +98,56 @@ def _labelled(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def _advice(ctx: Context) -> pl.DataFrame:
+    """advise's findings (with the job config, the estimator's too), each with its gain's interval."""
     if ctx.estimate is None:
-        return ctx.traces.advise(run=ctx.run)
+        return with_intervals(ctx.traces.advise(run=ctx.run))
     from traceana.model.advise import findings
 
-    return ctx.traces.read(ctx.run, lambda con, rid: findings(con, rid, None, str(ctx.estimate))[1])
+    return with_intervals(ctx.traces.read(ctx.run, lambda con, rid: findings(con, rid, None, str(ctx.estimate))[1]))
+
+
+def with_intervals(advice: pl.DataFrame) -> pl.DataFrame:
+    """``advice`` with gain_low_ms and gain_high_ms, from the predicted step's ``low``/``high`` where the result
+    carries them (with their ``level``), else the gain ± its error bar; and ``interval``, those numbers in words."""
+    measured, gain, bar = pl.col("measured_step_ms"), pl.col("gain_ms"), pl.col("error_bar_ms")
+    if {"low", "high"} <= set(advice.columns):
+        advice = advice.with_columns((measured - pl.col("high")).alias("gain_low_ms"),
+                                     (measured - pl.col("low")).alias("gain_high_ms"))
+    else:
+        advice = advice.with_columns((gain - bar).alias("gain_low_ms"), (gain + bar).alias("gain_high_ms"))
+    level = [f" ({_level(v)})" for v in advice["level"]] if "level" in advice.columns else [""] * advice.height
+    text = [f"{g:,.3f} [{lo:,.3f}, {hi:,.3f}]{lv}" if "low" in advice.columns else f"{g:,.3f} ± {b:,.3f}"
+            for g, b, lo, hi, lv in zip(advice["gain_ms"], advice["error_bar_ms"], advice["gain_low_ms"],
+                                        advice["gain_high_ms"], level, strict=True)]
+    return advice.with_columns(pl.Series("interval", text, pl.String))
+
+
+def _level(value: object) -> str:
+    """An interval's level as a percentage: 0.8 and 80 both read 80%."""
+    return f"{100 * value if isinstance(value, float) and value <= 1 else value:g}%"
+
+
+def _steps_relation(ctx: Context, advice: pl.DataFrame) -> str:
+    """The sentence that relates the first screen's step time to the other two the page shows: advise's (the
+    median rank's TOTAL in one step) and the timeline's (that step's span over all ranks), with why they differ."""
+    step, windows = ctx.path[0], ctx.path[1]
+    if windows.height == 1:
+        return f"Step {step} on the timeline below spans {ctx.span_ms:,.3f} ms, its one rank's window."
+    said = []
+    if not advice.is_empty():
+        said.append(f"its median rank's TOTAL is {advice['measured_step_ms'][0]:,.3f} ms, the step advise's gains "
+                    "start from (half the ranks took longer)")
+    starts, ends = (windows[c].max() - windows[c].min() for c in ("start_ns", "end_ns"))
+    said.append(f"from the first rank's start to the last rank's end it spans {ctx.span_ms:,.3f} ms (the timeline "
+                f"and its critical path), at least the longest rank's TOTAL, as the ranks start the step up to "
+                f"{starts / 1e6:,.3f} ms apart and end it up to {ends / 1e6:,.3f} ms apart")
+    return f"Read on one step, step {step}: " + "; ".join(said) + "."
 
 
 def first_screen(ctx: Context, advice: pl.DataFrame) -> str:
     """Where a step's time went (the mean rank's parts, one bar) and what to look at first: the top findings of
     advise, the largest exposed wait, the straggler and the largest idle cause."""
-    ranks, which = ctx.ranks, ctx.which
+    ranks, which = ctx.ranks, ctx.which if ctx.which.startswith(("step", "the ")) else f"the {ctx.which}"
     total = ranks["TOTAL_ms"].mean()
     parts = [p for p in bd.PARTS if ranks[f"{p}_ms"].sum() > 0 or p == "COMP"]
     share = ", ".join(f"{bd.label(p)} {ranks[f'{p}_ms'].mean():,.3f} ms ({100 * ranks[f'{p}_ms'].mean() / total:.1f}%)"
@@ -104,18 +160,14 @@ def first_screen(ctx: Context, advice: pl.DataFrame) -> str:
     for finding in advice.head(3).iter_rows(named=True):
         look.append(f"<b>{html.escape(finding['finding'])}</b>: <code>{html.escape(finding['change'])}</code> would "
                     f"take the step from {finding['measured_step_ms']:,.3f} to {finding['predicted_step_ms']:,.3f} ms "
-                    f"(gain {finding['gain_ms']:,.3f} ± {finding['error_bar_ms']:,.3f} ms; advise)")
+                    f"(gain {finding['interval']} ms; advise)")
     waits = [(ranks[f"{w}_ms"].mean(), w) for w in bd.WAITS if ranks[f"{w}_ms"].sum() > 0]
     if waits:
         ms, wait = max(waits)
         look.append(f"Largest exposed wait: <b>{bd.label(wait)}</b>, {ms:,.3f} ms per step on the mean rank "
                     f"({100 * ms / total:.1f}% of TOTAL).")
-    late = ctx.stragglers
-    slowest = late.sort("COMP_ms", descending=True).row(0, named=True) if late.height else None
-    if slowest is not None and late.height > 1:
-        where = f" on stage {slowest['pp']}" if ctx.has_stages else ""
-        look.append(f"Slowest compute: rank {slowest['rank']}{where}, COMP {slowest['COMP_ms']:,.3f} ms per step "
-                    f"against its stage's median {slowest['stage_median_COMP_ms']:,.3f} ms.")
+    if ctx.stragglers.height > 1:
+        look.append(_stragglers(ctx))
     idle = ctx.idle
     if idle.height and idle["IDLE_ms"].sum() > 0:
         from traceana.analyses.idle import CAUSES
@@ -125,12 +177,37 @@ def first_screen(ctx: Context, advice: pl.DataFrame) -> str:
                     f"<b>{cause.replace('_', ' ')}</b> ({idle[f'{cause}_ms'].mean():,.3f} ms).")
     bar = charts.parts_bar({bd.label(p): ranks[f"{p}_ms"].mean() for p in parts},
                            {bd.label(p): PART_COLORS[p] for p in parts},
-                           f"where the mean rank's step went ({which}); hover for each part")
+                           f"where the mean rank's step went ({ctx.which}); hover for each part")
     items = "".join(f"<li>{item}</li>" for item in look) or "<li>nothing stands out</li>"
     over = f"{ranks.height} rank" + ("s" if ranks.height > 1 else "")
-    return (f'<section class="first" id="first"><p class="big">Step time {total:,.3f} ms</p><p>{html.escape(which)}'
-            f", mean over {over}: {html.escape(share)}.</p>{ctx.page.chart(bar)}"
-            f"<h3>Look at first</h3><ol>{items}</ol></section>")
+    return (f'<section class="first" id="first"><p class="big">Step time {total:,.3f} ms</p><p>The mean rank\'s '
+            f"TOTAL (a rank's TOTAL: its own step window) in {html.escape(which)}, over {over}: "
+            f"{html.escape(share)}.</p><p>{html.escape(_steps_relation(ctx, advice))}</p>"
+            f"{ctx.page.chart(bar)}<h3>Look at first</h3><ol>{items}</ol></section>")
+
+
+def _stragglers(ctx: Context) -> str:
+    """The ranks advise calls stragglers (COMP over STRAGGLER_PCT above their stage's median), largest excess first,
+    or that there are none; either way why the rank with the most COMP may not be one."""
+    from traceana.model.advise import STRAGGLER_PCT
+
+    late = ctx.stragglers.sort("COMP_excess_pct", descending=True, nulls_last=True)
+    over = late.filter(pl.col("COMP_excess_pct") > STRAGGLER_PCT)
+    stage = " of its stage" if ctx.has_stages else ""
+    if over.is_empty():
+        top = late.row(0, named=True)
+        said = (f"No straggler: every rank's COMP is within {STRAGGLER_PCT:g}% of the median{stage} (the most above "
+                f"it: rank {top['rank']}, {top['COMP_excess_pct']:+.1f}%).")
+    else:
+        said = (f"Stragglers, as advise finds them (COMP more than {STRAGGLER_PCT:g}% above the median{stage}): "
+                + ", ".join(f"rank {r['rank']} {r['COMP_excess_pct']:+.1f}% ({r['COMP_ms']:,.3f} against "
+                            f"{r['stage_median_COMP_ms']:,.3f} ms)" for r in over.iter_rows(named=True)) + ".")
+    most = ctx.stragglers.sort("COMP_ms", descending=True).row(0, named=True)
+    if ctx.has_stages and most["rank"] not in over["rank"].to_list():
+        said += (f" Rank {most['rank']} has the most COMP ({most['COMP_ms']:,.3f} ms) but is "
+                 f"{most['COMP_excess_pct']:+.1f}% against its own stage's median: its stage {most['pp']} as a whole "
+                 "computes more, which is a stage's imbalance (Stragglers below), not a straggler rank.")
+    return said
 
 
 def summary(ctx: Context) -> str:
@@ -149,11 +226,15 @@ def advise(ctx: Context, advice: pl.DataFrame) -> str | None:
     """The findings `traceana advise` ranks (with the job config, the estimator's too), each with its evidence."""
     if advice.is_empty():
         return None
-    return ctx.page.table(advice.select("finding", "change", "predicted_step_ms", "gain_ms", "error_bar_ms",
-                                        "evidence"),
-                          f"measured step {advice['measured_step_ms'][0]:,.3f} ms; each change's predicted step, by "
-                          "gain less its error bar (what-if replays of the run's own dependency graph; estimator "
-                          "ratios where the graph itself would change)")
+    bounds = [c for c in ("low", "high", "level") if c in advice.columns]
+    chart = charts.gains(advice.select("finding", "change", "gain_ms", "gain_low_ms", "gain_high_ms", "interval"),
+                         f"each change's predicted gain on step {ctx.path[0]}; black: its interval, numbers beside "
+                         "it (hover a bar for its change)")
+    return ctx.page.chart(chart) + ctx.page.table(
+        advice.select("finding", "change", "predicted_step_ms", *bounds, "gain_ms", "error_bar_ms", "evidence"),
+        f"measured step {advice['measured_step_ms'][0]:,.3f} ms; each change's predicted step, by "
+        "gain less its error bar (what-if replays of the run's own dependency graph; estimator "
+        "ratios where the graph itself would change)")
 
 
 def stages(ctx: Context) -> str | None:
@@ -208,14 +289,10 @@ def critical_path(ctx: Context) -> str | None:
     """A step's timeline across ranks with the critical path drawn through it, and the path's totals."""
     from traceana.analyses import critical_path as cp
 
-    def frames(con: duckdb.DuckDBPyConnection, rid: str) -> tuple[int, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-        step, windows, segments = cp.of_step(con, rid, None)
-        return step, windows, bd.timeline(con, rid, step)[1], segments
-
-    step, windows, intervals, segments = ctx.traces.read(ctx.run, frames)
+    step, windows, intervals, segments = ctx.path
     drawn = _timeline_ranks(windows["rank"].to_list(), set(segments["rank"].to_list()))
     parts = cp.report(segments)
-    length_ms = (segments["end_ns"].max() - segments["start_ns"].min()) / 1e6
+    length_ms = ctx.span_ms
     ranks = f"{windows.height} rank" + ("s" if windows.height > 1 else "")
     if len(drawn) < windows.height:
         ranks += f" ({len(drawn)} drawn: the path's and evenly spaced others)"
@@ -294,9 +371,14 @@ def roofline(ctx: Context) -> str | None:
         roofs["fp32 CUDA cores"] = roof.peaks.cuda_core
     chart = charts.roofline(roof.frame, roofs, roof.peaks.hbm_gb_per_s, f"measured roofline, profile "
                             f"{roof.peaks.profile}: each op shape's achieved TFLOP/s (dot size: its total time)")
-    return (ctx.page.chart(chart) + ctx.page.table(roof.frame.drop("input_dims"), "per op, input shapes and kernel: "
-                                                   "FLOPs and bytes a call (from the op's shapes), achieved rates, "
-                                                   "the profile's peak and the share of the roof")
+    # the table leaves out what the chart and caption already say, so it fits a laptop's width: the raw shapes,
+    # the HBM peak and ridge (one per profile), the peak shares (roof_pct is the one of the two that binds)
+    shown = roof.frame.drop("input_dims", "peak_GB_per_s", "ridge_FLOP_per_B", "peak_FLOP_pct", "peak_HBM_pct")
+    return (ctx.page.chart(chart) + ctx.page.table(shown, "per op, input shapes and kernel: FLOPs and bytes a call "
+                                                   "(from the op's shapes), achieved rates, the profile's peak "
+                                                   f"(HBM {roof.peaks.hbm_gb_per_s:,.0f} GB/s) and the share of the "
+                                                   "roof that binds (`traceana kernels --roofline --json` has "
+                                                   "both shares and the ridge)")
             + "".join(f"<p class=note>note: {html.escape(n)}</p>" for n in roof.notes))
 
 
