@@ -5,11 +5,13 @@
 --   kernel  the event's short name (kernel_names);
 --   op      Kineto: the outermost CPU op open on the launching thread at launch (event_scopes.op); Ascend: the
 --           task's operator, the aclnn API its name starts with (aclnnMm_MatMulCommon_MatMulV2 -> aclnnMm), else
---           the name without a trailing instance number (trans_TransData_0 -> trans_TransData);
+--           the name without its trailing numbers (trans_TransData_0 -> trans_TransData, hcom_allReduce__586_0
+--           -> hcom_allReduce);
 --   module  Kineto: the nn.Module path open at launch, outermost first;
 --   nvtx    nsys: the NVTX ranges open on the launching thread at launch, outermost first;
---   layer   the outermost element of the module or NVTX path that names a layer: a name ending in an index
---           (TransformerBlock_3, layers.3) whose stem carries at least two indices in the run;
+--   layer   the outermost element of the module or NVTX path that names a layer: a stem without digits, a '.',
+--           '_' or ' ' and an index (TransformerBlock_3, layers.3, 'FSDP::pre_forward (encoder.block.16.layer.1)'),
+--           the stem carrying at least two indices in the run; the name up to that index (encoder.block.16);
 --   phase   'backward' (launched under autograd's engine) or NULL;
 -- and BIGINT ns as event_time: COMP_ns, MP_WAIT_ns, CP_WAIT_ns, EP_WAIT_ns, DP_WAIT_ns, PP_WAIT_ns, OTHER_WAIT_ns.
 CREATE OR REPLACE VIEW op_time AS
@@ -17,8 +19,8 @@ WITH paths AS (
     SELECT DISTINCT run_id, coalesce(module, nvtx) AS path FROM event_scopes WHERE coalesce(module, nvtx) IS NOT NULL
 ),
 parts AS (  -- each path's elements, outermost first, with the stem and index of those that end in a number
-    SELECT run_id, path, part, place, regexp_extract(part, '^(.*?)[._ ]?(\d+)$', 1) AS stem,
-           regexp_extract(part, '^(.*?)[._ ]?(\d+)$', 2) AS idx
+    SELECT run_id, path, part, place, regexp_extract(part, '^(\D*?)[._ ](\d+)', 1) AS stem,
+           regexp_extract(part, '^(\D*?)[._ ](\d+)', 2) AS idx, regexp_extract(part, '^\D*?[._ ]\d+') AS label
     FROM (SELECT run_id, path, unnest(string_split(path, ' / ')) AS part,
                  generate_subscripts(string_split(path, ' / '), 1) AS place FROM paths)
 ),
@@ -26,14 +28,14 @@ stems AS (  -- the stems that number several instances in a run: layers, not one
     SELECT run_id, stem FROM parts WHERE idx <> '' GROUP BY ALL HAVING count(DISTINCT idx) >= 2
 ),
 layers AS (
-    SELECT p.run_id, p.path, arg_min(p.part, p.place) AS layer
+    SELECT p.run_id, p.path, arg_min(p.label, p.place) AS layer
     FROM parts p JOIN stems s ON s.run_id = p.run_id AND s.stem = p.stem AND p.idx <> ''
     GROUP BY ALL
 )
 SELECT t.run_id, t.rank, t.step, t.event_id, n.short_name AS kernel,
        coalesce(s.op, CASE WHEN r.source_format = 'ascend'
                            THEN coalesce(nullif(regexp_extract(e.name, '^(aclnn[A-Za-z0-9]+)', 1), ''),
-                                         regexp_replace(e.name, '_?\d+$', '')) END) AS op,
+                                         regexp_replace(e.name, '(_+\d+)+$', '')) END) AS op,
        s.module, s.nvtx, l.layer, s.phase,
        t.COMP_ns, t.MP_WAIT_ns, t.CP_WAIT_ns, t.EP_WAIT_ns, t.DP_WAIT_ns, t.PP_WAIT_ns, t.OTHER_WAIT_ns
 FROM event_time t
