@@ -61,7 +61,7 @@ _LAUNCHES_SQL = """SELECT f, corr, min(start_ns) AS launch_ns FROM ev
 
 # Each launch's scope (the event_scopes table): the outermost CPU op open on its thread (ProfilerStep excluded), the
 # nn.Module path (the Python tracer's "nn.Module: X_0" ranges) and the phase: backward under autograd's engine.
-_LAUNCH_POINTS = f"""(SELECT f, corr AS id, arg_min(pid, start_ns) AS pid, arg_min(tid, start_ns) AS tid,
+_LAUNCH_POINTS = """(SELECT f, corr AS id, arg_min(pid, start_ns) AS pid, arg_min(tid, start_ns) AS tid,
     min(start_ns) AS t FROM ev WHERE cat IN ('cuda_runtime', 'cuda_driver')
     AND corr IN (SELECT corr FROM ev WHERE cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')) GROUP BY f, corr)"""
 _CPU_OPS = f"(SELECT * FROM ev WHERE cat = 'cpu_op' AND NOT regexp_matches(name, '{STEP}'))"
@@ -99,7 +99,8 @@ FROM linked GROUP BY ALL
 
 def device_frames(con: duckdb.DuckDBPyConnection, rules: list[Rule]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """device_events (with each event's launching CPU op and its shapes: op_id, launch_op, input_dims, input_types,
-    concrete_inputs: the event_ops table; its scope: scope_op, module, phase: the event_scopes table) and the raw collective rows (op decided, pg by name) for all GPU files."""
+    concrete_inputs: the event_ops table; its scope: scope_op, module, phase: the event_scopes table) and the raw
+    collective rows (op decided, pg by name) for all GPU files."""
     events = con.sql(
         f"""WITH launchers AS ({_LAUNCHERS_SQL})
         SELECT k.f, row_number() OVER (PARTITION BY k.f ORDER BY k.start_ns, k.end_ns, k.name) - 1 AS event_id,

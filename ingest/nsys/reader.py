@@ -40,8 +40,8 @@ from traceana.ingest.nsys.report import read_report
 from traceana.ingest.nsys.syncs import resolve
 from traceana.ingest.ranks import rank_in_file_name, require_distinct, require_unique_ranks
 from traceana.ingest.rules import Rule
-from traceana.ingest.scopes import open_ranges_sql
 from traceana.ingest.run_data import RunData
+from traceana.ingest.scopes import open_ranges_sql
 from traceana.ingest.spill import Spill, new_spill, spill_file
 from traceana.ingest.step_windows import StepLinks, marker_steps, step_windows_of
 from traceana.ingest.syncs.edges import SyncCounts

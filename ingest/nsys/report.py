@@ -231,8 +231,9 @@ def _no_device() -> pl.DataFrame:
 def _with_collectives(device: pl.DataFrame, runtime: pl.DataFrame | None, ranges: pl.DataFrame | None,
                       rules: list[Rule]) -> pl.DataFrame:
     """Classify every device event; add op, kernel_op, dtype and evidence to the communication ones, and the time
-    of the runtime call that launched each event and its thread (launch_ns, launch_tid, by pid and correlationId: the earliest, where a
-    2022.x export writes a call twice; where every correlationId is once, no grouping is needed)."""
+    of the runtime call that launched each event and its thread (launch_ns, launch_tid, by pid and correlationId:
+    the earliest, where a 2022.x export writes a call twice; where every correlationId is once, no grouping is
+    needed)."""
     device = with_classes(device, "short", rules)
     launches = _launches(runtime, device["correlationId"])
     if launches is not None:
