@@ -38,13 +38,20 @@ class Ops:
 
 
 def levels(con: duckdb.DuckDBPyConnection, run_id: str) -> list[str]:
-    """The levels this run's events carry (some event has a value for it)."""
+    """The levels this run's events carry (some event of its steps has a value for it)."""
+    return _levels(_events(con, run_id, "TRUE", {"run": run_id}))
+
+
+def _events(con: duckdb.DuckDBPyConnection, run_id: str, where: str, params: dict) -> pl.DataFrame:
+    """op_time's rows for the steps ``where`` picks, read once (the view repeats the breakdown's sweep)."""
     try:
-        row = con.execute(f"SELECT {', '.join(f'count({c})' for c in LEVELS)} FROM op_time WHERE run_id = ?",
-                          [run_id]).fetchall()[0]
+        return con.sql(f"SELECT * FROM op_time WHERE run_id = $run AND {where}", params=params).pl()
     except duckdb.CatalogException:  # a store written before event_scopes existed has no op_time view
         raise TraceanaError(f"{store.OUTDATED} (traceana ops reads event_scopes)") from None
-    return [level for level, n in zip(LEVELS, row, strict=True) if n]
+
+
+def _levels(events: pl.DataFrame) -> list[str]:
+    return [level for level in LEVELS if events[level].null_count() < events.height]
 
 
 def attribute(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "op", step: int | str | None = None,
@@ -52,31 +59,28 @@ def attribute(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "op", step:
     """The rows of ``by``, largest first: ``top`` of them, then the rest as one row, then "(none)"."""
     if by not in LEVELS:
         raise TraceanaError(f"--by {by!r}: choose one of {', '.join(LEVELS)}")
-    have = levels(con, run_id)
-    if by not in have:
-        raise TraceanaError(f"--by {by}: run {run_id!r} has no {NEEDS[by]}; it supports --by "
-                            f"{'|'.join(have) if have else '(nothing: no event has an op, module or range)'}")
     if step == "median":
         step = bd.median_step(con, run_id)
     elif isinstance(step, int):
         bd.check_step(con, run_id, step)
-    first = bd.first_analysed_step(con, run_id)
     where = "step = $step" if step is not None else "step >= $first"
-    params = {"run": run_id, "step": step} if step is not None else {"run": run_id, "first": first}
-    parts = ", ".join(f"sum({p}_ns) / n / 1e6 AS {p}_ms" for p in ("COMP", *WAITS))
+    params = ({"run": run_id, "step": step} if step is not None
+              else {"run": run_id, "first": bd.first_analysed_step(con, run_id)})
+    events = _events(con, run_id, where, params)
+    have = _levels(events)
+    if by not in have:
+        raise TraceanaError(f"--by {by}: run {run_id!r} has no {NEEDS[by]}; it supports --by "
+                            f"{'|'.join(have) if have else '(nothing: no event has an op, module or range)'}")
+    rank_steps, total = con.execute(f"SELECT count(*), sum(end_ns - start_ns) FROM step_windows "
+                                    f"WHERE run_id = $run AND {where}", params).fetchall()[0]
+    parts = ", ".join(f"sum({p}_ns) / {rank_steps} / 1e6 AS {p}_ms" for p in ("COMP", *WAITS))
     frame = con.sql(f"""
-        WITH t AS (SELECT * FROM op_time WHERE run_id = $run AND {where}),
-        totals AS (SELECT count(*) AS n, sum(TOTAL_ns) AS total FROM rank_step_breakdown
-                   WHERE run_id = $run AND {where})
-        SELECT coalesce({by}, '{NONE}') AS level, count(*) / n AS kernels, {parts},
-               100 * (sum(COMP_ns) + {' + '.join(f'sum({w}_ns)' for w in WAITS)}) / total AS step_pct,
+        SELECT coalesce({by}, '{NONE}') AS level, count(*) / {rank_steps} AS kernels, {parts},
+               100 * (sum(COMP_ns) + {' + '.join(f'sum({w}_ns)' for w in WAITS)}) / {total} AS step_pct,
                arg_max(kernel, COMP_ns + {' + '.join(f'{w}_ns' for w in WAITS)}) AS top_kernel
-        FROM t, totals GROUP BY 1, n, total
-        ORDER BY level = '{NONE}', COMP_ms + {' + '.join(f'{w}_ms' for w in WAITS)} DESC, level""",
-                    params=params).pl().rename({"level": by})
-    rank_steps = con.execute(f"SELECT count(*) FROM rank_step_breakdown WHERE run_id = $run AND {where}",
-                             params).fetchall()[0][0]
-    frame = _top(frame, by, top)
+        FROM events GROUP BY 1
+        ORDER BY level = '{NONE}', COMP_ms + {' + '.join(f'{w}_ms' for w in WAITS)} DESC, level""").pl()
+    frame = _top(frame.rename({"level": by}), by, top)
     notes = [f"no {NEEDS[level]}: --by {level} is not available" for level in LEVELS if level not in have]
     if (none := frame.filter(pl.col(by) == NONE)).height:
         notes.append(f"{NONE}: device time launched outside any {by} ({none['step_pct'][0]:.1f}% of the step)")
