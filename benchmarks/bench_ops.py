@@ -67,7 +67,7 @@ def main() -> None:
         traces = Path(tmp) / "synth"
         start = time.perf_counter()
         traceana("synth", CONFIG, traces, "--ranks", args.ranks, "--steps", args.steps, "--format", "kineto")
-        traceana("ingest", traces, "--db", db, "--run-id", "synth")
+        traceana("ingest", traces / "traces", "--db", db, "--run-id", "synth")
         prepared = time.perf_counter() - start
         breakdown, ops, events = timed(db, "synth")
         print(f"{f'synth {args.ranks} ranks x {args.steps} steps':<44}{events:>10,}{breakdown:>13.3f}{ops:>8.3f}"
