@@ -175,3 +175,11 @@ def test_table_notes_top_and_plot(db: Path, tmp_path: Path) -> None:
     assert (tmp_path / "ops.png").stat().st_size > 10_000
     rows = _json(db, "h200", "--top", "3")["rows"]
     assert len(rows) == 4 and rows[0]["step_pct"] > rows[1]["step_pct"]
+
+
+def test_report_section_per_level(db: Path, tmp_path: Path) -> None:
+    pytest.importorskip("bokeh")
+    run_cli("report", "b200", "--db", db, "--html", tmp_path / "b200.html")
+    page = (tmp_path / "b200.html").read_text()
+    assert all(f"device time by {level}" in page for level in ("layer", "module", "op"))
+    assert "device time by nvtx" not in page and "TransformerBlock_3 / MLPBlock_3" in page
