@@ -9,7 +9,7 @@ import traceback
 
 import typer
 
-from traceana.cli import analyses, breakdown, calibrate, compare, estimate, export, ingest, ops, replay, runs, synth
+from traceana.cli import analyses, breakdown, calibrate, compare, estimate, export, ingest, replay, runs, synth
 from traceana.errors import TraceanaError
 
 app = typer.Typer(help="Trace-driven analyzer for distributed LLM training.", no_args_is_help=True,
@@ -21,7 +21,7 @@ for command in (ingest.ingest, runs.runs, runs.info, runs.sql, breakdown.breakdo
                 export.report, calibrate.calibrate, synth.synth, export.import_parquet):
     app.command()(command)
 app.command("critical-path")(analyses.critical_path)
-app.command()(ops.ops)
+app.command()(analyses.ops)
 for command in (analyses.comm, analyses.kernels, analyses.idle, analyses.memory, analyses.diff, replay.replay,
                 replay.whatif, replay.predict, replay.advise):
     app.command()(command)
