@@ -290,6 +290,29 @@ def load(path: str | Path) -> Config:
     return from_dict(raw, str(path), Path(path).parent)
 
 
+def load_with(path: str | Path, changes: list[str]) -> Config:
+    """The config at ``path`` with ``changes`` ("section.key=VALUE", the value read as YAML: 8, true, [1, 2]) made
+    before validation, as if the file said so: `predict --set` targets without a second YAML."""
+    raw = read_yaml(path)
+    raw.pop("runs", None)
+    for change in changes:
+        key, sep, text = change.partition("=")
+        names = key.strip().split(".")
+        if not sep or len(names) < 2 or not all(names):
+            raise TraceanaError(f"--set {change!r}: expected SECTION.KEY=VALUE, e.g. parallel.micro_batch=8")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise TraceanaError(f"--set {change!r}: the value is not YAML") from None
+        node = raw
+        for name in names[:-1]:
+            if not isinstance(node.get(name, {}), dict):
+                raise TraceanaError(f"--set {change!r}: {name} is not a section of {path}")
+            node = node.setdefault(name, {})
+        node[names[-1]] = value
+    return from_dict(raw, f"{path} with {', '.join(changes)}", Path(path).parent)
+
+
 def load_runs(path: str | Path) -> list[Run]:
     """The config's ``runs:`` sweep: each entry is ``{name, measured: {...}, <section>: {overrides}}``.
 

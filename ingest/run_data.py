@@ -52,13 +52,17 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "rank": pl.Int32(), "event_id": pl.Int64(), "op_id": pl.Int64(), "op": pl.String(), "input_dims": pl.String(),
         "input_types": pl.String(), "concrete_inputs": pl.String(),
     },
+    "event_scopes": {
+        "rank": pl.Int32(), "event_id": pl.Int64(), "op": pl.String(), "module": pl.String(), "nvtx": pl.String(),
+        "phase": pl.String(),
+    },
 }
 TABLES = tuple(SCHEMAS)
 TIME_COLUMNS = {"device_events": ("start_ns", "end_ns", "launch_ns"), "annotations": ("start_ns", "end_ns"),
                 "steps": ("start_ns", "end_ns"), "memory": ("ts_ns",), "syncs": ("start_ns", "end_ns"),
-                "event_ops": ()}
+                "event_ops": (), "event_scopes": ()}
 # the tables that grow with events: written per file
-SPILLED = ("device_events", "annotations", "memory", "syncs", "event_ops")
+SPILLED = ("device_events", "annotations", "memory", "syncs", "event_ops", "event_scopes")
 
 
 def conform(table: str, frame: pl.DataFrame | None) -> pl.DataFrame:

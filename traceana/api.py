@@ -212,6 +212,15 @@ class Traces:
 
         return self.read(run, lambda con, rid: slow_links(matrix(con, rid), by_group(con, rid), threshold_pct))
 
+    def ops(self, by: str = "op", step: int | str | None = None, top: int | None = None,
+            run: str | None = None) -> pl.DataFrame:
+        """Device time by what launched it, as `traceana ops`: per op, module, layer or NVTX range (``by``), COMP
+        and exposed waits by dim (ms per rank-step), kernels and share of the step; the rows add up to the
+        breakdown's COMP and waits, "(none)" holding what no range claims. Per event: the op_time view."""
+        from traceana.analyses.ops import attribute
+
+        return self.read(run, lambda con, rid: attribute(con, rid, by, step, top).frame)
+
     def kernels(self, top: int = 20, by: str = "run", run: str | None = None) -> pl.DataFrame:
         """The ``top`` kernels by total time (short names), over the run or ``by="stage"``, as `traceana kernels`."""
         from traceana.analyses.kernels import ranking

@@ -11,6 +11,7 @@ import polars as pl
 from traceana.ingest.comm_names import DTYPE_BYTES, canonical_dtype, canonical_op, parse_nccl_kernel
 from traceana.ingest.kineto.events import FIRST_INPUT_NELEMS, STEP
 from traceana.ingest.rules import Rule, with_classes
+from traceana.ingest.scopes import open_ranges_sql
 from traceana.ingest.step_windows import StepLinks, step_windows_of
 
 _COMM_CPU_OPS = r"^(record_param_comms|nccl:|c10d::|gloo:)"
@@ -58,6 +59,19 @@ FROM linked l JOIN ev e ON e.f = l.f AND e.ext_id = l.op_id AND e.cat = 'cpu_op'
 _LAUNCHES_SQL = """SELECT f, corr, min(start_ns) AS launch_ns FROM ev
     WHERE cat IN ('cuda_runtime', 'cuda_driver') AND corr IS NOT NULL GROUP BY f, corr"""
 
+# Each launch's scope (the event_scopes table): the outermost CPU op open on its thread (ProfilerStep excluded), the
+# nn.Module path (the Python tracer's "nn.Module: X_0" ranges) and the phase: backward under autograd's engine.
+_LAUNCH_POINTS = """(SELECT f, corr AS id, arg_min(pid, start_ns) AS pid, arg_min(tid, start_ns) AS tid,
+    min(start_ns) AS t FROM ev WHERE cat IN ('cuda_runtime', 'cuda_driver')
+    AND corr IN (SELECT corr FROM ev WHERE cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')) GROUP BY f, corr)"""
+_CPU_OPS = f"(SELECT * FROM ev WHERE cat = 'cpu_op' AND NOT regexp_matches(name, '{STEP}'))"
+_MODULES = ("(SELECT f, pid, tid, start_ns, end_ns, substr(name, 12) AS name FROM ev "
+            "WHERE cat = 'python_function' AND starts_with(name, 'nn.Module: '))")
+_SCOPES_SQL = f"""SELECT coalesce(o.f, m.f) AS f, coalesce(o.id, m.id) AS corr, o.outermost AS scope_op,
+    m.path AS module, CASE WHEN starts_with(o.outermost, 'autograd::engine::') THEN 'backward' END AS phase
+FROM ({open_ranges_sql(_CPU_OPS, _LAUNCH_POINTS, "f, pid, tid")}) o
+FULL JOIN ({open_ranges_sql(_MODULES, _LAUNCH_POINTS, "f, pid, tid")}) m ON m.f = o.f AND m.id = o.id"""
+
 _LAUNCHERS_SQL = f"""
 -- For each communication kernel: the innermost comm CPU op around the runtime call that launched it.
 WITH runtime AS (
@@ -85,17 +99,20 @@ FROM linked GROUP BY ALL
 
 def device_frames(con: duckdb.DuckDBPyConnection, rules: list[Rule]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """device_events (with each event's launching CPU op and its shapes: op_id, launch_op, input_dims, input_types,
-    concrete_inputs: the event_ops table) and the raw collective rows (op decided, pg by name) for all GPU files."""
+    concrete_inputs: the event_ops table; its scope: scope_op, module, phase: the event_scopes table) and the raw
+    collective rows (op decided, pg by name) for all GPU files."""
     events = con.sql(
         f"""WITH launchers AS ({_LAUNCHERS_SQL})
         SELECT k.f, row_number() OVER (PARTITION BY k.f ORDER BY k.start_ns, k.end_ns, k.name) - 1 AS event_id,
                coalesce(k.stream, TRY_CAST(k.tid AS BIGINT)) AS stream, k.start_ns, k.end_ns, k.name, k.cat,
                k.coll_name, k.in_nelems, k.dtype, k.pg_name, k.seq, k.peer, l.launcher, l.l_coll_name,
                l.l_in_nelems, l.l_dtype, l.l_pg_name, l.l_seq, coalesce(k.group_size, l.l_group_size) AS group_size,
-               r.launch_ns, k.corr, o.op_id, o.launch_op, o.input_dims, o.input_types, o.concrete_inputs
+               r.launch_ns, k.corr, o.op_id, o.launch_op, o.input_dims, o.input_types, o.concrete_inputs,
+               s.scope_op, s.module, s.phase
         FROM ev k LEFT JOIN launchers l ON l.f = k.f AND l.corr = k.corr AND l.k_start = k.start_ns
         LEFT JOIN ({_LAUNCHES_SQL}) r ON r.f = k.f AND r.corr = k.corr
         LEFT JOIN ({_OPS_SQL}) o ON o.f = k.f AND o.corr = k.corr
+        LEFT JOIN ({_SCOPES_SQL}) s ON s.f = k.f AND s.corr = k.corr
         WHERE k.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"""
     ).pl()
     events = with_classes(events, "name", rules).with_columns(

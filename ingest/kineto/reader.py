@@ -108,7 +108,9 @@ def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) 
                                "WHERE cat IN ('user_annotation', 'gpu_user_annotation')").pl(),
         "event_ops": events.filter(pl.col("op_id").is_not_null()).select(
             pl.col("f").alias("rank"), "event_id", "op_id", pl.col("launch_op").alias("op"), "input_dims",
-            "input_types", "concrete_inputs")})
+            "input_types", "concrete_inputs"),
+        "event_scopes": events.filter(pl.any_horizontal(pl.col("scope_op", "module").is_not_null())).select(
+            pl.col("f").alias("rank"), "event_id", pl.col("scope_op").alias("op"), "module", "phase")})
     kept = frames["device_events"].select(pl.col("rank").alias("f"), "event_id")
     comm = comm.join(kept, on=["f", "event_id"], how="semi").select(
         *[c for c in SCHEMAS["collectives"] if c in comm.columns and c not in ("rank", "pg")], "f", "pg_name",

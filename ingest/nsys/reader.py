@@ -29,6 +29,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import duckdb
 import polars as pl
 
 from traceana.errors import TraceanaError
@@ -40,6 +41,7 @@ from traceana.ingest.nsys.syncs import resolve
 from traceana.ingest.ranks import rank_in_file_name, require_distinct, require_unique_ranks
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import RunData
+from traceana.ingest.scopes import open_ranges_sql
 from traceana.ingest.spill import Spill, new_spill, spill_file
 from traceana.ingest.step_windows import StepLinks, marker_steps, step_windows_of
 from traceana.ingest.syncs.edges import SyncCounts
@@ -175,7 +177,8 @@ def parse_report(source: Path, *, cache_dir: Path, rules: list[Rule], marker: st
     steps, links = step_windows_of(device, marker_steps(annotations, marker))
     syncs, sync_counts = resolve(report.syncs, device, keys)
     frames, key, dropped = spill_file(spill, "nsys", str(source), {
-        "device_events": device, "annotations": annotations, "steps": steps, "syncs": syncs}, per_rank=True)
+        "device_events": device, "annotations": annotations, "steps": steps, "syncs": syncs,
+        "event_scopes": _nvtx_scopes(device, report.ranges)}, per_rank=True)
     device = frames["device_events"]
     return ParsedReport(
         source, key, units, device.filter(pl.col("op").is_not_null()).select(
@@ -184,6 +187,21 @@ def parse_report(source: Path, *, cache_dir: Path, rules: list[Rule], marker: st
         frames["steps"].rename({"rank": "unit"}), links, not device.is_empty(),
         span if span[0] is not None else None, unowned, dropped, sync_counts.count(frames["syncs"]),
         report.host, report.session_start, report.version, report.notes)
+
+
+def _nvtx_scopes(device: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
+    """event_scopes' nvtx: the NVTX ranges open on each event's launching thread when its runtime call ran, as a
+    path outermost first (ingest/scopes.py), a named domain's range as 'domain:name' so domains stay apart."""
+    con = duckdb.connect()
+    con.register("device", device.select("rank", "event_id", "pid", "launch_tid", "launch_ns", "correlationId"))
+    con.register("nvtx", ranges.select("pid", "tid", "start_ns", "end_ns", "name", "domain"))
+    ranges_sql = ("(SELECT pid, tid, start_ns, end_ns, CASE WHEN domain IS NULL THEN name "
+                  "ELSE domain || ':' || name END AS name FROM nvtx)")
+    points = ("(SELECT DISTINCT pid, launch_tid AS tid, launch_ns AS t, correlationId AS id FROM device "
+              "WHERE launch_ns IS NOT NULL)")
+    return con.sql(f"""SELECT d.rank, d.event_id, s.path AS nvtx
+        FROM ({open_ranges_sql(ranges_sql, points, "pid, tid")}) s
+        JOIN device d ON d.pid = s.pid AND d.correlationId = s.id""").pl()
 
 
 def read(paths: list[Path], options: IngestOptions) -> RunData:

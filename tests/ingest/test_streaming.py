@@ -31,7 +31,8 @@ def test_a_gpu_run_keeps_only_its_compact_tables_in_memory(tmp_path: Path) -> No
     data = read_run(SAMPLED, "kineto", IngestOptions(spill_near=tmp_path / "s.duckdb"))
     assert data.spill is not None and not {"device_events", "annotations", "memory"} & set(data.frames)
     (folder,) = spill_folders(tmp_path)
-    assert sorted(p.name for p in folder.iterdir()) == ["annotations", "device_events", "event_ops"]  # no memory
+    assert sorted(p.name for p in folder.iterdir()) == ["annotations", "device_events", "event_ops",
+                                                          "event_scopes"]  # no memory
     assert len(list((folder / "device_events").iterdir())) == len(SAMPLED)  # one part per file
     # the cross-rank steps saw every collective's event, with the times the store gets
     events = data.table("device_events").join(data.table("collectives").select("rank", "event_id"),

@@ -1,7 +1,7 @@
 """The analysis commands beyond the breakdown: critical-path, comm, kernels (and its --launch statistics and
---roofline), idle, memory and diff. Each is thin: it opens the store, calls the module that owns the concept
-(traceana/analyses/critical_path.py, comm.py, kernels.py, launches.py, roofline.py, idle.py, memory.py, diff.py), and
-prints or plots. Those modules (and Polars) are imported where used, so that `traceana --help` stays cheap
+--roofline), ops, idle, memory and diff. Each is thin: it opens the store, calls the module that owns the concept
+(traceana/analyses/critical_path.py, comm.py, kernels.py, launches.py, roofline.py, ops.py, idle.py, memory.py,
+diff.py), and prints or plots. Those modules (and Polars) are imported where used, so that `traceana --help` stays cheap
 (tests/test_lazy_imports.py)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from traceana import store
+from traceana.cli.breakdown import MedianStepOption
 from traceana.cli.options import DbOption, JsonOption, RunArgument, top_count
 from traceana.errors import TraceanaError
 from traceana.render.console import emit, emit_json, html_path, plot_path
@@ -248,6 +249,47 @@ def _compact(frame: pl.DataFrame) -> pl.DataFrame:
     floats = [c for c, t in frame.schema.items() if t == pl.Float64]
     return frame.with_columns(pl.col(floats).round_sig_figs(4)).rename(
         {c: n for c, n in names.items() if c in frame.columns})
+
+
+def ops(
+    run: RunArgument = None,
+    by: Annotated[str, typer.Option("--by", help="op (outermost CPU op; Ascend: the operator), module (nn.Module "
+                                    "path), layer (a module or NVTX range with a layer index) or nvtx (nsys).")]
+    = "op",
+    step: MedianStepOption = None,
+    top: Annotated[int, typer.Option("--top", help="How many rows; the rest are summed into one row.",
+                                     callback=top_count)] = 20,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the rows as stacked bars to this PNG.",
+                                              callback=plot_path)] = None,
+    json: JsonOption = False,
+    db: DbOption = Path(store.DEFAULT_DB),
+) -> None:
+    """Device time by op, module, layer or NVTX range: each row's COMP and exposed communication by dim (ms per
+    rank-step), its kernels and share of the step; the rows add up to the breakdown's COMP and waits, "(none)"
+    holding what was launched outside any."""
+    from traceana.analyses.ops import attribute
+
+    if step is not None and step != "median" and not step.lstrip("-").isdigit():
+        raise TraceanaError(f"--step {step!r}: give a step number or 'median'")
+    with store.connect(db, read_only=True) as con:
+        rid = store.open_run(con, run)
+        result = attribute(con, rid, by, None if step is None else step if step == "median" else int(step), top)
+    frame = result.frame
+    if plot is not None:
+        from traceana.render.plots import ops_bars
+
+        ops_bars(frame, by, plot, f"{rid}: device time by {by}, {result.step}")
+    if json:
+        emit_json({"run_id": rid, "by": by, "step": result.step, "rank_steps": result.rank_steps,
+                   "levels": result.levels, "rows": frame.to_dicts(), "notes": result.notes})
+        return
+    shown = frame.select(c for c in frame.columns if not c.endswith("WAIT_ms") or frame[c].abs().sum() > 0)
+    emit(shown, title=f"{rid}: device time by {by}, {result.step} (ms per rank-step, "
+                      f"{result.rank_steps} rank-steps)")
+    for note in result.notes:
+        typer.echo(f"  note: {note}")
+    if plot is not None:
+        typer.echo(f"wrote {plot}")
 
 
 def idle(

@@ -36,6 +36,7 @@ for command in (ingest.ingest, runs.runs, runs.info, runs.sql, breakdown.breakdo
                 export.report, calibrate.calibrate, synth.synth, export.import_parquet):
     app.command()(command)
 app.command("critical-path")(analyses.critical_path)
+app.command()(analyses.ops)
 for command in (analyses.comm, analyses.kernels, analyses.idle, analyses.memory, analyses.diff, replay.replay,
                 replay.whatif, replay.predict, replay.advise, runs.mcp):
     app.command()(command)

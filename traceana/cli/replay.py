@@ -10,6 +10,7 @@ import typer
 
 from traceana import store
 from traceana.cli.options import DbOption, JsonOption, RunArgument
+from traceana.errors import TraceanaError
 from traceana.render.console import emit, emit_json, plot_path, progress
 
 StepOption = Annotated[int | None, typer.Option("--step", help="One step (default: every step for replay; the "
@@ -129,7 +130,11 @@ def predict(
     run: RunArgument = None,
     config: Annotated[Path, typer.Option("--config", help="The estimator YAML that describes RUN (its layout, "
                                          "micro-batches, schedule).")] = ...,
-    to: Annotated[Path, typer.Option("--to", help="The estimator YAML of the configuration to predict.")] = ...,
+    to: Annotated[Path | None, typer.Option("--to", help="The estimator YAML of the configuration to predict.")]
+    = None,
+    changes: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE: predict --config with this key "
+                                                      "changed (parallel.micro_batch=8; repeat for several), or "
+                                                      "--to's config with it.")] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -138,11 +143,14 @@ def predict(
     and the estimator alone, with notes on what the trace could not inform."""
     import polars as pl
 
-    from traceana.estimator.config import load
+    from traceana.estimator.config import load, load_with
     from traceana.model import predict as model
     from traceana.model.compare import NOISE_MS
 
-    source, target = load(config), load(to)
+    if to is None and not changes:
+        raise TraceanaError("predict needs the target: --to CFG_B, or --set KEY=VALUE changes to --config")
+    source, target = load(config), load_with(to or config, changes or [])
+    to = to or Path(f"{config.name} with {', '.join(changes or [])}")
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
         with progress(None, "predicting") as advance:

@@ -292,6 +292,26 @@ def whatif_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
     save_figure(fig, path, dpi=130)
 
 
+def ops_bars(frame: pl.DataFrame, by: str, path: Path, title: str) -> None:
+    """`traceana ops` rows as horizontal bars, COMP and each dim's exposed wait stacked, largest on top."""
+    frame = frame.reverse()
+    names = [n if len(n) <= 60 else "..." + n[-57:] for n in frame[by].to_list()]
+    fig, ax = plt.subplots(figsize=(10, max(3.0, 0.3 * len(names) + 1.5)))
+    left = [0.0] * len(names)
+    for part, color in PART_COLORS.items():
+        if f"{part}_ms" not in frame.columns or not frame[f"{part}_ms"].sum():
+            continue
+        values = frame[f"{part}_ms"].to_list()
+        ax.barh(names, values, left=left, color=color, edgecolor="0.3", linewidth=0.3, label=f"{label(part)} ms")
+        left = [a + b for a, b in zip(left, values, strict=True)]
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_xlabel("time per rank-step (ms)")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=130)
+
+
 def roofline_chart(frame: pl.DataFrame, roofs: list[tuple[str, float]], hbm_gb_per_s: float, path: Path,
                    title: str, labelled: int = 10) -> None:
     """Log-log roofline: each row of ``frame`` (traceana.analyses.roofline.measure) a point at its intensity and

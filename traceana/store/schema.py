@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # imported where used, so that `traceana --help` loads no Duc
 OUTDATED = "this database was written by an older traceana and lacks columns this report reads: ingest the run again"
 # Tables a store written before they existed lacks: it is still read (a reader treats the table as empty) and its
 # next write creates them.
-ADDED_TABLES = frozenset({"syncs", "event_ops"})
+ADDED_TABLES = frozenset({"syncs", "event_ops", "event_scopes"})
 FRESH = "ingest again into a new --db file"
 
 

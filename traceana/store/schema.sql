@@ -112,3 +112,14 @@ CREATE TABLE IF NOT EXISTS event_ops (
     input_types VARCHAR,        -- JSON: the inputs' types (c10::BFloat16, float, Scalar, TensorList ...)
     concrete_inputs VARCHAR     -- JSON: the scalar arguments' values as text (is_causal 'True', a dim '[0]'), '' for tensors
 );
+CREATE TABLE IF NOT EXISTS event_scopes (  -- stores written before it lack it: `traceana ops` asks to ingest again
+    run_id   VARCHAR NOT NULL,
+    rank     INTEGER NOT NULL,
+    event_id BIGINT NOT NULL,   -- -> device_events(run_id, rank, event_id); events launched inside no range have no row
+    op       VARCHAR,           -- Kineto: the outermost CPU op open on the launching thread at launch (aten::linear,
+                                --   autograd::engine::evaluate_function: MmBackward0, Optimizer.step#AdamW.step)
+    module   VARCHAR,           -- Kineto: the nn.Module path open at launch, outermost first ('GPT_0 / Block_3 / MLP_3')
+    nvtx     VARCHAR,           -- nsys: the NVTX ranges open on the launching thread at launch, outermost first
+                                --   (a range of a named domain as 'domain:name')
+    phase    VARCHAR            -- 'backward' when launched under autograd's engine; NULL when the trace does not say
+);

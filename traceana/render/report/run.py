@@ -24,6 +24,7 @@ from traceana.render.colours import (
     UNKNOWN_DIM_COLOR,
 )
 from traceana.render.report import charts
+from traceana.render.report.ops import section as ops_section
 from traceana.render.report.page import Page
 from traceana.render.units import BINARY_BYTES, unit_for
 
@@ -492,6 +493,7 @@ SECTIONS: list[tuple[str, Callable[[Context], str | None]]] = [
     ("Timeline and critical path", critical_path),
     ("Stragglers", stragglers),
     ("Communication", communication),
+    ("Time by op, module and layer", ops_section),
     ("Top kernels", kernels),
     ("Roofline", roofline),
     ("Kernel launches and queues", launches),

@@ -1,0 +1,70 @@
+-- event_time: each device event's own share of its rank-step's COMP and exposed communication (DESIGN §9), so that
+-- the events of a rank-step add up to its rank_step_breakdown parts exactly.
+-- Ownership: an instant of COMP belongs to the compute / memcpy / memset event that started first among those
+-- running then (ties: the longer, then the lower event_id): sorted by start, an event owns what lies past the
+-- latest end of the events before it. Exposed communication of a dim belongs, the same way, to the earliest-started
+-- collective of that dim running then; an exposed piece shared by n dims gives each 1/n as the breakdown does, and
+-- the integer remainders of that split (a few ns per set of dims) go to the owner with the most time in the set.
+-- Columns: run_id, rank, step, event_id (BIGINT: one row per event with time in the window, clipped to it),
+--   COMP_ns, MP_WAIT_ns, CP_WAIT_ns, EP_WAIT_ns, DP_WAIT_ns, PP_WAIT_ns, OTHER_WAIT_ns (BIGINT ns it owns).
+CREATE OR REPLACE VIEW event_time AS
+WITH clipped AS (
+    SELECT w.run_id, w.rank, w.step, e.event_id,
+           greatest(e.start_ns, w.start_ns) AS start_ns, least(e.end_ns, w.end_ns) AS end_ns,
+           CASE WHEN e.category <> 'comm' THEN 'COMP'
+                ELSE CASE split_part(c.dim, '-', 1) WHEN 'TP' THEN 'TP' WHEN 'CP' THEN 'CP' WHEN 'EP' THEN 'EP'
+                          WHEN 'DP' THEN 'DP' WHEN 'PP' THEN 'PP' ELSE 'OTHER' END END AS lane
+    FROM device_events e
+    JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank
+                       AND e.start_ns < w.end_ns AND e.end_ns > w.start_ns
+    LEFT JOIN collectives c ON c.run_id = e.run_id AND c.rank = e.rank AND c.event_id = e.event_id
+    WHERE e.category IN ('compute', 'memcpy', 'memset', 'comm') AND e.end_ns > e.start_ns
+),
+owned AS (  -- the part of each event no earlier-started event of its lane covers: these tile the lane's union
+    SELECT *, greatest(start_ns, coalesce(max(end_ns) OVER w, start_ns)) AS own_start
+    FROM clipped
+    WINDOW w AS (PARTITION BY run_id, rank, step, lane ORDER BY start_ns, end_ns DESC, event_id
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+),
+exposed AS (  -- the breakdown's exposed pieces, one row per dim running in them, with the dim's place in the order
+    SELECT run_id, rank, step, start_ns, len, lane, n_dims, dims,
+           bit_count(dims & ((1 << CASE lane WHEN 'TP' THEN 0 WHEN 'CP' THEN 1 WHEN 'EP' THEN 2 WHEN 'DP' THEN 3
+                                             WHEN 'PP' THEN 4 ELSE 5 END) - 1)) AS place
+    FROM (SELECT *, end_ns - start_ns AS len,
+                 tp::INT + cp::INT + ep::INT + dp::INT + pp::INT + other::INT AS n_dims,
+                 tp::INT + 2 * cp::INT + 4 * ep::INT + 8 * dp::INT + 16 * pp::INT + 32 * other::INT AS dims
+          FROM step_segments WHERE NOT busy)
+    UNPIVOT (active FOR lane IN (tp AS 'TP', cp AS 'CP', ep AS 'EP', dp AS 'DP', pp AS 'PP', other AS 'OTHER'))
+    WHERE active
+),
+claimed AS (  -- a piece lies inside one owned interval of its dim (pieces are cut at every event boundary)
+    SELECT x.run_id, x.rank, x.step, x.lane, x.dims, x.n_dims, x.place, o.event_id, sum(x.len) AS len
+    FROM exposed x
+    ASOF JOIN (SELECT * FROM owned WHERE lane <> 'COMP' AND end_ns > own_start) o
+        ON o.run_id = x.run_id AND o.rank = x.rank AND o.step = x.step AND o.lane = x.lane AND o.own_start <= x.start_ns
+    GROUP BY ALL
+),
+charged AS (  -- 1/n of each owner's time in a set of dims; the set's remainder as the breakdown splits it
+    SELECT *, len // n_dims + CASE WHEN row_number() OVER s = 1
+              THEN (sum(len) OVER s) // n_dims + ((sum(len) OVER s) % n_dims > place)::INT
+                   - sum(len // n_dims) OVER s ELSE 0 END AS wait_ns
+    FROM claimed
+    WINDOW s AS (PARTITION BY run_id, rank, step, lane, dims ORDER BY len DESC, event_id
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+),
+waits AS (
+    SELECT run_id, rank, step, event_id,
+           sum(wait_ns) FILTER (WHERE lane = 'TP') AS MP_WAIT_ns, sum(wait_ns) FILTER (WHERE lane = 'CP') AS CP_WAIT_ns,
+           sum(wait_ns) FILTER (WHERE lane = 'EP') AS EP_WAIT_ns, sum(wait_ns) FILTER (WHERE lane = 'DP') AS DP_WAIT_ns,
+           sum(wait_ns) FILTER (WHERE lane = 'PP') AS PP_WAIT_ns,
+           sum(wait_ns) FILTER (WHERE lane = 'OTHER') AS OTHER_WAIT_ns
+    FROM charged
+    GROUP BY ALL
+)
+SELECT o.run_id, o.rank, o.step, o.event_id,
+       CASE WHEN o.lane = 'COMP' THEN greatest(o.end_ns - o.own_start, 0) ELSE 0 END::BIGINT AS COMP_ns,
+       coalesce(w.MP_WAIT_ns, 0)::BIGINT AS MP_WAIT_ns, coalesce(w.CP_WAIT_ns, 0)::BIGINT AS CP_WAIT_ns,
+       coalesce(w.EP_WAIT_ns, 0)::BIGINT AS EP_WAIT_ns, coalesce(w.DP_WAIT_ns, 0)::BIGINT AS DP_WAIT_ns,
+       coalesce(w.PP_WAIT_ns, 0)::BIGINT AS PP_WAIT_ns, coalesce(w.OTHER_WAIT_ns, 0)::BIGINT AS OTHER_WAIT_ns
+FROM owned o
+LEFT JOIN waits w USING (run_id, rank, step, event_id);
