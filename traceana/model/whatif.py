@@ -37,6 +37,7 @@ from traceana.model.graph import Graph
 KEYS = ("dim", "op", "pg", "kernel", "host", "rank", "stage", "overlap")
 WORK = ("compute", "memcpy", "memset")
 DIMS = ("TP", "CP", "EP", "DP", "PP", "UNKNOWN")
+FACTORS = (1e-6, 1e6)  # the range a factor (other than 0) may take
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,68 @@ def _factor(spec: str, text: str) -> float:
         raise TraceanaError(f"--change {spec!r}: {text!r} is not a number") from None
     if not math.isfinite(value) or value < 0:
         raise TraceanaError(f"--change {spec!r}: the factor must be a finite number >= 0")
+    if value and not FACTORS[0] <= value <= FACTORS[1]:
+        raise TraceanaError(f"--change {spec!r}: the factor must be 0 or within {FACTORS[0]:g}..{FACTORS[1]:g} "
+                            "(a step's nanoseconds times it must stay a time)")
     return value
+
+
+def selected(graph: Graph, change: Change) -> np.ndarray | None:
+    """The events whose lengths ``change`` scales (a mask), or None for a change that is not a set of events
+    (host, median changes, overlap)."""
+    ev = graph.events
+    category = ev["category"].to_numpy()
+    comm = category == "comm"
+    work = np.isin(category, WORK)
+    if change.key in ("dim", "overlap"):
+        return comm & (_dims(graph) == change.target)
+    if change.key == "pg":
+        return comm & (ev["pg"].cast(pl.String).fill_null("") == change.target).to_numpy()
+    if change.key == "op":
+        return comm & (ev["op"].fill_null("").str.to_lowercase() == change.target.lower()).to_numpy()
+    if change.key == "kernel":
+        pattern = re.compile(fnmatch.translate(change.target), re.IGNORECASE)
+        names = [name for name in ev["name"].unique().to_list() if pattern.match(name)]  # once per name
+        return ev["name"].is_in(names).to_numpy() & work
+    if change.key == "rank" and change.factor is not None:
+        return work & (ev["rank"] == int(change.target)).to_numpy()
+    return None
+
+
+def _dims(graph: Graph) -> np.ndarray:
+    return graph.events["dim"].fill_null("").str.split("-").list.first().fill_null("").to_numpy()
+
+
+def check_matches(graph: Graph, changes: list[Change]) -> None:
+    """A one-line error for a change that matches nothing in the run, naming what the run has."""
+    ev = graph.events
+    for change in changes:
+        if change.key == "host":
+            if not (graph.kind == dependency.HOST).any():
+                raise TraceanaError(f"--change {change}: run {graph.run_id!r} has no host launch records to scale "
+                                    "(a CPU-only or Ascend trace)")
+            continue
+        mask = selected(graph, change)
+        if mask is None or mask.any():
+            continue
+        comm = ev.filter(pl.col("category") == "comm")
+        if change.key in ("dim", "overlap"):
+            dims = sorted(set(_dims(graph)[ev["category"].to_numpy() == "comm"]) - {""})
+            has = f"communication of dims {', '.join(dims)}" if dims else "no communication"
+        elif change.key == "op":
+            has = f"collective ops {', '.join(sorted(comm['op'].drop_nulls().unique().to_list())) or 'none'}"
+        elif change.key == "pg":
+            has = "no communication on it"
+        elif change.key == "kernel":
+            import difflib
+
+            names = ev.filter(pl.col("category").is_in(WORK))["name"].unique().to_list()
+            like = difflib.get_close_matches(change.target.strip("*").lower(), [n.lower() for n in names], 3, 0.3)
+            has = (f"no compute, copy or set kernel named so; the nearest: {', '.join(like)}" if like
+                   else f"{len(names)} kernel names, none like it (`traceana kernels` lists them)")
+        else:
+            has = f"no work on rank {change.target}"
+        raise TraceanaError(f"--change {change}: matches nothing in run {graph.run_id!r}, which has {has}")
 
 
 def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -99,10 +161,7 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame) -> tuple[n
     keep = np.ones(len(weight), bool)
     ends_window = np.ones(graph.n, bool)
     ev = graph.events
-    category = ev["category"].to_numpy()
-    work = np.isin(category, WORK)
-    dim = ev["dim"].fill_null("").str.split("-").list.first().fill_null("").to_numpy()
-    comm = category == "comm"
+    work = np.isin(ev["category"].to_numpy(), WORK)
     lengths = (graph.kind == dependency.RUN) | (graph.kind == dependency.TRANSFER)
     length_of = np.where((graph.event >= 0) & lengths, graph.event, -1)
     hit = length_of >= 0
@@ -110,36 +169,22 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame) -> tuple[n
     def scale(factor: np.ndarray) -> None:  # per event; 1 leaves it
         weight[hit] *= factor[length_of[hit]]
 
-    def where(mask: np.ndarray, factor: float) -> np.ndarray:
-        return np.where(mask, factor, 1.0)
-
     for change in changes:
-        if change.key == "dim":
-            scale(where(comm & (dim == change.target), change.factor))
-        elif change.key == "pg":
-            scale(where(comm & (ev["pg"].cast(pl.String).fill_null("") == change.target).to_numpy(), change.factor))
-        elif change.key == "op":
-            scale(where(comm & (ev["op"].fill_null("").str.to_lowercase() == change.target.lower()).to_numpy(),
-                        change.factor))
-        elif change.key == "kernel":
-            pattern = re.compile(fnmatch.translate(change.target), re.IGNORECASE)
-            names = [name for name in ev["name"].unique().to_list() if pattern.match(name)]  # once per name
-            scale(where(ev["name"].is_in(names).to_numpy() & work, change.factor))
+        mask = selected(graph, change)
+        if change.key == "overlap":
+            out_of = np.zeros(graph.n_nodes, bool)
+            out_of[graph.n + np.flatnonzero(mask)] = True
+            keep &= ~(out_of[graph.src] & (graph.kind != dependency.STREAM))
+            ends_window &= ~mask
+        elif mask is not None:
+            scale(np.where(mask, change.factor, 1.0))
         elif change.key == "host":
             weight[graph.kind == dependency.HOST] *= change.factor
-        elif change.key == "rank" and change.factor is not None:
-            scale(where(work & (ev["rank"] == int(change.target)).to_numpy(), change.factor))
-        elif change.key in ("rank", "stage"):
+        else:  # rank or stage to the median
             factors = _to_median(change, measured)
             per_event = (ev.select("rank", "step").join(factors, on=["rank", "step"], how="left")
                          ["factor"].fill_null(1.0).to_numpy())
             scale(np.where(work, per_event, 1.0))
-        elif change.key == "overlap":
-            background = comm & (dim == change.target)
-            out_of = np.zeros(graph.n_nodes, bool)
-            out_of[graph.n + np.flatnonzero(background)] = True
-            keep &= ~(out_of[graph.src] & (graph.kind != dependency.STREAM))
-            ends_window &= ~background
     return np.round(weight).astype(np.int64), keep, ends_window
 
 
@@ -215,6 +260,7 @@ def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[l
     edits = []
     for changes in change_sets:
         check_targets(changes, sorted(set(m["rank"].to_list())), set(m["pp"].to_list()), run_id, set(base.groups))
+        check_matches(base.graph, changes)
         edits.append(replay.Edit(*edit(base.graph, changes, m)))
     changed, segments = replay.simulate(con, base.graph, edits, path_step)
     return base.graph, [predicted(m, base.replayed, c) for c in changed], segments
