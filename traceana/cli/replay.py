@@ -10,6 +10,7 @@ import typer
 
 from traceana import store
 from traceana.cli.options import DbOption, JsonOption, RunArgument
+from traceana.model.intervals import notes as interval_notes
 from traceana.render.console import emit, emit_json, plot_path, progress
 
 StepOption = Annotated[int | None, typer.Option("--step", help="One step (default: every step for replay; the "
@@ -67,16 +68,18 @@ def whatif(
     changes = [model.parse(spec) for spec in change]
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
-        step, g, frame, segments = model.whatif_step(con, rid, changes, step, path=True)
+        step, g, frame, segments, interval = model.whatif_interval(con, rid, changes, step)
     path = report(segments)["by_kind"] if segments is not None and segments.height else None
-    measured, predicted = float(frame["TOTAL_ms"].median()), float(frame["predicted_TOTAL_ms"].median())
+    measured, predicted = float(frame["TOTAL_ms"].median()), interval.value
     if plot is not None:
         from traceana.render.plots import whatif_bars
 
         whatif_bars(frame, plot, f"{rid}: step {step}, {' '.join(map(str, changes))}")
     if json:
         emit_json({"run_id": rid, "step": step, "changes": [str(c) for c in changes], "measured_step_ms": measured,
-                   "predicted_step_ms": predicted, "error_bar_ms": float(frame["error_bar_ms"].max()),
+                   "predicted_step_ms": predicted, "low": interval.low, "high": interval.high,
+                   "level": interval.level, "sources": interval.sources,
+                   "error_bar_ms": float(frame["error_bar_ms"].max()),
                    "edges": g.counts, "missing": g.missing, "ranks": frame.to_dicts(),
                    "stages": by_stage(frame).to_dicts(),
                    "critical_path_by_kind": path.to_dicts() if path is not None else []})
@@ -87,9 +90,8 @@ def whatif(
         emit(by_stage(frame), title="per stage, mean over its ranks (ms)")
         if path is not None:
             emit(path, title="critical path after the change, by kind")
-        typer.echo(f"step (the median rank's TOTAL): measured {measured:,.3f} ms, predicted {predicted:,.3f} ms "
-                   f"± {float(frame['error_bar_ms'].max()):,.3f} ms")
-        for line in g.missing:
+        typer.echo(f"step (the median rank's TOTAL): measured {measured:,.3f} ms, predicted {interval}")
+        for line in [*g.missing, *interval_notes(interval)]:
             typer.echo(f"note: {line}")
     if plot is not None:
         typer.echo(f"wrote {plot}", err=True)

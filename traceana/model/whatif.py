@@ -33,6 +33,7 @@ from traceana.analyses.breakdown import PARTS
 from traceana.errors import TraceanaError
 from traceana.model import graph as dependency
 from traceana.model.graph import Graph
+from traceana.model.intervals import Interval
 
 KEYS = ("dim", "op", "pg", "kernel", "host", "rank", "stage", "overlap")
 WORK = ("compute", "memcpy", "memset")
@@ -263,7 +264,11 @@ def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[l
         check_matches(base.graph, changes)
         edits.append(replay.Edit(*edit(base.graph, changes, m)))
     changed, segments = replay.simulate(con, base.graph, edits, path_step)
-    return base.graph, [predicted(m, base.replayed, c) for c in changed], segments
+    fixed = base.graph.windows.select("rank", "step", (pl.col("external_ns") / 1e6).alias("fixed_ms"))
+    frames = [predicted(m, base.replayed, c).join(fixed, on=["rank", "step"], how="left")
+              .with_columns(pl.max_horizontal("predicted_TOTAL_ms", pl.col("fixed_ms").fill_null(0.0)))
+              for c in changed]  # never below the step's fixed parts (the holds nothing in the trace explains)
+    return base.graph, frames, segments
 
 
 def whatif_run(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], path_step: int | None = None,
@@ -291,6 +296,82 @@ def whatif_step(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Chang
     check_step(con, run_id, step)
     g, frame, segments = whatif_run(con, run_id, changes, step if path else None, base)
     return step, g, frame.filter(pl.col("step") == step), segments
+
+
+def kind_of(changes: list[Change]) -> str:
+    """The kind of a change, as intervals are calibrated per kind: its key (``rank:median``, ``rank=*:median``,
+    ``rank:factor`` told apart), ``composite`` for several kinds at once."""
+    kinds = set()
+    for c in changes:
+        if c.key == "rank":
+            kinds.add("rank=*:median" if c.target == "*" else "rank:median" if c.factor is None else "rank:factor")
+        else:
+            kinds.add(c.key)
+    return kinds.pop() if len(kinds) == 1 else "composite"
+
+
+def step_interval(base: Baseline, frame: pl.DataFrame, changes: list[Change], platform: str,
+                  alternatives: dict[str, float] | None = None) -> Interval:
+    """The predicted step (the median rank's predicted TOTAL of ``frame``, one step's rows) with its interval.
+    Its spreads, measured on the run alone (log units): the replay residual of the step's rank-steps, the run's
+    step-to-step spread of the step, its rank-to-rank spread, and the size of the change; ``alternatives``: other
+    predictions the trace cannot rule out (absent peers held), which the interval also holds."""
+    from traceana.model import intervals
+
+    step = int(frame["step"][0])
+    m = base.measured
+    value = float(frame["predicted_TOTAL_ms"].median())
+    measured = float(frame["TOTAL_ms"].median())
+    both = m.filter(pl.col("step") == step).join(base.replayed.filter(pl.col("step") == step), on="rank",
+                                                suffix="_r")
+    ratio = (both["TOTAL_ns_r"] / both["TOTAL_ns"]).to_numpy()
+    ratio = ratio[ratio > 0]
+    spreads = {
+        "replay_residual": float(np.sqrt(np.mean(np.log(ratio) ** 2))) if len(ratio) else 0.0,
+        "step_to_step": intervals.log_spread(m.group_by("step").agg(pl.col("TOTAL_ns").median())["TOTAL_ns"]),
+        "rank_to_rank": intervals.log_spread(both["TOTAL_ns"].to_numpy()),
+        "change": abs(math.log(value / measured)) if value > 0 and measured > 0 else 0.0,
+    }
+    fixed = float(frame["fixed_ms"].median()) if "fixed_ms" in frame.columns else 0.0
+    notes = {"external_hold_ms": fixed, "external_hold_share": fixed / measured if measured else 0.0}
+    wait = float(absent_wait_ms(base.graph, step)["wait_ms"].median() or 0.0)
+    alternatives = dict(alternatives or {})
+    if wait > 0:
+        profiled_only = any(c.key == "stage" or (c.key == "rank" and c.target != "*") for c in changes)
+        comp = float(frame["COMP_ms"].median())
+        f = min(1.0, float(frame["predicted_COMP_ms"].median()) / comp) if comp else 1.0
+        notes["absent_peer_wait_ms"] = wait
+        if profiled_only:  # the peers do not change: what the profiled rank gains it may wait for them instead
+            alternatives["absent peers unchanged, the gain waited away"] = measured
+        elif f < 1:  # the absent ranks change as the profiled ones do: their lateness shrinks as the work does
+            alternatives["absent peers held (their wait kept as measured)"] = value
+            value = max(fixed, value - wait * (1 - f))
+            notes["absent_peers"] = (f"symmetric: the absent ranks' {wait:.3f} ms of lateness scaled by the work "
+                                     f"ratio {f:.3f}")
+    out = intervals.around(value, spreads, platform, kind_of(changes), "whatif", notes=notes)
+    for why, other in alternatives.items():
+        out = out.hull(other, other, {why: other})
+    return out.clamp(fixed)
+
+
+def absent_wait_ms(graph: Graph, step: int) -> pl.DataFrame:
+    """Per rank, the step's time its collectives waited for members the trace lacks (rank, wait_ms): each lone
+    member's length less the shortest of its kernel on its rank (the transfer when the peers were there first)."""
+    ev = graph.events.filter(pl.col("instance").is_not_null())
+    alone = (ev.with_columns(pl.len().over("instance").alias("members"), (pl.col("end_ns") - pl.col("start_ns"))
+                             .alias("ns")).filter(pl.col("members") == 1)
+             .with_columns((pl.col("ns") - pl.col("ns").min().over("rank", "name")).alias("wait")))
+    return alone.filter(pl.col("step") == step).group_by("rank").agg((pl.col("wait").sum() / 1e6).alias("wait_ms"))
+
+
+def whatif_interval(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], step: int | None = None
+                    ) -> tuple[int, Graph, pl.DataFrame, pl.DataFrame | None, Interval]:
+    """:func:`whatif_step` with the critical path after the change, and the predicted step's interval."""
+    from traceana.model.intervals import platform_of
+
+    base = baseline(con, run_id)
+    step, g, frame, segments = whatif_step(con, run_id, changes, step, base, path=True)
+    return step, g, frame, segments, step_interval(base, frame, changes, platform_of(con, run_id))
 
 
 def predicted(measured: pl.DataFrame, base: pl.DataFrame, changed: pl.DataFrame) -> pl.DataFrame:
