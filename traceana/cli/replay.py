@@ -108,21 +108,32 @@ def advise(
 ) -> None:
     """Ranked findings: what was measured (view and numbers), a concrete change, and the gain whatif (or, with
     --config, the estimator) predicts for it with its error bar."""
+    import polars as pl
+
     from traceana.model import advise as model
 
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
-        step, frame = model.findings(con, rid, step, str(config) if config else None)
+        step, found = model.findings(con, rid, step, str(config) if config else None)
+    frame, checked = model.split(found)
     if json:
-        emit_json({"run_id": rid, "step": step, "findings": frame.to_dicts()})
+        emit_json({"run_id": rid, "step": step, "findings": frame.to_dicts(), "checked_no_gain": checked.to_dicts()})
         return
+    for row in checked.iter_rows(named=True):
+        typer.echo(f"checked, no gain: {row['finding']} ({row['change']}): predicted step "
+                   f"{row['predicted_step_ms']:,.3f} ms [{row['low']:,.3f}, {row['high']:,.3f}] "
+                   f"({100 * row['level']:.0f}%)", err=True)
     if frame.is_empty():
         typer.echo(f"{rid}: step {step}: no finding above the thresholds (idle > 20%, a dim's wait > 5%, COMP > 5% "
                    "above the group's median)")
         return
-    emit(frame.select("finding", "change", "predicted_step_ms", "gain_ms", "error_bar_ms"),
-         title=f"{rid}: step {step} ({float(frame['measured_step_ms'][0]):,.3f} ms), findings by predicted gain "
-               "less its error bar")
+    level = f"{100 * frame['level'][0]:.0f}%"
+    shown = frame.select("finding", "change", pl.format("{} [{}, {}]", *(pl.col(c).round(3) for c in (
+        "gain_ms", "gain_low_ms", "gain_high_ms"))).alias(f"gain_ms [{level}]"), pl.format(
+        "{} [{}, {}]", *(pl.col(c).round(3) for c in ("predicted_step_ms", "low", "high"))).alias(
+        f"predicted_step_ms [{level}]"))
+    emit(shown, title=f"{rid}: step {step} ({float(frame['measured_step_ms'][0]):,.3f} ms), findings by the lower "
+                      "end of their gain")
     for row in frame.iter_rows(named=True):
         typer.echo(f"- {row['finding']}: {row['evidence']} ({row['graph']})")
 
