@@ -169,11 +169,12 @@ def predict(
     numbers = ("measured_A_ms", "predicted_B_ms", "estimated_B_ms")
     shown = (pl.col("dim").is_in(("COMP", "TOTAL"))
              | pl.any_horizontal(pl.col(numbers).fill_null(0).abs() > NOISE_MS))  # dims zero on every side left out
-    columns = ("dim", *numbers[:2], "error_bar_ms", "estimated_B_ms", "source")
+    columns = ("dim", *numbers[:2], "low", "high", "estimated_B_ms", "source")
     emit(result.step.filter(shown).select(columns),
          title=f"{rid} ({config.name}) → {to.name}: typical step, mean over stages (ms)")
     if target.parallel.pp > 1:
-        emit(result.stages.filter(shown).select("stage", *columns[:-1]), title="per pipeline stage (ms)")
+        emit(result.stages.filter(shown).select("stage", *numbers[:2], "error_bar_ms", "estimated_B_ms"),
+             title="per pipeline stage (ms)")
     mem = result.memory
     bar = f" ± {mem['error_bar_MiB']:,.1f}" if mem["error_bar_MiB"] is not None else ""
     typer.echo(f"peak memory: predicted {mem['predicted_B_MiB']:,.1f}{bar} MiB ({mem['source']}), "
