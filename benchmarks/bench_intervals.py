@@ -125,7 +125,8 @@ def report(rows: list[dict]) -> None:
           f"{'median half-width % step':>26}{'noise floor %':>15}")
     by = defaultdict(list)
     for r in check:
-        by[(r["family"], r["kind"])].append(r)
+        if r["kind"] != "null":  # the null kind is the floor printed beside each row, not a prediction
+            by[(r["family"], r["kind"])].append(r)
     for (family, kind), members in sorted(by.items()):
         got = intervals.quantiles(members[0].get("platform", "cpu-gloo"), kind, family)
         q_lo, q_hi = (got[0], got[1]) if got else (-intervals.Z[intervals.LEVEL], intervals.Z[intervals.LEVEL])

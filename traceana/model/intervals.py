@@ -21,6 +21,7 @@ import numpy as np
 
 LEVEL = 0.8
 MIN_GROUPS = 9      # signed two-sided 80% needs k = ceil((n+1)(1-α/2)) <= n
+CHANGE_WEIGHT = 0.1  # a predicted change's own error grows with it: a tenth of its size (log units) until calibrated
 SIGMA_FLOOR = 1e-3  # a difficulty never below 0.1%: no interval is ± 0 for a change that moves the step
 Z = {0.5: 0.6745, 0.8: 1.2816, 0.9: 1.6449, 0.95: 1.96}  # normal quantiles for the model-based fallback
 
@@ -95,8 +96,10 @@ def quantiles(platform: str, kind: str, family: str, level: float = LEVEL) -> tu
 
 
 def sigma(spreads: dict[str, float]) -> float:
-    """The difficulty σ: the measured spreads (log units) in quadrature, never below SIGMA_FLOOR."""
-    return max(SIGMA_FLOOR, math.sqrt(sum(v * v for v in spreads.values() if math.isfinite(v))))
+    """The difficulty σ: the measured spreads (log units) in quadrature, the size of the change (``change``,
+    |log(predicted / measured)|) weighted by CHANGE_WEIGHT, never below SIGMA_FLOOR."""
+    weighted = [v * (CHANGE_WEIGHT if k == "change" else 1.0) for k, v in spreads.items() if math.isfinite(v)]
+    return max(SIGMA_FLOOR, math.sqrt(sum(v * v for v in weighted)))
 
 
 def around(value: float, spreads: dict[str, float], platform: str, kind: str, family: str,

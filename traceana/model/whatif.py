@@ -330,7 +330,6 @@ def step_interval(base: Baseline, frame: pl.DataFrame, changes: list[Change], pl
         "replay_residual": float(np.sqrt(np.mean(np.log(ratio) ** 2))) if len(ratio) else 0.0,
         "step_to_step": intervals.log_spread(m.group_by("step").agg(pl.col("TOTAL_ns").median())["TOTAL_ns"]),
         "rank_to_rank": intervals.log_spread(both["TOTAL_ns"].to_numpy()),
-        "change": abs(math.log(value / measured)) if value > 0 and measured > 0 else 0.0,
     }
     fixed = float(frame["fixed_ms"].median()) if "fixed_ms" in frame.columns else 0.0
     notes = {"external_hold_ms": fixed, "external_hold_share": fixed / measured if measured else 0.0}
@@ -348,6 +347,7 @@ def step_interval(base: Baseline, frame: pl.DataFrame, changes: list[Change], pl
             value = max(fixed, value - wait * (1 - f))
             notes["absent_peers"] = (f"symmetric: the absent ranks' {wait:.3f} ms of lateness scaled by the work "
                                      f"ratio {f:.3f}")
+    spreads["change"] = abs(math.log(value / measured)) if value > 0 and measured > 0 else 0.0
     out = intervals.around(value, spreads, platform, kind_of(changes), "whatif", notes=notes)
     for why, other in alternatives.items():
         out = out.hull(other, other, {why: other})
