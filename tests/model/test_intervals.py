@@ -112,3 +112,18 @@ def test_advise_lists_only_findings_that_can_gain(db: Path) -> None:
     assert all(f["gain_high_ms"] <= 0 for f in out["checked_no_gain"])
     lower = [f["gain_low_ms"] for f in out["findings"]]
     assert lower == sorted(lower, reverse=True)
+
+
+def test_predict_refuses_a_config_whose_micro_batches_are_not_the_runs(tmp_path: Path) -> None:
+    """pp2_mb8's first stage sends 8 activations a step (counted here from the store's PP sends by hand); the mb1
+    config says 1."""
+    db = tmp_path / "pp.duckdb"
+    run_cli("ingest", SAMPLES / "pp2_mb8", "--db", db, "--run-id", "pp2_mb8", "--layout",
+            "pp=2,dp=2,order=tp-cp-ep-pp-dp")
+    rows = json.loads(run_cli("sql", "--run", "pp2_mb8", "SELECT count(*) AS n FROM collectives c JOIN ranks r "
+                              "USING (run_id, rank) WHERE r.pp = 0 AND c.op ILIKE '%send%'", "--format", "json",
+                              "--db", db).stdout)
+    assert rows[0]["n"] == 8 * 2 * 2  # 8 a step, 2 ranks on stage 0, 2 steps
+    code, _, err = run_main("predict", "pp2_mb8", "--config", CONFIGS / "pp2_mb1.yaml", "--to",
+                            CONFIGS / "pp2_mb4.yaml", "--db", db)
+    assert code == 2 and "1 micro-batches" in err and "sends 8" in err and err.count("\n") == 1
