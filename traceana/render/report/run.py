@@ -81,11 +81,11 @@ def _labelled(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def _advice(ctx: Context) -> pl.DataFrame:
-    if ctx.estimate is None:
-        return ctx.traces.advise(run=ctx.run)
-    from traceana.model.advise import findings
+    from traceana.model.advise import findings, split
 
-    return ctx.traces.read(ctx.run, lambda con, rid: findings(con, rid, None, str(ctx.estimate))[1])
+    if ctx.estimate is None:
+        return split(ctx.traces.advise(run=ctx.run))[0]
+    return split(ctx.traces.read(ctx.run, lambda con, rid: findings(con, rid, None, str(ctx.estimate))[1]))[0]
 
 
 def first_screen(ctx: Context, advice: pl.DataFrame) -> str:
@@ -104,7 +104,8 @@ def first_screen(ctx: Context, advice: pl.DataFrame) -> str:
     for finding in advice.head(3).iter_rows(named=True):
         look.append(f"<b>{html.escape(finding['finding'])}</b>: <code>{html.escape(finding['change'])}</code> would "
                     f"take the step from {finding['measured_step_ms']:,.3f} to {finding['predicted_step_ms']:,.3f} ms "
-                    f"(gain {finding['gain_ms']:,.3f} ± {finding['error_bar_ms']:,.3f} ms; advise)")
+                    f"(gain {finding['gain_ms']:,.3f} ms [{finding['gain_low_ms']:,.3f}, "
+                    f"{finding['gain_high_ms']:,.3f}] ({100 * finding['level']:.0f}%); advise)")
     waits = [(ranks[f"{w}_ms"].mean(), w) for w in bd.WAITS if ranks[f"{w}_ms"].sum() > 0]
     if waits:
         ms, wait = max(waits)
@@ -149,11 +150,12 @@ def advise(ctx: Context, advice: pl.DataFrame) -> str | None:
     """The findings `traceana advise` ranks (with the job config, the estimator's too), each with its evidence."""
     if advice.is_empty():
         return None
-    return ctx.page.table(advice.select("finding", "change", "predicted_step_ms", "gain_ms", "error_bar_ms",
-                                        "evidence"),
-                          f"measured step {advice['measured_step_ms'][0]:,.3f} ms; each change's predicted step, by "
-                          "gain less its error bar (what-if replays of the run's own dependency graph; estimator "
-                          "ratios where the graph itself would change)")
+    return ctx.page.table(advice.select("finding", "change", "predicted_step_ms", "low", "high", "gain_ms",
+                                        "gain_low_ms", "gain_high_ms", "evidence"),
+                          f"measured step {advice['measured_step_ms'][0]:,.3f} ms; each change's predicted step with "
+                          f"its {100 * advice['level'][0]:.0f}% interval (low, high), by the lower end of the gain "
+                          "(what-if replays of the run's own dependency graph; estimator ratios where the graph "
+                          "itself would change)")
 
 
 def stages(ctx: Context) -> str | None:
