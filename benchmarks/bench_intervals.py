@@ -141,11 +141,39 @@ def report(rows: list[dict]) -> None:
               f"{covered / len(groups):>10.0%} [{band[0]:.0%}, {band[1]:.0%}]{width:>26.1f}{floor:>15.1f}")
 
 
+def from_scratch(write: bool) -> None:
+    """`estimate`'s interval: plain split conformal on log(measured / estimated) of vTrain's single-node A100 runs
+    (examples/vtrain_a100_profile.yaml, the built-in a100 profile), checked on its multi-node runs, which set
+    nothing."""
+    from tests.estimator.test_estimator_validation import _vtrain_predictions, _vtrain_rows
+
+    base = load(ROOT / "examples" / "vtrain_a100_profile.yaml")
+    pred, meas = _vtrain_predictions(base)
+    scores = np.log(np.array(meas) / np.array(pred))
+    q_lo, q_hi = intervals.conformal(scores)
+    if write:
+        data = json.loads((ROOT / "traceana" / "model" / "intervals.json").read_text())
+        data["estimate"] = {"a100": {f"{intervals.LEVEL:g}": {
+            "n_groups": len(scores), "q_lo": q_lo, "q_hi": q_hi,
+            "set_by": "vTrain single-node measured runs (../shared/validation/vtrain_ground_truth_single_node.csv)"
+                      " with examples/vtrain_a100_profile.yaml"}}}
+        (ROOT / "traceana" / "model" / "intervals.json").write_text(json.dumps(data, indent=1) + "\n")
+    pred, meas = _vtrain_predictions(base, _vtrain_rows(ROOT / "tests" / "data" / "vtrain_ground_truth_multi_node.csv"))
+    inside = [p * np.exp(q_lo) <= m <= p * np.exp(q_hi) for p, m in zip(pred, meas, strict=True)]
+    band = intervals.clopper_pearson(sum(inside), len(inside))
+    half = 100 * (np.exp(q_hi) - np.exp(q_lo)) / 2
+    print(f"estimate (a100): set on {len(scores)} single-node runs, q = [{q_lo:+.4f}, {q_hi:+.4f}] (log), half-width "
+          f"{half:.1f}% of the step; check on {len(inside)} multi-node runs: covered {sum(inside)} = "
+          f"{sum(inside) / len(inside):.0%} [{band[0]:.0%}, {band[1]:.0%}] (95% Clopper-Pearson) at "
+          f"{intervals.LEVEL:.0%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=Path, default=ROOT / "sample_traces" / "pairs")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
+    from_scratch(args.write)
     if not (args.pairs / "manifest.csv").exists():
         sys.exit(f"{args.pairs / 'manifest.csv'}: no validation pairs recorded (issue 33 item 2)")
     with tempfile.TemporaryDirectory() as work:

@@ -127,3 +127,27 @@ def test_predict_refuses_a_config_whose_micro_batches_are_not_the_runs(tmp_path:
     code, _, err = run_main("predict", "pp2_mb8", "--config", CONFIGS / "pp2_mb1.yaml", "--to",
                             CONFIGS / "pp2_mb4.yaml", "--db", db)
     assert code == 2 and "1 micro-batches" in err and "sends 8" in err and err.count("\n") == 1
+
+
+def test_the_shipped_estimate_interval_is_the_published_runs_own() -> None:
+    """The a100 quantiles in intervals.json are recomputed from vTrain's single-node runs (a predictor change
+    without recalibration fails here); on the 109 multi-node runs, which set nothing, the 80% interval covers
+    within the pass rule (research §5: at 100 groups, fail at <= 72% covered)."""
+    from tests.estimator.test_estimator_validation import _vtrain_predictions, _vtrain_rows
+    from traceana.estimator.config import load
+
+    base = load(ROOT / "examples" / "vtrain_a100_profile.yaml")
+    pred, meas = _vtrain_predictions(base)
+    shipped = intervals.calibration()["estimate"]["a100"]["0.8"]
+    q_lo, q_hi = intervals.conformal(np.log(np.array(meas) / np.array(pred)))
+    assert (shipped["q_lo"], shipped["q_hi"], shipped["n_groups"]) == pytest.approx((q_lo, q_hi, len(meas)))
+    pred, meas = _vtrain_predictions(base, _vtrain_rows(ROOT / "tests" / "data" / "vtrain_ground_truth_multi_node.csv"))
+    covered = sum(p * np.exp(q_lo) <= m <= p * np.exp(q_hi) for p, m in zip(pred, meas, strict=True))
+    assert covered / len(meas) > 0.72
+
+
+def test_estimate_prints_its_interval_where_its_profile_was_validated() -> None:
+    out = json.loads(run_cli("estimate", ROOT / "examples" / "vtrain_a100_profile.yaml", "--json").stdout)
+    assert out["low"] < out["step_ms"] < out["high"] and out["level"] == 0.8
+    other = json.loads(run_cli("estimate", ROOT / "examples" / "deepseek_v3.yaml", "--json").stdout)
+    assert "low" not in other and other["interval"].startswith("none: the estimator is unvalidated")

@@ -95,6 +95,17 @@ def quantiles(platform: str, kind: str, family: str, level: float = LEVEL) -> tu
     return None
 
 
+def from_scratch(step_ms: float, profile: str | None, level: float = LEVEL) -> Interval | None:
+    """The estimator's step with the interval its own error sets on the published measured runs of its hardware
+    profile (``estimate`` in intervals.json: plain split conformal on log(measured / estimated)); None where the
+    profile has none (the estimator is then unvalidated on that hardware)."""
+    entry = calibration().get("estimate", {}).get(profile or "", {}).get(f"{level:g}")
+    if not entry:
+        return None
+    return Interval(step_ms, step_ms * math.exp(entry["q_lo"]), step_ms * math.exp(entry["q_hi"]), level,
+                    {"coverage": "measured (split conformal on published runs)", "profile": profile, **entry})
+
+
 def sigma(spreads: dict[str, float]) -> float:
     """The difficulty σ: the measured spreads (log units) in quadrature, the size of the change (``change``,
     |log(predicted / measured)|) weighted by CHANGE_WEIGHT, never below SIGMA_FLOOR."""
