@@ -177,7 +177,8 @@ def predict(
              title="per pipeline stage (ms)")
     mem = result.memory
     bar = f" ± {mem['error_bar_MiB']:,.1f}" if mem["error_bar_MiB"] is not None else ""
-    typer.echo(f"peak memory: predicted {mem['predicted_B_MiB']:,.1f}{bar} MiB ({mem['source']}), "
-               f"estimator {mem['estimated_B_MiB']:,.1f} MiB")
+    if mem["predicted_B_MiB"] is not None:
+        alone = f", estimator {mem['estimated_B_MiB']:,.1f} MiB" if mem["estimated_B_MiB"] is not None else ""
+        typer.echo(f"peak memory: predicted {mem['predicted_B_MiB']:,.1f}{bar} MiB ({mem['source']}){alone}")
     for line in result.notes:
         typer.echo(f"note: {line}")

@@ -93,6 +93,10 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
     replays = _replays(cfg, target)
     notes = _assumptions(cfg, target, replays)
     identity = replace(target, source=cfg.source) == cfg
+    spread = _spread(con, run_id)
+    base, replay_pct = _replay_residual(con, run_id, notes)
+    a = {int(r["stage"]): {d: r[f"{d}_mean_ms"] for d in DIMS} for r in measured.iter_rows(named=True)}
+    scratch_b = est_a = est_b = None
     try:
         scratch_b = estimate(target)
         if target.hardware == cfg.hardware:  # the run's own backend and alpha-beta price both configs' communication
@@ -100,22 +104,19 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
             est_a, est_b = estimate(replace(cfg, hardware=hardware)), estimate(replace(target, hardware=hardware))
         else:
             est_a, est_b = estimate(cfg), scratch_b
+        if replays:
+            rows, schedule = _replayed(con, run_id, a, est_a, est_b, base, notes), {}
+        else:
+            rows, schedule = _scaled(con, run_id, a, est_a, est_b, notes)
     except TraceanaError as exc:
-        raise TraceanaError(f"{target.source if identity else f'{cfg.source} → {target.source}'}: the estimator "
-                            f"cannot price it: {exc}") from None
-    spread = _spread(con, run_id)
-    base, replay_pct = _replay_residual(con, run_id, notes)
-
-    a = {int(r["stage"]): {d: r[f"{d}_mean_ms"] for d in DIMS} for r in measured.iter_rows(named=True)}
-    if identity:  # the same configuration: the run's own measured step, inside its interval
+        if not identity:
+            raise TraceanaError(f"{cfg.source} → {target.source}: the estimator cannot price it: {exc}") from None
+        # the same configuration: the run's own measured step, inside its interval, whatever the estimator makes of it
         rows = [(s, src, dict(src), dict.fromkeys(DIMS, 1.0), dict.fromkeys(DIMS, "trace (the same configuration)"))
                 for s, src in sorted(a.items())]
         schedule = {}
-        notes.append("--to is the run's own configuration: the prediction is the measured step")
-    elif replays:
-        rows, schedule = _replayed(con, run_id, a, est_a, est_b, base, notes), {}
-    else:
-        rows, schedule = _scaled(con, run_id, a, est_a, est_b, notes)
+        notes.append(f"--to is the run's own configuration: the prediction is the measured step (the estimator "
+                     f"cannot price {target.source}: {exc})")
     same_stages = cfg.parallel.pp == target.parallel.pp
     out = []
     for s, src, pred, ratio, how in rows:
@@ -123,7 +124,8 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
             cv = spread.get((s if same_stages else None, d), 0.0)
             out.append({"stage": s, "dim": d, "measured_A_ms": src[d], "ratio": ratio[d], "predicted_B_ms": pred[d],
                         "error_bar_ms": abs(pred[d]) * math.hypot(replay_pct / 100, cv),
-                        "estimated_B_ms": _estimated(scratch_b.stages[s], d), "source": how[d]})
+                        "estimated_B_ms": _estimated(scratch_b.stages[s], d) if scratch_b else None,
+                        "source": how[d]})
     stages = pl.DataFrame(out, schema_overrides={"ratio": pl.Float64, "estimated_B_ms": pl.Float64})
     step = (stages.group_by("dim", maintain_order=True)
             .agg(pl.col("measured_A_ms", "ratio", "predicted_B_ms", "error_bar_ms", "estimated_B_ms").mean(),
@@ -139,7 +141,13 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
                              pl.when(is_total).then(interval.high).alias("high"),
                              pl.when(is_total).then(interval.level).alias("level"))
     notes += intervals.notes(interval)
-    return Prediction(run_id, cfg.source, target.source, stages, step, _memory(con, run_id, est_a, est_b, notes),
+    if est_b is None:  # the identity the estimator could not price: the run's own peak
+        peak = compare.measured_quantities(con, run_id).get(compare.PEAK)
+        mem = {"measured_A_MiB": peak, "predicted_B_MiB": peak, "error_bar_MiB": None, "estimated_B_MiB": None,
+               "source": "trace (the same configuration)"}
+    else:
+        mem = _memory(con, run_id, est_a, est_b, notes)
+    return Prediction(run_id, cfg.source, target.source, stages, step, mem,
                       schedule, notes)
 
 
