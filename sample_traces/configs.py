@@ -66,21 +66,26 @@ def config(name: str, hardware: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The config of one experiment and what it cannot describe."""
     model, extras, schedule, caveat = MODELS[name]
     layout = Layout.parse(EXPERIMENTS[name].layout)
-    world = layout.world_size
-    rates = hardware["measured"]["gemm_gflop_per_s"][f"{world}_processes"]
+    return render(model, extras, schedule, layout, hardware, layout.world_size), caveat
+
+
+def render(model: dict[str, Any], extras: dict[str, Any], schedule: str, layout: Layout, hardware: dict[str, Any],
+           processes: int) -> dict[str, Any]:
+    """A config for ``layout``, its matmul efficiency the GEMM rate the probe measured with ``processes`` at once."""
+    rates = hardware["measured"]["gemm_gflop_per_s"][f"{processes}_processes"]
     peak_gflops = hardware["hardware"]["peak_tflops_bf16"] * 1e3
     sizes = {d: getattr(layout, d) for d in ("tp", "pp", "dp", "ep", "cp")}
     return {
         "model": model,
         "parallel": {**sizes, "order": layout.order, **extras},
         "schedule": {"kind": schedule},
-        "hardware": {**hardware["hardware"], "devices": world},
+        "hardware": {**hardware["hardware"], "devices": layout.world_size},
         # safety_buffer_mb: seed 000's buffer is accelerator allocator fragmentation and runtime workspace; a CPU
         # process has neither.
         "calibration": {**hardware["calibration"], "safety_buffer_mb": 0.0,
                         "matmul_efficiency": round(statistics.median(rates.values()) / peak_gflops, 3)},
         "precision": FP32,
-    }, caveat
+    }
 
 
 def write(hardware_file: Path) -> list[Path]:

@@ -68,7 +68,7 @@ def _threads() -> set[int]:
     return {int(tid) for tid in os.listdir("/proc/self/task")}
 
 
-def _new_groups(layout: Layout, rank: int, kinds: tuple[str, ...], pg_threads: dict[int, str]) -> Context:
+def new_groups(layout: Layout, rank: int, kinds: tuple[str, ...], pg_threads: dict[int, str]) -> Context:
     """Create the groups; record which worker threads each group of this rank started (tid -> pg_name)."""
     groups: dict[str, dist.ProcessGroup] = {}
     ranks: dict[str, list[int]] = {}
@@ -82,30 +82,41 @@ def _new_groups(layout: Layout, rank: int, kinds: tuple[str, ...], pg_threads: d
     return Context(rank, layout, groups, ranks)
 
 
-def _worker(rank: int, exp: Experiment, port: int, out_dir: Path) -> None:
+def record(step: StepFn, path: Path, steps: tuple[int, int, int] = (WAIT, WARMUP, ACTIVE),
+           profile_memory: bool = False) -> None:
+    """Run ``step`` under torch.profiler with schedule (wait, warmup, active); write the trace to ``path``."""
+    wait, warmup, active = steps
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=wait, warmup=warmup, active=active),
+        record_shapes=True,
+        profile_memory=profile_memory,
+        on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),  # gzipped when the name ends in .gz
+    ) as prof:
+        for _ in range(wait + warmup + active):
+            step()
+            prof.step()
+
+
+def init_rank(rank: int, world: int, port: int) -> set[int]:
+    """One rank's process: one compute thread, a fixed seed, the gloo default group; returns the threads it started."""
     # seed 002 and Megatron call APIs torch 2.13 deprecates (distributed.nn.functional, reduce_scatter_tensor);
     # the notice would repeat on every rank and every call.
     warnings.filterwarnings("ignore", message=r".*deprecated", category=FutureWarning)
     torch.set_num_threads(1)  # 2 cores, up to 8 ranks: one compute thread per process
     torch.manual_seed(1234 + rank)
-    layout = Layout.parse(exp.layout)
     before = _threads()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=layout.world_size)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    return _threads() - before
+
+
+def _worker(rank: int, exp: Experiment, port: int, out_dir: Path) -> None:
+    layout = Layout.parse(exp.layout)
+    started = init_rank(rank, layout.world_size, port)
     try:
-        pg_threads = dict.fromkeys(_threads() - before, dist.group.WORLD.group_name)
-        ctx = _new_groups(layout, rank, exp.groups, pg_threads)
-        step = exp.build(ctx)
-        path = out_dir / f"rank{rank}.json.gz"  # export_chrome_trace gzips when the name ends in .gz
-        with profile(
-            activities=[ProfilerActivity.CPU],
-            schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE),
-            record_shapes=True,
-            profile_memory=exp.profile_memory,
-            on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),
-        ) as prof:
-            for _ in range(WAIT + WARMUP + ACTIVE):
-                step()
-                prof.step()
+        pg_threads = dict.fromkeys(started, dist.group.WORLD.group_name)
+        ctx = new_groups(layout, rank, exp.groups, pg_threads)
+        record(exp.build(ctx), out_dir / f"rank{rank}.json.gz", profile_memory=exp.profile_memory)
         everyone: list[dict[int, str] | None] = [None] * layout.world_size
         dist.all_gather_object(everyone, pg_threads)
         if rank == 0:

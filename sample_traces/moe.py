@@ -21,19 +21,20 @@ from training import all_reduce_gradients, sgd
 D_MODEL, FFN, TOKENS = 512, 2048, 64
 
 
-def _expert_weights(expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _expert_weights(expert: int, ffn: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(expert)  # replicas of one expert start equal
-    return torch.randn(FFN, D_MODEL, generator=gen) / D_MODEL**0.5, torch.randn(D_MODEL, FFN, generator=gen) / FFN**0.5
+    return torch.randn(ffn, D_MODEL, generator=gen) / D_MODEL**0.5, torch.randn(D_MODEL, ffn, generator=gen) / ffn**0.5
 
 
 def _ffn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     return F.linear(F.gelu(F.linear(x, w1)), w2)
 
 
-def build(ctx: Context, input_splits: list[int]) -> StepFn:
+def build(ctx: Context, input_splits: list[int], ffn: int = FFN) -> StepFn:
+    """The MoE with these splits; the validation pairs (pairs.py) also vary the expert's width ``ffn``."""
     ep_group, edp_group = ctx.groups["EP"], ctx.groups["DP-EP"]
     ep_rank, ep_size = ctx.coords["ep"], ctx.layout.ep
-    w1, w2 = (w.requires_grad_() for w in _expert_weights(ep_rank))
+    w1, w2 = (w.requires_grad_() for w in _expert_weights(ep_rank, ffn))
     # Every source routes the same way, so this expert receives input_splits[ep_rank] tokens from each source.
     output_splits = [input_splits[ep_rank]] * ep_size
     data = torch.Generator().manual_seed(100 + ctx.rank)
@@ -50,7 +51,7 @@ def build(ctx: Context, input_splits: list[int]) -> StepFn:
     # Acceptance check before profiling: every token comes back processed by the expert it was routed to.
     x = torch.randn(TOKENS, D_MODEL, generator=torch.Generator().manual_seed(7 + ctx.rank))
     with torch.no_grad():
-        reference = torch.cat([_ffn(part, *_expert_weights(e)) for e, part in enumerate(x.split(input_splits))])
+        reference = torch.cat([_ffn(part, *_expert_weights(e, ffn)) for e, part in enumerate(x.split(input_splits))])
     error = (moe(x).detach() - reference).abs().max().item()
     if error > 2e-5:
         raise RuntimeError(f"rank {ctx.rank}: MoE output differs from the per-expert reference by {error:.3g}")

@@ -18,19 +18,20 @@ from training import all_reduce_gradients, sgd
 D_IN, HIDDEN, BATCH = 512, 1024, 64
 
 
-def build(ctx: Context, micro_batches: int) -> StepFn:
+def build(ctx: Context, micro_batches: int, d_in: int = D_IN, hidden: int = HIDDEN, batch: int = BATCH) -> StepFn:
+    """The pipeline at ``micro_batches``; the validation pairs (pairs.py) also vary the widths and the batch."""
     pp_group, dp_group = ctx.groups["PP"], ctx.groups["DP"]
     stage = ctx.coords["pp"]
     peer = ctx.ranks["PP"][1 - stage]
-    mb = BATCH // micro_batches
+    mb = batch // micro_batches
     weights = torch.Generator().manual_seed(0)
-    w0 = torch.randn(HIDDEN, D_IN, generator=weights) / D_IN**0.5
-    w1 = torch.randn(D_IN, HIDDEN, generator=weights) / HIDDEN**0.5
+    w0 = torch.randn(hidden, d_in, generator=weights) / d_in**0.5
+    w1 = torch.randn(d_in, hidden, generator=weights) / hidden**0.5
     weight = (w0 if stage == 0 else w1).clone().requires_grad_()
     data = torch.Generator().manual_seed(100 + ctx.coords["dp"])  # both stages of a pipeline draw the same batch
 
     def step() -> None:
-        x, target = torch.randn(BATCH, D_IN, generator=data), torch.randn(BATCH, D_IN, generator=data)
+        x, target = torch.randn(batch, d_in, generator=data), torch.randn(batch, d_in, generator=data)
         order = range(micro_batches)
         if stage == 0:
             outputs = []
@@ -39,13 +40,13 @@ def build(ctx: Context, micro_batches: int) -> StepFn:
                 dist.send(h.detach(), dst=peer, group=pp_group)
                 outputs.append(h)
             for i in reversed(order):  # drain
-                grad = torch.empty(mb, HIDDEN)
+                grad = torch.empty(mb, hidden)
                 dist.recv(grad, src=peer, group=pp_group)
                 outputs[i].backward(grad)
         else:
             inputs, losses = [], []
             for i in order:
-                h = torch.empty(mb, HIDDEN)
+                h = torch.empty(mb, hidden)
                 dist.recv(h, src=peer, group=pp_group)
                 h.requires_grad_(True)  # plain P2P cuts the autograd graph: a new leaf on this stage
                 inputs.append(h)

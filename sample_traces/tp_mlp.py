@@ -7,6 +7,8 @@ W1 is column-parallel (split on dim 0), W2 row-parallel (split on dim 1), so eac
   duals add 1 AllGather + 1 ReduceScatter backward: 2 RS + 2 AG per step.
 Both then AllReduce the two weight-shard gradients (1 MiB each) over the DP group, one call per weight: 2 DP AllReduce.
 - tp2dp2_mlp_b256: tp2dp2_mlp on 256 tokens instead of 128 (twice the sequence): TP messages double, DP's do not.
+The validation pairs (pairs.py) build the same MLP at other widths (H = 2D) and token counts, with the gradients as
+one flat DP bucket; on a one-rank TP group (dp2) the partial output is already whole and no TP call is made.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from training import all_reduce_gradients, sgd
 D_MODEL, HIDDEN, BATCH = 512, 1024, 128
 
 
-def build(ctx: Context, sequence_parallel: bool, batch: int = BATCH) -> StepFn:
+def build(ctx: Context, sequence_parallel: bool, batch: int = BATCH, d_model: int = D_MODEL, hidden: int = HIDDEN,
+          bucket: bool = False, payload: float = 1.0) -> StepFn:
     tp_group, dp_group = ctx.groups["TP"], ctx.groups["DP"]
     tp_size, tp_rank = ctx.layout.tp, ctx.coords["tp"]
     weights = torch.Generator().manual_seed(0)  # same full weights on every rank, then sharded
-    w1_full = torch.randn(HIDDEN, D_MODEL, generator=weights) / D_MODEL**0.5
-    w2_full = torch.randn(D_MODEL, HIDDEN, generator=weights) / HIDDEN**0.5
+    w1_full = torch.randn(hidden, d_model, generator=weights) / d_model**0.5
+    w2_full = torch.randn(d_model, hidden, generator=weights) / hidden**0.5
     w1 = w1_full.chunk(tp_size, dim=0)[tp_rank].clone().requires_grad_()
     w2 = w2_full.chunk(tp_size, dim=1)[tp_rank].clone().requires_grad_()
     data = torch.Generator().manual_seed(100 + ctx.coords["dp"])  # one batch stream per DP replica
@@ -35,10 +38,10 @@ def build(ctx: Context, sequence_parallel: bool, batch: int = BATCH) -> StepFn:
         partial = F.linear(F.gelu(F.linear(x, w1)), w2)
         if sequence_parallel:
             return gather_from_sequence(reduce_scatter_to_sequence(partial, tp_group), tp_group)
-        return dist_nn.all_reduce(partial, group=tp_group)
+        return dist_nn.all_reduce(partial, group=tp_group) if tp_size > 1 else partial
 
     # Seed 002's acceptance check, before anything is profiled: the sharded MLP equals the unsharded one.
-    x = torch.randn(BATCH, D_MODEL, generator=torch.Generator().manual_seed(7))
+    x = torch.randn(BATCH, d_model, generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         reference = F.linear(F.gelu(F.linear(x, w1_full)), w2_full)
     error = (forward(x).detach() - reference).abs().max().item()
@@ -46,9 +49,9 @@ def build(ctx: Context, sequence_parallel: bool, batch: int = BATCH) -> StepFn:
         raise RuntimeError(f"rank {ctx.rank}: sharded MLP differs from the full one by {error:.3g}")
 
     def step() -> None:
-        x = torch.randn(batch, D_MODEL, generator=data)
+        x = torch.randn(batch, d_model, generator=data)
         forward(x).square().mean().backward()
-        all_reduce_gradients([w1, w2], dp_group, bucket=False)
+        all_reduce_gradients([w1, w2], dp_group, bucket, payload)
         sgd([w1, w2])
 
     return step
