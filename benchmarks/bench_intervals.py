@@ -1,11 +1,12 @@
 """Intervals against real one-knob pairs (issue 33): calibrate on the pairs that set widths, measure coverage on the
-pairs that check them. Reads sample_traces/pairs/manifest.csv (group, kind, family, A, B, layout, change, config_A,
-config_B, split, notes) and recordings.csv (config, repeat, path, ...). Per group and recording of A: the
-prediction of B (`whatif A --change ...` or `predict A --config config_A --to config_B`) with its σ (the interval's
-sources), and B's truth, the median over B's recordings of its typical step (whatif: the median rank's TOTAL,
-median over the steps after the first; predict: the mean TOTAL over ranks and those steps, as compare reports).
-Score s = log(truth / prediction), r = s / σ, each row weighted 1 / rows of its group; rows are calibrated under
-the kind of change traceana names at run time (whatif's key, predict's configs' difference), so a lookup finds them.
+pairs that check them. Reads sample_traces/pairs/manifest.csv (group, kind, family, A, B, layout, layout_B, change,
+config_A, config_B, split, notes; paths from the repository root) and recordings.csv (config, repeat, path, ...).
+Per group and recording of A: the prediction of B (`whatif A --change ...` or `predict A --config config_A --to
+config_B`) with its σ (the interval's sources), and B's truth, the median over B's recordings of its typical step
+(whatif: the median rank's TOTAL, median over the steps after the first; predict: the mean TOTAL over ranks and
+those steps, as compare reports). Score s = log(truth / prediction), r = s / σ, each row weighted 1 / rows of its
+group; rows are calibrated under the kind of change traceana names at run time (whatif's key, predict's configs'
+difference), so a lookup finds them.
 
     .venv/bin/python benchmarks/bench_intervals.py [--pairs DIR] [--write]
 
@@ -59,7 +60,7 @@ def score(pairs: Path, work: Path) -> list[dict]:
     manifest = list(csv.DictReader((pairs / "manifest.csv").open()))
     recordings = defaultdict(list)
     for row in csv.DictReader((pairs / "recordings.csv").open()):
-        recordings[row["config"]].append(pairs / row["path"])
+        recordings[row["config"]].append(ROOT / row["path"])  # paths are the repository's
     db, ingested, rows = work / "pairs.duckdb", {}, []
 
     def ingest(path: Path, layout: str) -> str:
@@ -70,24 +71,24 @@ def score(pairs: Path, work: Path) -> list[dict]:
         return ingested[path]
 
     for g in manifest:
-        truths = [truth_ms(db, ingest(p, g["layout"]), g["family"]) for p in recordings[g["B"]]]
+        truths = [truth_ms(db, ingest(p, g.get("layout_B") or g["layout"]), g["family"]) for p in recordings[g["B"]]]
         truth = float(np.median(truths))
         a_runs = [ingest(p, g["layout"]) for p in recordings[g["A"]]]
         for run in a_runs:
             if g["family"] == "whatif":
                 changes = [c for c in g["change"].split(";") if c]
-                if changes:
+                if g["kind"] != "null":
                     out = cli("whatif", run, *[x for c in changes for x in ("--change", c)], "--json", "--db", db)
                     value, sources = out["predicted_step_ms"], out["sources"]
                 else:  # the null kind: A predicts itself
                     value, sources = truth_ms(db, run, "whatif"), {"sigma_log": intervals.SIGMA_FLOOR,
                                                                    "kind": "null"}
             else:
-                out = cli("predict", run, "--config", pairs / g["config_A"], "--to", pairs / g["config_B"], "--json",
+                out = cli("predict", run, "--config", ROOT / g["config_A"], "--to", ROOT / g["config_B"], "--json",
                           "--db", db)
                 total = next(r for r in out["step"] if r["dim"] == "TOTAL")
                 value, sources = total["predicted_B_ms"], {"sigma_log": _sigma(out), "kind": kind_of(
-                    load(pairs / g["config_A"]), load(pairs / g["config_B"]))}
+                    load(ROOT / g["config_A"]), load(ROOT / g["config_B"]))}
             s = float(np.log(truth / value))
             rows.append({"group": g["group"], "kind": sources["kind"], "pair_kind": g["kind"],
                          "family": g["family"], "split": g["split"],
