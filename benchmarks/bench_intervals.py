@@ -61,7 +61,7 @@ def score(pairs: Path, work: Path) -> list[dict]:
     recordings = defaultdict(list)
     for row in csv.DictReader((pairs / "recordings.csv").open()):
         recordings[row["config"]].append(ROOT / row["path"])  # paths are the repository's
-    db, ingested, rows = work / "pairs.duckdb", {}, []
+    db, ingested, rows, refused = work / "pairs.duckdb", {}, [], defaultdict(list)
 
     def ingest(path: Path, layout: str) -> str:
         if path not in ingested:
@@ -75,26 +75,33 @@ def score(pairs: Path, work: Path) -> list[dict]:
         truth = float(np.median(truths))
         a_runs = [ingest(p, g["layout"]) for p in recordings[g["A"]]]
         for run in a_runs:
-            if g["family"] == "whatif":
-                changes = [c for c in g["change"].split(";") if c]
-                if g["kind"] != "null":
-                    out = cli("whatif", run, *[x for c in changes for x in ("--change", c)], "--json", "--db", db)
-                    value, sources = out["predicted_step_ms"], out["sources"]
-                else:  # the null kind: A predicts itself
-                    value, sources = truth_ms(db, run, "whatif"), {"sigma_log": intervals.SIGMA_FLOOR,
-                                                                   "kind": "null"}
-            else:
-                out = cli("predict", run, "--config", ROOT / g["config_A"], "--to", ROOT / g["config_B"], "--json",
-                          "--db", db)
-                total = next(r for r in out["step"] if r["dim"] == "TOTAL")
-                value, sources = total["predicted_B_ms"], {"sigma_log": _sigma(out), "kind": kind_of(
-                    load(ROOT / g["config_A"]), load(ROOT / g["config_B"]))}
+            try:
+                value, sources = predict_one(g, run, db)
+            except subprocess.CalledProcessError as exc:  # refused (one line, exit 2): counted, never scored
+                refused[(g["family"], g["kind"])].append(exc.stderr.strip().splitlines()[-1] if exc.stderr else "")
+                continue
             s = float(np.log(truth / value))
             rows.append({"group": g["group"], "kind": sources["kind"], "pair_kind": g["kind"],
                          "family": g["family"], "split": g["split"],
                          "value": value, "sigma": sources["sigma_log"], "truth": truth, "s": s,
                          "r": s / sources["sigma_log"], "weight": 1 / len(a_runs)})
+    for (family, kind), why in sorted(refused.items()):
+        print(f"refused: {family} {kind}: {len(why)} predictions, e.g. {why[0]}")
     return rows
+
+
+def predict_one(g: dict, run: str, db: Path) -> tuple[float, dict]:
+    """(predicted step ms, its interval's sources) for one recording of A."""
+    if g["kind"] == "null":  # A predicts itself
+        return truth_ms(db, run, g["family"]), {"sigma_log": intervals.SIGMA_FLOOR, "kind": "null"}
+    if g["family"] == "whatif":
+        changes = [c for c in g["change"].split(";") if c]
+        out = cli("whatif", run, *[x for c in changes for x in ("--change", c)], "--json", "--db", db)
+        return out["predicted_step_ms"], out["sources"]
+    out = cli("predict", run, "--config", ROOT / g["config_A"], "--to", ROOT / g["config_B"], "--json", "--db", db)
+    total = next(r for r in out["step"] if r["dim"] == "TOTAL")
+    return total["predicted_B_ms"], {"sigma_log": _sigma(out), "kind": kind_of(load(ROOT / g["config_A"]),
+                                                                                load(ROOT / g["config_B"]))}
 
 
 def _sigma(prediction: dict) -> float:
