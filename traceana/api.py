@@ -169,17 +169,24 @@ class Traces:
 
     def whatif(self, *changes: str, step: int | None = None, run: str | None = None) -> pl.DataFrame:
         """One step (default: the second) predicted after ``changes`` (specs as `traceana whatif --change`, e.g.
-        "dim=TP:0.5"): per rank the measured and predicted TOTAL and parts in ms, gain_ms and error_bar_ms."""
+        "dim=TP:0.5"): per rank the measured and predicted TOTAL and parts in ms, gain_ms and error_bar_ms, and
+        the predicted step's interval (the median rank's, as `traceana whatif --json`): step_ms, low, high, level."""
         from traceana.model import whatif
 
         parsed = [whatif.parse(c) for c in changes]
-        return self.read(run, lambda con, rid: whatif.whatif_step(con, rid, parsed, step)[2])
+
+        def one(con, rid: str) -> pl.DataFrame:
+            _, _, frame, _, interval = whatif.whatif_interval(con, rid, parsed, step)
+            return frame.with_columns(step_ms=pl.lit(interval.value), low=pl.lit(interval.low),
+                                      high=pl.lit(interval.high), level=pl.lit(interval.level))
+
+        return self.read(run, one)
 
     def predict(self, config: str | Path, to: str | Path, run: str | None = None) -> Prediction:
         """Another configuration ``to`` (estimator YAML) of the job that ran, predicted from the run, which ``config``
         describes, as `traceana predict --json`: ``.step`` and ``.stages`` (per dim measured_A_ms, ratio,
-        predicted_B_ms, error_bar_ms, estimated_B_ms, source), ``.memory``, ``.schedule`` and ``.notes`` (what the
-        trace could not inform)."""
+        predicted_B_ms, error_bar_ms, estimated_B_ms, source; the TOTAL row's low, high, level), ``.memory``,
+        ``.schedule`` and ``.notes`` (what the trace could not inform, how the interval was built)."""
         from traceana.estimator.config import load
         from traceana.model.predict import predict
 
@@ -187,8 +194,9 @@ class Traces:
         return self.read(run, lambda con, rid: predict(con, rid, source, target))
 
     def advise(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
-        """Findings ranked by predicted gain, as `traceana advise --json`: finding, evidence, change,
-        measured_step_ms, predicted_step_ms, gain_ms, error_bar_ms, graph."""
+        """Findings ranked by the lower end of their gain, as `traceana advise --json`: finding, evidence, change,
+        measured_step_ms, predicted_step_ms with low, high, level, gain_ms with gain_low_ms, gain_high_ms,
+        sources, error_bar_ms, graph; those with gain_high_ms <= 0 are `advise`'s "checked, no gain"."""
         from traceana.model import advise
 
         return self.read(run, lambda con, rid: advise.findings(con, rid, step)[1])

@@ -198,8 +198,9 @@ def test_advise_with_a_config_adds_what_only_the_estimator_predicts(db: Path) ->
         miss = abs(now - row["measured_step_ms"]) / row["measured_step_ms"]
         assert row["error_bar_ms"] == pytest.approx(miss * row["predicted_step_ms"])
         assert 0 < row["gain_ms"] < row["measured_step_ms"]
-    lower = (found["gain_ms"] - found["error_bar_ms"]).to_list()
+    lower = found["gain_low_ms"].to_list()  # ranked by the lower end of the gain's interval
     assert lower == sorted(lower, reverse=True)
+    assert (found["low"] <= found["predicted_step_ms"]).all() and (found["predicted_step_ms"] <= found["high"]).all()
 
 
 @pytest.mark.parametrize("command", [["replay"], ["whatif", "--change", "host=0"], ["advise"]])

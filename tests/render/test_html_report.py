@@ -98,7 +98,8 @@ def test_self_contained_with_the_numbers_of_the_cli(report: tuple[Path, Path]) -
     assert f"Step time {ms(total)} ms" in first
     advised = json.loads(run_cli("advise", TOY, "--config", CONFIG, "--json", "--db", db).stdout)["findings"]
     at = [first.index(f"<code>{f['change']}</code> would take the step from {ms(f['measured_step_ms'])} to "
-                      f"{ms(f['predicted_step_ms'])} ms (gain {ms(f['gain_ms'])} ± {ms(f['error_bar_ms'])} ms")
+                      f"{ms(f['predicted_step_ms'])} ms (gain {ms(f['gain_ms'])} ms [{ms(f['gain_low_ms'])}, "
+                      f"{ms(f['gain_high_ms'])}] (80%)")
           for f in advised[:3]]
     assert at == sorted(at)
     # one step time, related to advise's (the median rank's TOTAL) and the timeline's span; the first screen names

@@ -19,12 +19,17 @@ ConfigArgument = Annotated[Path, typer.Argument(help="Job YAML (model, parallel,
 def _summary(est: Estimate) -> dict[str, object]:
     from traceana.estimator import memory
     from traceana.estimator.estimate import model_flops, utilization
+    from traceana.model.intervals import from_scratch
 
     cfg = est.config
     worst = max(est.stages, key=lambda s: s.memory.peak)
     reserved, used = memory.reserved_and_used(cfg, est.chunks, [s.memory.peak for s in est.stages])[worst.stage]
+    interval = from_scratch(est.step_s * 1e3, cfg.profile.name if cfg.profile else None)
     return {
         "step_ms": est.step_s * 1e3,
+        **({"low": interval.low, "high": interval.high, "level": interval.level, "sources": interval.sources}
+           if interval else {"interval": f"none: the estimator is unvalidated on {cfg.hardware.device} (no published "
+                                         "measured runs of its profile in the calibration)"}),
         "mfu": model_flops(cfg) / (est.step_s * cfg.parallel.world_size * cfg.hardware.peak_tflops_bf16 * 1e12),
         "utilization": utilization(est),
         "hardware_profile": None if cfg.profile is None else {"name": cfg.profile.name, "source": cfg.profile.source},
@@ -80,7 +85,10 @@ def _print(cfg_path: Path, est: Estimate, summary: dict[str, object]) -> None:
     emit(est.time_frame.rename({"mp_wait_ms": "mp_wait_ms (TP)"}), title=f"{cfg_path.name}: time per stage (ms)")
     emit(est.memory_frame, title=f"{cfg_path.name}: memory per stage (GiB)")
     fits = "fits" if est.fits else f"does NOT fit {cfg.hardware.hbm_gb:g} GiB"
-    typer.echo(f"step {summary['step_ms']:,.1f} ms, MFU {summary['mfu']:.1%}, {summary['tokens_per_s']:,.0f} "
+    bounds = (f" [{summary['low']:,.1f}, {summary['high']:,.1f}] ({100 * summary['level']:.0f}%: the estimator's "
+              f"error on {summary['sources']['n_groups']} published {summary['sources']['profile']} runs)"
+              if "low" in summary else "")
+    typer.echo(f"step {summary['step_ms']:,.1f} ms{bounds}, MFU {summary['mfu']:.1%}, {summary['tokens_per_s']:,.0f} "
                f"tokens/s; peak {summary['peak_memory_gib']:.1f} GiB allocated ({summary['peak_reserved_gib']:.1f} "
                f"reserved, {summary['peak_used_gib']:.1f} used) on stage {summary['peak_stage']} ({fits})")
 

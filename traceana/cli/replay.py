@@ -11,6 +11,7 @@ import typer
 from traceana import store
 from traceana.cli.options import DbOption, JsonOption, RunArgument
 from traceana.errors import TraceanaError
+from traceana.model.intervals import notes as interval_notes
 from traceana.render.console import emit, emit_json, plot_path, progress
 
 StepOption = Annotated[int | None, typer.Option("--step", help="One step (default: every step for replay; the "
@@ -68,16 +69,18 @@ def whatif(
     changes = [model.parse(spec) for spec in change]
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
-        step, g, frame, segments = model.whatif_step(con, rid, changes, step, path=True)
+        step, g, frame, segments, interval = model.whatif_interval(con, rid, changes, step)
     path = report(segments)["by_kind"] if segments is not None and segments.height else None
-    measured, predicted = float(frame["TOTAL_ms"].median()), float(frame["predicted_TOTAL_ms"].median())
+    measured, predicted = float(frame["TOTAL_ms"].median()), interval.value
     if plot is not None:
         from traceana.render.plots import whatif_bars
 
         whatif_bars(frame, plot, f"{rid}: step {step}, {' '.join(map(str, changes))}")
     if json:
         emit_json({"run_id": rid, "step": step, "changes": [str(c) for c in changes], "measured_step_ms": measured,
-                   "predicted_step_ms": predicted, "error_bar_ms": float(frame["error_bar_ms"].max()),
+                   "predicted_step_ms": predicted, "low": interval.low, "high": interval.high,
+                   "level": interval.level, "sources": interval.sources,
+                   "error_bar_ms": float(frame["error_bar_ms"].max()),
                    "edges": g.counts, "missing": g.missing, "ranks": frame.to_dicts(),
                    "stages": by_stage(frame).to_dicts(),
                    "critical_path_by_kind": path.to_dicts() if path is not None else []})
@@ -88,9 +91,8 @@ def whatif(
         emit(by_stage(frame), title="per stage, mean over its ranks (ms)")
         if path is not None:
             emit(path, title="critical path after the change, by kind")
-        typer.echo(f"step (the median rank's TOTAL): measured {measured:,.3f} ms, predicted {predicted:,.3f} ms "
-                   f"± {float(frame['error_bar_ms'].max()):,.3f} ms")
-        for line in g.missing:
+        typer.echo(f"step (the median rank's TOTAL): measured {measured:,.3f} ms, predicted {interval}")
+        for line in [*g.missing, *interval_notes(interval)]:
             typer.echo(f"note: {line}")
     if plot is not None:
         typer.echo(f"wrote {plot}", err=True)
@@ -107,21 +109,32 @@ def advise(
 ) -> None:
     """Ranked findings: what was measured (view and numbers), a concrete change, and the gain whatif (or, with
     --config, the estimator) predicts for it with its error bar."""
+    import polars as pl
+
     from traceana.model import advise as model
 
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
-        step, frame = model.findings(con, rid, step, str(config) if config else None)
+        step, found = model.findings(con, rid, step, str(config) if config else None)
+    frame, checked = model.split(found)
     if json:
-        emit_json({"run_id": rid, "step": step, "findings": frame.to_dicts()})
+        emit_json({"run_id": rid, "step": step, "findings": frame.to_dicts(), "checked_no_gain": checked.to_dicts()})
         return
+    for row in checked.iter_rows(named=True):
+        typer.echo(f"checked, no gain: {row['finding']} ({row['change']}): predicted step "
+                   f"{row['predicted_step_ms']:,.3f} ms [{row['low']:,.3f}, {row['high']:,.3f}] "
+                   f"({100 * row['level']:.0f}%)", err=True)
     if frame.is_empty():
         typer.echo(f"{rid}: step {step}: no finding above the thresholds (idle > 20%, a dim's wait > 5%, COMP > 5% "
                    "above the group's median)")
         return
-    emit(frame.select("finding", "change", "predicted_step_ms", "gain_ms", "error_bar_ms"),
-         title=f"{rid}: step {step} ({float(frame['measured_step_ms'][0]):,.3f} ms), findings by predicted gain "
-               "less its error bar")
+    level = f"{100 * frame['level'][0]:.0f}%"
+    shown = frame.select("finding", "change", pl.format("{} [{}, {}]", *(pl.col(c).round(3) for c in (
+        "gain_ms", "gain_low_ms", "gain_high_ms"))).alias(f"gain_ms [{level}]"), pl.format(
+        "{} [{}, {}]", *(pl.col(c).round(3) for c in ("predicted_step_ms", "low", "high"))).alias(
+        f"predicted_step_ms [{level}]"))
+    emit(shown, title=f"{rid}: step {step} ({float(frame['measured_step_ms'][0]):,.3f} ms), findings by the lower "
+                      "end of their gain")
     for row in frame.iter_rows(named=True):
         typer.echo(f"- {row['finding']}: {row['evidence']} ({row['graph']})")
 
@@ -164,14 +177,16 @@ def predict(
     numbers = ("measured_A_ms", "predicted_B_ms", "estimated_B_ms")
     shown = (pl.col("dim").is_in(("COMP", "TOTAL"))
              | pl.any_horizontal(pl.col(numbers).fill_null(0).abs() > NOISE_MS))  # dims zero on every side left out
-    columns = ("dim", *numbers[:2], "error_bar_ms", "estimated_B_ms", "source")
+    columns = ("dim", *numbers[:2], "low", "high", "estimated_B_ms", "source")
     emit(result.step.filter(shown).select(columns),
          title=f"{rid} ({config.name}) → {to.name}: typical step, mean over stages (ms)")
     if target.parallel.pp > 1:
-        emit(result.stages.filter(shown).select("stage", *columns[:-1]), title="per pipeline stage (ms)")
+        emit(result.stages.filter(shown).select("stage", *numbers[:2], "error_bar_ms", "estimated_B_ms"),
+             title="per pipeline stage (ms)")
     mem = result.memory
     bar = f" ± {mem['error_bar_MiB']:,.1f}" if mem["error_bar_MiB"] is not None else ""
-    typer.echo(f"peak memory: predicted {mem['predicted_B_MiB']:,.1f}{bar} MiB ({mem['source']}), "
-               f"estimator {mem['estimated_B_MiB']:,.1f} MiB")
+    if mem["predicted_B_MiB"] is not None:
+        alone = f", estimator {mem['estimated_B_MiB']:,.1f} MiB" if mem["estimated_B_MiB"] is not None else ""
+        typer.echo(f"peak memory: predicted {mem['predicted_B_MiB']:,.1f}{bar} MiB ({mem['source']}){alone}")
     for line in result.notes:
         typer.echo(f"note: {line}")

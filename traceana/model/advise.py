@@ -14,6 +14,8 @@ where each rank's window is cut); a gain is measured minus predicted step, in ms
 
 from __future__ import annotations
 
+import math
+
 import duckdb
 import numpy as np
 import polars as pl
@@ -22,6 +24,7 @@ from traceana.analyses import critical_path
 from traceana.analyses.breakdown import check_step
 from traceana.model import whatif
 from traceana.model.graph import Graph
+from traceana.model.intervals import Interval
 
 IDLE_SHARE = 0.2      # IDLE above this share of the step is worth a finding
 WAIT_SHARE = 0.05     # a dim's exposed wait above this share
@@ -35,8 +38,18 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
              config_path: str | None = None) -> tuple[int, pl.DataFrame]:
     """(step, findings by predicted gain less its error bar): finding, evidence, change, predicted step and gain in
     ms, the error bar in ms; with ``config_path`` (the job's estimator YAML) also :func:`estimator_findings`."""
+    from traceana.model.intervals import platform_of
+
     step = critical_path.default_step(con, run_id) if step is None else step
     check_step(con, run_id, step)
+    cfg = None
+    if config_path is not None:  # refuse a config that does not describe the run before any search
+        from traceana.estimator import config
+        from traceana.model.compare import check_matches
+
+        cfg = config.load(config_path)
+        check_matches(con, run_id, cfg)
+    platform = platform_of(con, run_id)
     measured = con.sql("SELECT * FROM rank_step_breakdown WHERE run_id = $run AND step = $step",
                        params={"run": run_id, "step": step}).pl()
     total = float(measured["TOTAL_ns"].median())
@@ -94,26 +107,40 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
                     "rebalance its layers", [f"stage={slow}:median"])
     rows: list[dict] = []
     if proposed:
-        g, frames, _ = whatif.whatif_runs(con, run_id, [[whatif.parse(c) for c in changes]
-                                                        for _, _, changes in proposed])
-        for (finding, evidence, changes), frame in zip(proposed, frames, strict=True):
+        base = whatif.baseline(con, run_id)
+        parsed = [[whatif.parse(c) for c in changes] for _, _, changes in proposed]
+        g, frames, _ = whatif.whatif_runs(con, run_id, parsed, base)
+        for (finding, evidence, changes), frame, changed in zip(proposed, frames, parsed, strict=True):
             frame = frame.filter(pl.col("step") == step)
-            step_ms = float(frame["predicted_TOTAL_ms"].median())
+            interval = whatif.step_interval(base, frame, changed, platform)
             rows.append({"finding": finding, "evidence": evidence, "change": " ".join(changes),
-                         "measured_step_ms": total / 1e6, "predicted_step_ms": step_ms,
-                         "gain_ms": total / 1e6 - step_ms, "error_bar_ms": float(frame["error_bar_ms"].max()),
-                         "graph": _graph_note(g)})
+                         "measured_step_ms": total / 1e6, **_row(total / 1e6, interval),
+                         "error_bar_ms": float(frame["error_bar_ms"].max()), "graph": _graph_note(g)})
     if config_path is not None:
         stage_comp = {int(k): v / 1e6 for k, v in zip(stages["pp"], stages["COMP_ns"], strict=True)}
         peak = con.execute("SELECT max(greatest(allocated_bytes, coalesce(reserved_bytes, 0))) FROM memory "
                            "WHERE run_id = ?", [run_id]).fetchall()[0][0]
         rows += estimator_findings(config_path, total / 1e6, stage_comp,
-                                   mean["PP_WAIT_ns"] / mean["TOTAL_ns"] if mean["TOTAL_ns"] else 0, peak)
+                                   mean["PP_WAIT_ns"] / mean["TOTAL_ns"] if mean["TOTAL_ns"] else 0, peak, platform)
     frame = pl.DataFrame(rows, schema={"finding": pl.String, "evidence": pl.String, "change": pl.String,
                                        "measured_step_ms": pl.Float64, "predicted_step_ms": pl.Float64,
-                                       "gain_ms": pl.Float64, "error_bar_ms": pl.Float64, "graph": pl.String})
-    # ranked by what is surely gained: the gain less its error bar
-    return step, frame.sort(pl.col("gain_ms") - pl.col("error_bar_ms"), descending=True)
+                                       "low": pl.Float64, "high": pl.Float64, "level": pl.Float64,
+                                       "gain_ms": pl.Float64, "gain_low_ms": pl.Float64, "gain_high_ms": pl.Float64,
+                                       "sources": pl.Object, "error_bar_ms": pl.Float64, "graph": pl.String})
+    # ranked by what is surely gained: the lower end of the gain's interval
+    return step, frame.sort("gain_low_ms", descending=True)
+
+
+def _row(measured_ms: float, interval: Interval) -> dict:
+    """A finding's predicted step and gain with their interval (the gain's ends are the step's, mirrored)."""
+    return {"predicted_step_ms": interval.value, "low": interval.low, "high": interval.high, "level": interval.level,
+            "gain_ms": measured_ms - interval.value, "gain_low_ms": measured_ms - interval.high,
+            "gain_high_ms": measured_ms - interval.low, "sources": interval.sources}
+
+
+def split(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(findings whose gain's interval reaches above zero, those checked with no gain possible at its level)."""
+    return frame.filter(pl.col("gain_high_ms") > 0), frame.filter(pl.col("gain_high_ms") <= 0)
 
 
 def _dp_overlapped(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> float:
@@ -131,7 +158,7 @@ def _graph_note(g: Graph) -> str:
 
 
 def estimator_findings(config_path: str, measured_step_ms: float, stage_comp_ms: dict[int, float],
-                       pp_wait_share: float, peak_bytes: int | None = None) -> list[dict]:
+                       pp_wait_share: float, peak_bytes: int | None = None, platform: str = "other") -> list[dict]:
     """What the graph cannot predict, from the estimator: each candidate that changes the graph itself (layers
     rebalanced between stages with seed 003's PPB, more and smaller micro-batches, another schedule, with memory to
     spare less recompute or larger micro-batches, the fastest layout `search` finds that fits), predicted as the
@@ -141,6 +168,7 @@ def estimator_findings(config_path: str, measured_step_ms: float, stage_comp_ms:
 
     from traceana.errors import TraceanaError
     from traceana.estimator import config, estimate, search
+    from traceana.model import intervals
 
     cfg = config.load(config_path)
     now = estimate.estimate(cfg)
@@ -156,11 +184,13 @@ def estimator_findings(config_path: str, measured_step_ms: float, stage_comp_ms:
         if not new.fits or new.step_s >= now.step_s:
             return
         step_ms = measured_step_ms * new.step_s / now.step_s
+        interval = intervals.around(step_ms, {"estimator_miss_on_run": abs(math.log1p(miss)) if miss < 1 else miss,
+                                              "change": abs(math.log(new.step_s / now.step_s))},
+                                    platform, f"advise:{finding}", "predict")
         rows.append({"finding": finding, "evidence": f"{evidence}; estimator {now.step_s * 1e3:.2f} -> "
                      f"{new.step_s * 1e3:.2f} ms", "change": change, "measured_step_ms": measured_step_ms,
-                     "predicted_step_ms": step_ms, "gain_ms": measured_step_ms - step_ms,
-                     "error_bar_ms": miss * step_ms, "graph": f"estimator ratio (its miss on this run: "
-                     f"{100 * miss:.0f}%)"})
+                     **_row(measured_step_ms, interval), "error_bar_ms": miss * step_ms,
+                     "graph": f"estimator ratio (its miss on this run: {100 * miss:.0f}%)"})
 
     p, s = cfg.parallel, cfg.schedule
     if p.pp > 1 and len(stage_comp_ms) > 1 and s.stage_layers != "ppb":

@@ -74,6 +74,24 @@ def check_matches(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config) -> N
                          [run_id]).fetchall()[0][0]
     if stages and stages != p.pp:
         raise TraceanaError(f"{cfg.source}: parallel.pp={p.pp} but run {run_id!r} has {stages} pipeline stages")
+    sends = _first_stage_sends(con, run_id) if stages and p.pp > 1 and p.vpp == 1 else None
+    if sends is not None and sends != cfg.micro_batches:
+        raise TraceanaError(f"{cfg.source}: {cfg.micro_batches} micro-batches (global_batch / (dp x micro_batch)) "
+                            f"but run {run_id!r}'s first stage sends {sends} activations per step")
+
+
+def _first_stage_sends(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
+    """The median over the first pipeline stage's rank-steps of its PP sends (one per micro-batch in a
+    non-interleaved schedule); None when the run records none."""
+    got = con.execute("""
+        SELECT median(n)::BIGINT FROM (
+            SELECT w.rank, w.step, count(*) AS n FROM collectives c
+            JOIN ranks r ON r.run_id = c.run_id AND r.rank = c.rank AND r.pp = 0
+            JOIN device_events e ON e.run_id = c.run_id AND e.rank = c.rank AND e.event_id = c.event_id
+            JOIN step_windows w ON w.run_id = c.run_id AND w.rank = c.rank AND e.start_ns >= w.start_ns
+                               AND e.start_ns < w.end_ns
+            WHERE c.run_id = ? AND c.dim = 'PP' AND c.op ILIKE '%send%' GROUP BY ALL)""", [run_id]).fetchall()
+    return got[0][0] if got and got[0][0] is not None else None
 
 
 def estimated_stages(est: Estimate) -> pl.DataFrame:

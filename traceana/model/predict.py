@@ -50,7 +50,7 @@ from traceana.estimator import comm, compute, memory, pipeline
 from traceana.estimator.config import Config, Hardware, Links, at_load
 from traceana.estimator.estimate import Estimate, estimate
 from traceana.estimator.stages import device_of_chunk
-from traceana.model import compare
+from traceana.model import compare, intervals
 
 if TYPE_CHECKING:
     from traceana.model.whatif import Baseline
@@ -92,20 +92,31 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
         measured = measured.with_columns(stage=pl.lit(0, pl.Int32))
     replays = _replays(cfg, target)
     notes = _assumptions(cfg, target, replays)
-    scratch_b = estimate(target)
-    if target.hardware == cfg.hardware:  # the run's own backend and alpha-beta price both configs' communication
-        hardware = _run_hardware(con, run_id, cfg, notes)
-        est_a, est_b = estimate(replace(cfg, hardware=hardware)), estimate(replace(target, hardware=hardware))
-    else:
-        est_a, est_b = estimate(cfg), scratch_b
+    identity = replace(target, source=cfg.source) == cfg
     spread = _spread(con, run_id)
     base, replay_pct = _replay_residual(con, run_id, notes)
-
     a = {int(r["stage"]): {d: r[f"{d}_mean_ms"] for d in DIMS} for r in measured.iter_rows(named=True)}
-    if replays:
-        rows, schedule = _replayed(con, run_id, a, est_a, est_b, base, notes), {}
-    else:
-        rows, schedule = _scaled(con, run_id, a, est_a, est_b, notes)
+    scratch_b = est_a = est_b = None
+    try:
+        scratch_b = estimate(target)
+        if target.hardware == cfg.hardware:  # the run's own backend and alpha-beta price both configs' communication
+            hardware = _run_hardware(con, run_id, cfg, notes)
+            est_a, est_b = estimate(replace(cfg, hardware=hardware)), estimate(replace(target, hardware=hardware))
+        else:
+            est_a, est_b = estimate(cfg), scratch_b
+        if replays:
+            rows, schedule = _replayed(con, run_id, a, est_a, est_b, base, notes), {}
+        else:
+            rows, schedule = _scaled(con, run_id, a, est_a, est_b, notes)
+    except TraceanaError as exc:
+        if not identity:
+            raise TraceanaError(f"{cfg.source} → {target.source}: the estimator cannot price it: {exc}") from None
+        # the same configuration: the run's own measured step, inside its interval, whatever the estimator makes of it
+        rows = [(s, src, dict(src), dict.fromkeys(DIMS, 1.0), dict.fromkeys(DIMS, "trace (the same configuration)"))
+                for s, src in sorted(a.items())]
+        schedule = {}
+        notes.append(f"--to is the run's own configuration: the prediction is the measured step (the estimator "
+                     f"cannot price {target.source}: {exc})")
     same_stages = cfg.parallel.pp == target.parallel.pp
     out = []
     for s, src, pred, ratio, how in rows:
@@ -113,13 +124,51 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
             cv = spread.get((s if same_stages else None, d), 0.0)
             out.append({"stage": s, "dim": d, "measured_A_ms": src[d], "ratio": ratio[d], "predicted_B_ms": pred[d],
                         "error_bar_ms": abs(pred[d]) * math.hypot(replay_pct / 100, cv),
-                        "estimated_B_ms": _estimated(scratch_b.stages[s], d), "source": how[d]})
+                        "estimated_B_ms": _estimated(scratch_b.stages[s], d) if scratch_b else None,
+                        "source": how[d]})
     stages = pl.DataFrame(out, schema_overrides={"ratio": pl.Float64, "estimated_B_ms": pl.Float64})
     step = (stages.group_by("dim", maintain_order=True)
             .agg(pl.col("measured_A_ms", "ratio", "predicted_B_ms", "error_bar_ms", "estimated_B_ms").mean(),
                  pl.col("source").unique(maintain_order=True).str.join("; ")))
-    return Prediction(run_id, cfg.source, target.source, stages, step, _memory(con, run_id, est_a, est_b, notes),
+    total = step.filter(pl.col("dim") == "TOTAL").row(0, named=True)
+    interval = intervals.around(total["predicted_B_ms"], {
+        "replay_residual": replay_pct / 100, "step_and_rank_spread": spread.get((None, "TOTAL"), 0.0),
+        "change": abs(math.log(total["predicted_B_ms"] / total["measured_A_ms"]))
+        if total["predicted_B_ms"] > 0 and total["measured_A_ms"] > 0 else 0.0},
+        intervals.platform_of(con, run_id), kind_of(cfg, target), "predict")
+    is_total = pl.col("dim") == "TOTAL"
+    step = step.with_columns(pl.when(is_total).then(interval.low).alias("low"),
+                             pl.when(is_total).then(interval.high).alias("high"),
+                             pl.when(is_total).then(interval.level).alias("level"))
+    notes += intervals.notes(interval)
+    if est_b is None:  # the identity the estimator could not price: the run's own peak
+        peak = compare.measured_quantities(con, run_id).get(compare.PEAK)
+        mem = {"measured_A_MiB": peak, "predicted_B_MiB": peak, "error_bar_MiB": None, "estimated_B_MiB": None,
+               "source": "trace (the same configuration)"}
+    else:
+        mem = _memory(con, run_id, est_a, est_b, notes)
+    return Prediction(run_id, cfg.source, target.source, stages, step, mem,
                       schedule, notes)
+
+
+def kind_of(cfg: Config, target: Config) -> str:
+    """The kind of change a predict makes, as intervals are calibrated per kind: ``null`` (the same
+    configuration), ``routing``, ``micro_batches``, ``layout``, ``seq_len``, ``schedule``, else ``other``."""
+    if replace(target, source=cfg.source) == cfg:
+        return "null"
+    if _replays(cfg, target):
+        return "routing"
+    p, q = cfg.parallel, target.parallel
+    same = replace(target, source=cfg.source)
+    if replace(same, parallel=p) == cfg:
+        if (p.tp, p.cp, p.dp, p.pp, p.ep) == (q.tp, q.cp, q.dp, q.pp, q.ep):
+            return "micro_batches"
+        return "layout"
+    if replace(same, model=replace(target.model, seq_len=cfg.model.seq_len)) == cfg:
+        return "seq_len"
+    if replace(same, schedule=cfg.schedule) == cfg:
+        return "schedule"
+    return "other"
 
 
 def _scaled(con: duckdb.DuckDBPyConnection, run_id: str, a: dict[int, dict[str, float]], est_a: Estimate,

@@ -33,10 +33,12 @@ from traceana.analyses.breakdown import PARTS
 from traceana.errors import TraceanaError
 from traceana.model import graph as dependency
 from traceana.model.graph import Graph
+from traceana.model.intervals import Interval
 
 KEYS = ("dim", "op", "pg", "kernel", "host", "rank", "stage", "overlap")
 WORK = ("compute", "memcpy", "memset")
 DIMS = ("TP", "CP", "EP", "DP", "PP", "UNKNOWN")
+FACTORS = (1e-6, 1e6)  # the range a factor (other than 0) may take
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,68 @@ def _factor(spec: str, text: str) -> float:
         raise TraceanaError(f"--change {spec!r}: {text!r} is not a number") from None
     if not math.isfinite(value) or value < 0:
         raise TraceanaError(f"--change {spec!r}: the factor must be a finite number >= 0")
+    if value and not FACTORS[0] <= value <= FACTORS[1]:
+        raise TraceanaError(f"--change {spec!r}: the factor must be 0 or within {FACTORS[0]:g}..{FACTORS[1]:g} "
+                            "(a step's nanoseconds times it must stay a time)")
     return value
+
+
+def selected(graph: Graph, change: Change) -> np.ndarray | None:
+    """The events whose lengths ``change`` scales (a mask), or None for a change that is not a set of events
+    (host, median changes, overlap)."""
+    ev = graph.events
+    category = ev["category"].to_numpy()
+    comm = category == "comm"
+    work = np.isin(category, WORK)
+    if change.key in ("dim", "overlap"):
+        return comm & (_dims(graph) == change.target)
+    if change.key == "pg":
+        return comm & (ev["pg"].cast(pl.String).fill_null("") == change.target).to_numpy()
+    if change.key == "op":
+        return comm & (ev["op"].fill_null("").str.to_lowercase() == change.target.lower()).to_numpy()
+    if change.key == "kernel":
+        pattern = re.compile(fnmatch.translate(change.target), re.IGNORECASE)
+        names = [name for name in ev["name"].unique().to_list() if pattern.match(name)]  # once per name
+        return ev["name"].is_in(names).to_numpy() & work
+    if change.key == "rank" and change.factor is not None:
+        return work & (ev["rank"] == int(change.target)).to_numpy()
+    return None
+
+
+def _dims(graph: Graph) -> np.ndarray:
+    return graph.events["dim"].fill_null("").str.split("-").list.first().fill_null("").to_numpy()
+
+
+def check_matches(graph: Graph, changes: list[Change]) -> None:
+    """A one-line error for a change that matches nothing in the run, naming what the run has."""
+    ev = graph.events
+    for change in changes:
+        if change.key == "host":
+            if not (graph.kind == dependency.HOST).any():
+                raise TraceanaError(f"--change {change}: run {graph.run_id!r} has no host launch records to scale "
+                                    "(a CPU-only or Ascend trace)")
+            continue
+        mask = selected(graph, change)
+        if mask is None or mask.any():
+            continue
+        comm = ev.filter(pl.col("category") == "comm")
+        if change.key in ("dim", "overlap"):
+            dims = sorted(set(_dims(graph)[ev["category"].to_numpy() == "comm"]) - {""})
+            has = f"communication of dims {', '.join(dims)}" if dims else "no communication"
+        elif change.key == "op":
+            has = f"collective ops {', '.join(sorted(comm['op'].drop_nulls().unique().to_list())) or 'none'}"
+        elif change.key == "pg":
+            has = "no communication on it"
+        elif change.key == "kernel":
+            import difflib
+
+            names = ev.filter(pl.col("category").is_in(WORK))["name"].unique().to_list()
+            like = difflib.get_close_matches(change.target.strip("*").lower(), [n.lower() for n in names], 3, 0.3)
+            has = (f"no compute, copy or set kernel named so; the nearest: {', '.join(like)}" if like
+                   else f"{len(names)} kernel names, none like it (`traceana kernels` lists them)")
+        else:
+            has = f"no work on rank {change.target}"
+        raise TraceanaError(f"--change {change}: matches nothing in run {graph.run_id!r}, which has {has}")
 
 
 def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -99,10 +162,7 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame) -> tuple[n
     keep = np.ones(len(weight), bool)
     ends_window = np.ones(graph.n, bool)
     ev = graph.events
-    category = ev["category"].to_numpy()
-    work = np.isin(category, WORK)
-    dim = ev["dim"].fill_null("").str.split("-").list.first().fill_null("").to_numpy()
-    comm = category == "comm"
+    work = np.isin(ev["category"].to_numpy(), WORK)
     lengths = (graph.kind == dependency.RUN) | (graph.kind == dependency.TRANSFER)
     length_of = np.where((graph.event >= 0) & lengths, graph.event, -1)
     hit = length_of >= 0
@@ -110,36 +170,22 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame) -> tuple[n
     def scale(factor: np.ndarray) -> None:  # per event; 1 leaves it
         weight[hit] *= factor[length_of[hit]]
 
-    def where(mask: np.ndarray, factor: float) -> np.ndarray:
-        return np.where(mask, factor, 1.0)
-
     for change in changes:
-        if change.key == "dim":
-            scale(where(comm & (dim == change.target), change.factor))
-        elif change.key == "pg":
-            scale(where(comm & (ev["pg"].cast(pl.String).fill_null("") == change.target).to_numpy(), change.factor))
-        elif change.key == "op":
-            scale(where(comm & (ev["op"].fill_null("").str.to_lowercase() == change.target.lower()).to_numpy(),
-                        change.factor))
-        elif change.key == "kernel":
-            pattern = re.compile(fnmatch.translate(change.target), re.IGNORECASE)
-            names = [name for name in ev["name"].unique().to_list() if pattern.match(name)]  # once per name
-            scale(where(ev["name"].is_in(names).to_numpy() & work, change.factor))
+        mask = selected(graph, change)
+        if change.key == "overlap":
+            out_of = np.zeros(graph.n_nodes, bool)
+            out_of[graph.n + np.flatnonzero(mask)] = True
+            keep &= ~(out_of[graph.src] & (graph.kind != dependency.STREAM))
+            ends_window &= ~mask
+        elif mask is not None:
+            scale(np.where(mask, change.factor, 1.0))
         elif change.key == "host":
             weight[graph.kind == dependency.HOST] *= change.factor
-        elif change.key == "rank" and change.factor is not None:
-            scale(where(work & (ev["rank"] == int(change.target)).to_numpy(), change.factor))
-        elif change.key in ("rank", "stage"):
+        else:  # rank or stage to the median
             factors = _to_median(change, measured)
             per_event = (ev.select("rank", "step").join(factors, on=["rank", "step"], how="left")
                          ["factor"].fill_null(1.0).to_numpy())
             scale(np.where(work, per_event, 1.0))
-        elif change.key == "overlap":
-            background = comm & (dim == change.target)
-            out_of = np.zeros(graph.n_nodes, bool)
-            out_of[graph.n + np.flatnonzero(background)] = True
-            keep &= ~(out_of[graph.src] & (graph.kind != dependency.STREAM))
-            ends_window &= ~background
     return np.round(weight).astype(np.int64), keep, ends_window
 
 
@@ -215,9 +261,14 @@ def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[l
     edits = []
     for changes in change_sets:
         check_targets(changes, sorted(set(m["rank"].to_list())), set(m["pp"].to_list()), run_id, set(base.groups))
+        check_matches(base.graph, changes)
         edits.append(replay.Edit(*edit(base.graph, changes, m)))
     changed, segments = replay.simulate(con, base.graph, edits, path_step)
-    return base.graph, [predicted(m, base.replayed, c) for c in changed], segments
+    fixed = base.graph.windows.select("rank", "step", (pl.col("external_ns") / 1e6).alias("fixed_ms"))
+    frames = [predicted(m, base.replayed, c).join(fixed, on=["rank", "step"], how="left")
+              .with_columns(pl.max_horizontal("predicted_TOTAL_ms", pl.col("fixed_ms").fill_null(0.0)))
+              for c in changed]  # never below the step's fixed parts (the holds nothing in the trace explains)
+    return base.graph, frames, segments
 
 
 def whatif_run(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], path_step: int | None = None,
@@ -245,6 +296,82 @@ def whatif_step(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Chang
     check_step(con, run_id, step)
     g, frame, segments = whatif_run(con, run_id, changes, step if path else None, base)
     return step, g, frame.filter(pl.col("step") == step), segments
+
+
+def kind_of(changes: list[Change]) -> str:
+    """The kind of a change, as intervals are calibrated per kind: its key (``rank:median``, ``rank=*:median``,
+    ``rank:factor`` told apart), ``composite`` for several kinds at once."""
+    kinds = set()
+    for c in changes:
+        if c.key == "rank":
+            kinds.add("rank=*:median" if c.target == "*" else "rank:median" if c.factor is None else "rank:factor")
+        else:
+            kinds.add(c.key)
+    return kinds.pop() if len(kinds) == 1 else "composite"
+
+
+def step_interval(base: Baseline, frame: pl.DataFrame, changes: list[Change], platform: str,
+                  alternatives: dict[str, float] | None = None) -> Interval:
+    """The predicted step (the median rank's predicted TOTAL of ``frame``, one step's rows) with its interval.
+    Its spreads, measured on the run alone (log units): the replay residual of the step's rank-steps, the run's
+    step-to-step spread of the step, its rank-to-rank spread, and the size of the change; ``alternatives``: other
+    predictions the trace cannot rule out (absent peers held), which the interval also holds."""
+    from traceana.model import intervals
+
+    step = int(frame["step"][0])
+    m = base.measured
+    value = float(frame["predicted_TOTAL_ms"].median())
+    measured = float(frame["TOTAL_ms"].median())
+    both = m.filter(pl.col("step") == step).join(base.replayed.filter(pl.col("step") == step), on="rank",
+                                                suffix="_r")
+    ratio = (both["TOTAL_ns_r"] / both["TOTAL_ns"]).to_numpy()
+    ratio = ratio[ratio > 0]
+    spreads = {
+        "replay_residual": float(np.sqrt(np.mean(np.log(ratio) ** 2))) if len(ratio) else 0.0,
+        "step_to_step": intervals.log_spread(m.group_by("step").agg(pl.col("TOTAL_ns").median())["TOTAL_ns"]),
+        "rank_to_rank": intervals.log_spread(both["TOTAL_ns"].to_numpy()),
+    }
+    fixed = float(frame["fixed_ms"].median()) if "fixed_ms" in frame.columns else 0.0
+    notes = {"external_hold_ms": fixed, "external_hold_share": fixed / measured if measured else 0.0}
+    wait = float(absent_wait_ms(base.graph, step)["wait_ms"].median() or 0.0)
+    alternatives = dict(alternatives or {})
+    if wait > 0:
+        profiled_only = any(c.key == "stage" or (c.key == "rank" and c.target != "*") for c in changes)
+        comp = float(frame["COMP_ms"].median())
+        f = min(1.0, float(frame["predicted_COMP_ms"].median()) / comp) if comp else 1.0
+        notes["absent_peer_wait_ms"] = wait
+        if profiled_only:  # the peers do not change: what the profiled rank gains it may wait for them instead
+            alternatives["absent peers unchanged, the gain waited away"] = measured
+        elif f < 1:  # the absent ranks change as the profiled ones do: their lateness shrinks as the work does
+            alternatives["absent peers held (their wait kept as measured)"] = value
+            value = max(fixed, value - wait * (1 - f))
+            notes["absent_peers"] = (f"symmetric: the absent ranks' {wait:.3f} ms of lateness scaled by the work "
+                                     f"ratio {f:.3f}")
+    spreads["change"] = abs(math.log(value / measured)) if value > 0 and measured > 0 else 0.0
+    out = intervals.around(value, spreads, platform, kind_of(changes), "whatif", notes=notes)
+    for why, other in alternatives.items():
+        out = out.hull(other, other, {why: other})
+    return out.clamp(fixed)
+
+
+def absent_wait_ms(graph: Graph, step: int) -> pl.DataFrame:
+    """Per rank, the step's time its collectives waited for members the trace lacks (rank, wait_ms): each lone
+    member's length less the shortest of its kernel on its rank (the transfer when the peers were there first)."""
+    ev = graph.events.filter(pl.col("instance").is_not_null())
+    alone = (ev.with_columns(pl.len().over("instance").alias("members"), (pl.col("end_ns") - pl.col("start_ns"))
+                             .alias("ns")).filter(pl.col("members") == 1)
+             .with_columns((pl.col("ns") - pl.col("ns").min().over("rank", "name")).alias("wait")))
+    return alone.filter(pl.col("step") == step).group_by("rank").agg((pl.col("wait").sum() / 1e6).alias("wait_ms"))
+
+
+def whatif_interval(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], step: int | None = None
+                    ) -> tuple[int, Graph, pl.DataFrame, pl.DataFrame | None, Interval]:
+    """:func:`whatif_step` with the critical path after the change, and the predicted step's interval."""
+    from traceana.model.intervals import platform_of
+
+    base = baseline(con, run_id)
+    step, g, frame, segments = whatif_step(con, run_id, changes, step, base, path=True)
+    return step, g, frame, segments, step_interval(base, frame, changes, platform_of(con, run_id))
 
 
 def predicted(measured: pl.DataFrame, base: pl.DataFrame, changed: pl.DataFrame) -> pl.DataFrame:

@@ -121,7 +121,8 @@ class Page:
                 f"</title><style>{_asset('page.css')}</style><script>{_inline(bokeh)}</script></head><body>"
                 f'<nav class="toc"><h2>Contents</h2><ol><li><a href="#first">First screen</a></li>{toc}</ol></nav>'
                 f'<main><header><h1>{html.escape(self.title)}</h1><p class=note>'
-                f"{html.escape(self.subtitle)}, written {made} by traceana {html.escape(version())}.</p></header>{body}</main>"
+                f"{html.escape(self.subtitle)}, written {made} by traceana {html.escape(version())}.</p></header>"
+                f"{body}</main>"
                 f"<script>{_inline(_asset('page.js'))}</script>{script}</body></html>\n")
 
     def write(self, out: Path, first_screen: str) -> int:

@@ -99,12 +99,14 @@ def _labelled(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def _advice(ctx: Context) -> pl.DataFrame:
-    """advise's findings (with the job config, the estimator's too), each with its gain's interval."""
-    if ctx.estimate is None:
-        return with_intervals(ctx.traces.advise(run=ctx.run))
-    from traceana.model.advise import findings
+    """advise's findings whose gain can be positive (with the job config, the estimator's too), each with its gain's
+    interval."""
+    from traceana.model.advise import findings, split
 
-    return with_intervals(ctx.traces.read(ctx.run, lambda con, rid: findings(con, rid, None, str(ctx.estimate))[1]))
+    if ctx.estimate is None:
+        return with_intervals(split(ctx.traces.advise(run=ctx.run))[0])
+    return with_intervals(split(ctx.traces.read(ctx.run,
+                                                lambda con, rid: findings(con, rid, None, str(ctx.estimate))[1]))[0])
 
 
 def with_intervals(advice: pl.DataFrame) -> pl.DataFrame:
