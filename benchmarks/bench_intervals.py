@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import subprocess
 import sys
 import tempfile
 from collections import defaultdict
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -36,12 +38,27 @@ from traceana.estimator.config import load  # noqa: E402
 from traceana.model import intervals  # noqa: E402
 from traceana.model.predict import kind_of  # noqa: E402
 
-TRACEANA = [sys.executable, "-m", "traceana"]
+
+class Refused(Exception):
+    """A command's one-line error (exit 2): counted per kind, never scored."""
+
+
+def run(*args: object) -> str:
+    """`traceana ARGS` in this process (no interpreter start per call: ~700 calls): its stdout; Refused on an error."""
+    from traceana.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            main([str(a) for a in args])
+        except SystemExit as exc:
+            if exc.code:
+                raise Refused(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "") from None
+    return out.getvalue()
 
 
 def cli(*args: object) -> dict:
-    out = subprocess.run([*TRACEANA, *map(str, args)], capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
+    return json.loads(run(*args))
 
 
 def truth_ms(db: Path, run: str, family: str) -> float:
@@ -66,8 +83,7 @@ def score(pairs: Path, work: Path) -> list[dict]:
     def ingest(path: Path, layout: str) -> str:
         if path not in ingested:
             ingested[path] = f"r{len(ingested)}"
-            subprocess.run([*TRACEANA, "ingest", path, "--db", db, "--run-id", ingested[path],
-                            *(["--layout", layout] if layout else [])], capture_output=True, check=True)
+            run("ingest", path, "--db", db, "--run-id", ingested[path], *(["--layout", layout] if layout else []))
         return ingested[path]
 
     for g in manifest:
@@ -77,8 +93,8 @@ def score(pairs: Path, work: Path) -> list[dict]:
         for run in a_runs:
             try:
                 value, sources = predict_one(g, run, db)
-            except subprocess.CalledProcessError as exc:  # refused (one line, exit 2): counted, never scored
-                refused[(g["family"], g["kind"])].append(exc.stderr.strip().splitlines()[-1] if exc.stderr else "")
+            except Refused as exc:  # one line, exit 2: counted, never scored
+                refused[(g["family"], g["kind"])].append(str(exc))
                 continue
             s = float(np.log(truth / value))
             rows.append({"group": g["group"], "kind": sources["kind"], "pair_kind": g["kind"],
@@ -188,7 +204,8 @@ def main() -> None:
         rows = score(args.pairs, Path(work))
     if args.write:
         commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        data = {"level": intervals.LEVEL, "provenance": {
+        data = json.loads((ROOT / "traceana" / "model" / "intervals.json").read_text())  # keeps `estimate`
+        data |= {"level": intervals.LEVEL, "provenance": {
             "pairs": str(args.pairs.relative_to(ROOT)), "commit": commit, "split": "calibrate",
             "n_groups_per_kind": {k: len({r["group"] for r in rows if r["kind"] == k and r["split"] == "calibrate"})
                                   for k in {r["kind"] for r in rows}}},

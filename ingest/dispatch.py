@@ -14,11 +14,11 @@ import polars as pl
 
 from traceana.errors import TraceanaError
 from traceana.ingest.clocks import align_hosts, align_ranks
-from traceana.ingest.executor import RayCluster
 from traceana.ingest.formats import not_read
 from traceana.ingest.groups.communicators import attribute, group_dims
 from traceana.ingest.groups.instances import number_instances
 from traceana.ingest.groups.stated import settle_layout
+from traceana.ingest.parallel.executor import RayCluster
 from traceana.ingest.rules import Rule, load_rules
 from traceana.ingest.run_data import RunData
 from traceana.ingest.validate import validate

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 if TYPE_CHECKING:
-    from traceana.ingest.spill import Spill
+    from traceana.ingest.parallel.spill import Spill
     from traceana.ingest.validate import Dropped
     from traceana.layout import Layout
 

@@ -38,11 +38,11 @@ from traceana.ingest.ascend.syncs import rank_syncs
 from traceana.ingest.ascend.tasks import RankTrace
 from traceana.ingest.ascend.timeline import read_timeline
 from traceana.ingest.dispatch import IngestOptions
-from traceana.ingest.executor import map_files, worker_count
+from traceana.ingest.parallel.executor import map_files, worker_count
+from traceana.ingest.parallel.spill import Spill, new_spill, spill_file
 from traceana.ingest.ranks import require_unique_ranks
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import RunData
-from traceana.ingest.spill import Spill, new_spill, spill_file
 from traceana.ingest.syncs.edges import SyncCounts
 from traceana.ingest.validate import Dropped
 from traceana.layout import Layout

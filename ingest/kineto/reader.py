@@ -28,14 +28,14 @@ import polars as pl
 from traceana.errors import TraceanaError
 from traceana.ingest.clocks import require_overlapping_clocks
 from traceana.ingest.dispatch import IngestOptions
-from traceana.ingest.executor import from_ipc, map_files, threads_per_task, to_ipc, worker_count
 from traceana.ingest.kineto.events import EVENT_TABLE, FIRST_INPUT_NELEMS, KINETO_CATEGORIES, load, trace_files
 from traceana.ingest.kineto.link import device_frames, device_steps
 from traceana.ingest.kineto.syncs import file_syncs
+from traceana.ingest.parallel.executor import from_ipc, map_files, threads_per_task, to_ipc, worker_count
+from traceana.ingest.parallel.spill import Spill, new_spill, spill_file
 from traceana.ingest.ranks import rank_in_file_name, require_distinct, require_unique_ranks
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import SCHEMAS, RunData
-from traceana.ingest.spill import Spill, new_spill, spill_file
 from traceana.ingest.step_windows import StepLinks
 from traceana.ingest.syncs.edges import SyncCounts
 from traceana.ingest.validate import Dropped, rank_list

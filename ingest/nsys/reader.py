@@ -34,15 +34,15 @@ import polars as pl
 
 from traceana.errors import TraceanaError
 from traceana.ingest.clocks import require_overlapping_clocks
-from traceana.ingest.executor import map_files, worker_count
 from traceana.ingest.nsys.export import Export, is_sqlite
 from traceana.ingest.nsys.report import read_report
 from traceana.ingest.nsys.syncs import resolve
+from traceana.ingest.parallel.executor import map_files, worker_count
+from traceana.ingest.parallel.spill import Spill, new_spill, spill_file
 from traceana.ingest.ranks import rank_in_file_name, require_distinct, require_unique_ranks
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import RunData
 from traceana.ingest.scopes import open_ranges_sql
-from traceana.ingest.spill import Spill, new_spill, spill_file
 from traceana.ingest.step_windows import StepLinks, marker_steps, step_windows_of
 from traceana.ingest.syncs.edges import SyncCounts
 from traceana.ingest.validate import Dropped

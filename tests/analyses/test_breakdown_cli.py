@@ -30,7 +30,15 @@ def db(tmp_path: Path) -> Path:
 
 
 def invoke(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    """The command's exit code and output, 200 columns wide (the console is made once, at import, from COLUMNS:
+    whichever test of this worker imported it first set its width)."""
+    from traceana.render.console import console
+
+    width, console.width = console.width, 200
+    try:
+        result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    finally:
+        console.width = width
     return result.exit_code, result.output
 
 

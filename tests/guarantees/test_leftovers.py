@@ -48,7 +48,7 @@ def alive(pid: int) -> bool:
 def test_workers_end_when_a_killed_ingest_does() -> None:
     """map_files is what every local ingest parses through (--jobs N): kill -9 its process mid-parse."""
     script = ("import sys; from pathlib import Path; from tests.guarantees.test_leftovers import sleepy; "
-              "from traceana.ingest.executor import map_files; "
+              "from traceana.ingest.parallel.executor import map_files; "
               "print(list(map_files(sleepy, [Path('a'), Path('b')], 2)))")
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)

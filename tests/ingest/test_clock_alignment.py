@@ -1,6 +1,6 @@
 """Host clock alignment on hand-built runs: offsets chained over the host graph by least squares (numbers solved by
 hand below), Send/Recv pairs as links, and hosts without any link named and left alone. The synthesizer round trips
-(test_synth) and the shared traces (test_kineto, test_ascend_step_trace) check it on whole runs."""
+(tests/synth/test_synth.py) and the shared traces (test_kineto, test_ascend_step_trace) check it on whole runs."""
 
 from __future__ import annotations
 

@@ -116,8 +116,8 @@ async def test_breakdown_has_the_numbers_of_breakdown_json(session: Any, store: 
 
 @pytest.mark.anyio
 async def test_whatif_and_advise_have_the_numbers_of_their_json(session: Any, store: Path) -> None:
-    got = await call(session, "whatif", run_id=RUN, changes=["dim=TP:0.5", "host=0"], top=100)
-    want = cli_json(store, "whatif", RUN, "--change", "dim=TP:0.5", "--change", "host=0")
+    got = await call(session, "whatif", run_id=RUN, changes=["dim=TP:0.5", "dim=DP:0.5"], top=100)
+    want = cli_json(store, "whatif", RUN, "--change", "dim=TP:0.5", "--change", "dim=DP:0.5")
     assert (got["step"], got["changes"]) == (want["step"], want["changes"])
     for field in ("measured_step_ms", "predicted_step_ms", "error_bar_ms"):
         assert got[field] == rounded(want[field]), field

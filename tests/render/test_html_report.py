@@ -350,7 +350,7 @@ def test_an_interval_comes_from_low_and_high_when_a_result_carries_them() -> Non
     plain = pl.DataFrame({"finding": ["f"], "measured_step_ms": [100.0], "predicted_step_ms": [90.0],
                           "gain_ms": [10.0], "error_bar_ms": [0.004]})
     row = with_intervals(plain).row(0, named=True)
-    assert (row["gain_low_ms"], row["gain_high_ms"], row["interval"]) == (9.996, 10.004, "10.000 ± 0.004")
+    assert (row["gain_low_ms"], row["gain_high_ms"], row["interval"]) == (9.996, 10.004, "10.000 ± 0.004 ms")
     bounded = plain.with_columns(low=pl.lit(88.0), high=pl.lit(95.0), level=pl.lit(0.8))
     row = with_intervals(bounded).row(0, named=True)
-    assert (row["gain_low_ms"], row["gain_high_ms"], row["interval"]) == (5.0, 12.0, "10.000 [5.000, 12.000] (80%)")
+    assert (row["gain_low_ms"], row["gain_high_ms"], row["interval"]) == (5.0, 12.0, "10.000 ms [5.000, 12.000] (80%)")

@@ -45,7 +45,7 @@ def ingest(
     """Read one run's traces into the store (replacing an earlier ingest of the same run id). --db may name a Parquet
     dataset folder (a folder, or a name ending in .parquet): the run is added to it."""
     from traceana.ingest.dispatch import IngestOptions, read_run
-    from traceana.ingest.executor import RayCluster
+    from traceana.ingest.parallel.executor import RayCluster
     from traceana.ingest.rules import load_rules
     from traceana.layout import Layout
 

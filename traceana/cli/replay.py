@@ -11,7 +11,6 @@ import typer
 from traceana import store
 from traceana.cli.options import DbOption, JsonOption, RunArgument
 from traceana.errors import TraceanaError
-from traceana.model.intervals import notes as interval_notes
 from traceana.render.console import emit, emit_json, plot_path, progress
 
 StepOption = Annotated[int | None, typer.Option("--step", help="One step (default: every step for replay; the "
@@ -92,6 +91,8 @@ def whatif(
         if path is not None:
             emit(path, title="critical path after the change, by kind")
         typer.echo(f"step (the median rank's TOTAL): measured {measured:,.3f} ms, predicted {interval}")
+        from traceana.model.intervals import notes as interval_notes  # numpy: not at `traceana --help`
+
         for line in [*g.missing, *interval_notes(interval)]:
             typer.echo(f"note: {line}")
     if plot is not None:

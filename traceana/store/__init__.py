@@ -71,7 +71,7 @@ def check_writer(db: Path) -> None:
 
 def remove_leftovers(db: Path) -> list[str]:
     """Remove what writers of the store ``db`` that were killed (kill -9, out of memory, a power cut) left beside
-    it, and return the names: an ingest's spill folder (``<db>.ingest-<pid>-*``, ingest/spill.py) and a dataset
+    it, and return the names: an ingest's spill folder (``<db>.ingest-<pid>-*``, ingest/parallel/spill.py) and a dataset
     write's buffer, new or old version (``.<db>.buffer-<pid>-*``, ``.partial-<pid>``, ``.old-<pid>``: dataset.py).
     Each goes only once no process with the id in its name runs on this machine; a live writer's stays."""
     name = re.escape(db.name)

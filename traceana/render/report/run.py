@@ -119,7 +119,7 @@ def with_intervals(advice: pl.DataFrame) -> pl.DataFrame:
     else:
         advice = advice.with_columns((gain - bar).alias("gain_low_ms"), (gain + bar).alias("gain_high_ms"))
     level = [f" ({_level(v)})" for v in advice["level"]] if "level" in advice.columns else [""] * advice.height
-    text = [f"{g:,.3f} [{lo:,.3f}, {hi:,.3f}]{lv}" if "low" in advice.columns else f"{g:,.3f} ± {b:,.3f}"
+    text = [f"{g:,.3f} ms [{lo:,.3f}, {hi:,.3f}]{lv}" if "low" in advice.columns else f"{g:,.3f} ± {b:,.3f} ms"
             for g, b, lo, hi, lv in zip(advice["gain_ms"], advice["error_bar_ms"], advice["gain_low_ms"],
                                         advice["gain_high_ms"], level, strict=True)]
     return advice.with_columns(pl.Series("interval", text, pl.String))
@@ -163,7 +163,7 @@ def first_screen(ctx: Context, advice: pl.DataFrame) -> str:
     for finding in advice.head(3).iter_rows(named=True):
         look.append(f"<b>{html.escape(finding['finding'])}</b>: <code>{html.escape(finding['change'])}</code> would "
                     f"take the step from {finding['measured_step_ms']:,.3f} to {finding['predicted_step_ms']:,.3f} ms "
-                    f"(gain {finding['interval']} ms; advise)")
+                    f"(gain {finding['interval']}; advise)")
     waits = [(ranks[f"{w}_ms"].mean(), w) for w in bd.WAITS if ranks[f"{w}_ms"].sum() > 0]
     if waits:
         ms, wait = max(waits)
