@@ -119,6 +119,26 @@ def test_analyses_equal_the_commands_json(db: Path) -> None:
         traces.diff(TOY, "no-such-run")
 
 
+def test_step_median_and_all_as_the_commands_take_them(db: Path) -> None:
+    """step="median" is the step `--step median` resolves to, in every method that takes a step; "all" only where
+    the answer is per step (replay), and other words are the CLI's one-line error."""
+    traces = traceana.open(db, run=TOY)
+
+    def cli(*args: object) -> dict:
+        return json.loads(run_cli(*args, TOY, "--step", "median", "--json", "--db", db).stdout)
+
+    path = cli("critical-path")
+    same(traces.critical_path(step="median", by="kind"), path["by_kind"])
+    same(traces.critical_path(step=path["step"], by="kind"), path["by_kind"])
+    idle = cli("idle")
+    assert idle["step"] == path["step"]
+    same(traces.idle(step="median"), idle["ranks"])
+    assert traces.replay(step="all").equals(traces.replay())
+    with pytest.raises(TraceanaError, match=r"^--step 'all': give a step number or 'median'$"):
+        traces.idle(step="all")
+    with pytest.raises(TraceanaError, match=r"^--step 'middle': give a step number, 'median' or 'all'$"):
+        traces.replay(step="middle")
+
 def test_the_docs_python_block_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     # the store docs/python.md says: the README's first command's sample and the two it names; the block then runs

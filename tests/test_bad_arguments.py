@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
+from typing import get_args
 
+import click
 import pytest
+import typer
 import yaml
 
 from tests.conftest import ROOT, TRACES, run_main
+from traceana.cli.options import JsonOption
 
 GOOD = TRACES / "kineto" / "hta_rank0of2_pg_args.json.gz"
 CONFIG = ROOT / "examples" / "dense70b_megatron_tp4pp2_32_h100.yaml"
@@ -124,3 +129,59 @@ def test_ingest_into_a_folder_that_is_not_a_dataset_is_one_line(tmp_path) -> Non
     assert "a folder but not a traceana Parquet dataset" in one_error(run_main("ingest", GOOD, "--db", target))
     assert [p.name for p in target.iterdir()] == ["notes.txt"]
     shutil.rmtree(target)
+
+
+# One vocabulary (issue 36): the options many commands share are walked from the typer app, so that a command added
+# later is held to them too. Running: the arguments each command needs besides the option under test.
+NEEDS = {"timeline": ["--plot", "{tmp}/t.png"], "whatif": ["--change", "kernel=*:0.9"]}
+STEP_COMMANDS = {"breakdown", "timeline", "critical-path", "ops", "idle", "replay", "whatif", "advise"}
+
+
+def shared(option: str) -> list[tuple[str, click.Parameter]]:
+    """(command, parameter) for every command of the app that has ``option``."""
+    from traceana.cli.main import app
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]  (a group: the app has commands)
+    return [(name, p) for name, command in commands.items() for p in command.params if option in p.opts]
+
+
+def test_every_step_takes_median_and_says_which_step_it_is(store, tmp_path) -> None:
+    found = shared("--step")
+    assert {name for name, _ in found} == STEP_COMMANDS
+    for name, _ in found:
+        needs = [a.format(tmp=tmp_path) for a in NEEDS.get(name, [])]
+        code, out, err = run_main(name, "--step", "median", *needs, "--db", store)
+        assert code == 0 and "the median step" in out + err, (name, code, err)
+
+
+def test_every_step_refuses_other_words_naming_the_forms(store) -> None:
+    for name, param in shared("--step"):
+        every = "all" in (param.metavar or "")  # replay: every step is its default, 'all' says so
+        forms = "a step number, 'median' or 'all'" if every else "a step number or 'median'"
+        assert one_error(run_main(name, "--step", "middle", "--db", store)) == f"error: --step 'middle': give {forms}"
+        if not every:
+            assert one_error(run_main(name, "--step", "all", "--db", store)) == f"error: --step 'all': give {forms}"
+
+
+def test_every_top_refuses_zero_before_any_work() -> None:
+    found = shared("--top")
+    assert len(found) >= 5
+    for name, param in found:
+        assert param.callback is not None and param.callback.__name__ == "top_count", name
+        assert one_error(run_main(name, "--top", "0")) == "error: --top 0: must be at least 1", name
+
+
+def test_every_json_plot_and_by_reads_the_same() -> None:
+    json_help = get_args(JsonOption)[1].help
+    for name, param in shared("--json"):
+        assert param.is_flag and param.help == json_help, name  # type: ignore[attr-defined]
+    for name, param in shared("--plot"):
+        assert param.callback is not None and param.callback.__name__ == "plot_path", name
+        assert re.fullmatch(r"Write .+ to this PNG \(or \.svg, \.pdf\)\.", param.help or ""), (name, param.help)
+
+
+def test_every_by_lists_its_choices_in_help_and_error(store) -> None:
+    for name, param in shared("--by"):
+        line = one_error(run_main(name, "--by", "bogus", "--db", store))
+        choices = re.split(r", | or ", line.split(": choose ")[-1].removeprefix("one of "))
+        assert len(choices) > 1 and all(c in (param.help or "") for c in choices), (name, line, param.help)

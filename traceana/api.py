@@ -108,8 +108,7 @@ class Traces:
         if by not in ("rank", "stage"):
             raise TraceanaError(f"by={by!r}: choose 'rank' or 'stage'")
         reader = bd.by_rank if by == "rank" else bd.by_stage
-        return self.read(run, lambda con, rid: reader(con, rid, bd.median_step(con, rid) if step == "median"
-                                                      else step))  # type: ignore[arg-type]
+        return self.read(run, lambda con, rid: reader(con, rid, bd.resolve_step(con, rid, step)))
 
     def stragglers(self, run: str | None = None) -> pl.DataFrame:
         """Per rank (ms): typical COMP against its stage's median, the straggler stage, lateness it caused."""
@@ -131,20 +130,23 @@ class Traces:
             "SELECT * EXCLUDE (run_id) FROM collective_instances WHERE run_id = ? ORDER BY first_start_ns",
             params=[rid]).pl())
 
-    def timeline(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
+    def timeline(self, step: int | str | None = None, run: str | None = None) -> pl.DataFrame:
         """One step's activity across ranks: rank, pp, lane (COMP or a comm dim), start_ns, end_ns — what the
-        `timeline` Gantt draws. ``step`` None: the first analysed step (the first after the warm-up one)."""
+        `timeline` Gantt draws. ``step`` None: the first analysed step (the first after the warm-up one);
+        "median": the median step."""
         def intervals_of(con: duckdb.DuckDBPyConnection, rid: str) -> pl.DataFrame:
-            windows, intervals = bd.timeline(con, rid, bd.first_analysed_step(con, rid) if step is None else step)
+            chosen = bd.resolve_step(con, rid, step)
+            windows, intervals = bd.timeline(con, rid, bd.first_analysed_step(con, rid) if chosen is None else chosen)
             return intervals.join(windows.select("rank", "pp"), on="rank", how="left").select(
                 "rank", "pp", "lane", "start_ns", "end_ns").sort("rank", "start_ns", "lane")
         return self.read(run, intervals_of)
 
-    def critical_path(self, step: int | None = None, by: str = "segments", run: str | None = None) -> pl.DataFrame:
-        """The cross-rank critical path of ``step`` (None: the second step), as `traceana critical-path --json`:
-        its segments (``by="segments"``: rank, stage, kind, dim, name, start_ms, duration_ms, share_pct), their
-        totals ``by`` "rank", "stage" or "kind", or ``by="communication"``: one row, comm_ms split into exposed_ms
-        and overlapped_ms (under compute on another stream)."""
+    def critical_path(self, step: int | str | None = None, by: str = "segments",
+                      run: str | None = None) -> pl.DataFrame:
+        """The cross-rank critical path of ``step`` (None: the second step; "median": the median step), as
+        `traceana critical-path --json`: its segments (``by="segments"``: rank, stage, kind, dim, name, start_ms,
+        duration_ms, share_pct), their totals ``by`` "rank", "stage" or "kind", or ``by="communication"``: one row,
+        comm_ms split into exposed_ms and overlapped_ms (under compute on another stream)."""
         from traceana.analyses import critical_path as cp
 
         keys = {"segments": "segments", "rank": "by_rank", "stage": "by_stage", "kind": "by_kind",
@@ -153,30 +155,33 @@ class Traces:
             raise TraceanaError(f"by={by!r}: choose {', '.join(map(repr, keys))}")
 
         def read(con: duckdb.DuckDBPyConnection, rid: str) -> pl.DataFrame:
-            found, _, segments = cp.of_step(con, rid, step)
+            found, _, segments = cp.of_step(con, rid, bd.resolve_step(con, rid, step))
             if by == "communication":
                 return pl.DataFrame([cp.communication(con, rid, found, segments)])
             return cp.report(segments)[keys[by]]
 
         return self.read(run, read)
 
-    def replay(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
-        """Each rank-step replayed from the run's dependency graph (every step, or ``step``), as `traceana replay
-        --json`: measured and replayed TOTAL and parts in ms, error_pct, unexplained_hold_ms, external_hold_ms."""
+    def replay(self, step: int | str | None = None, run: str | None = None) -> pl.DataFrame:
+        """Each rank-step replayed from the run's dependency graph (every step: None or "all"; or ``step``, a number
+        or "median"), as `traceana replay --json`: measured and replayed TOTAL and parts in ms, error_pct,
+        unexplained_hold_ms, external_hold_ms."""
         from traceana.model import replay
 
-        return self.read(run, lambda con, rid: replay.replay_run(con, rid, step)[1])
+        return self.read(run, lambda con, rid: replay.replay_run(con, rid, bd.resolve_step(con, rid, step,
+                                                                                           every=True))[1])
 
-    def whatif(self, *changes: str, step: int | None = None, run: str | None = None) -> pl.DataFrame:
-        """One step (default: the second) predicted after ``changes`` (specs as `traceana whatif --change`, e.g.
-        "dim=TP:0.5"): per rank the measured and predicted TOTAL and parts in ms, gain_ms and error_bar_ms, and
-        the predicted step's interval (the median rank's, as `traceana whatif --json`): step_ms, low, high, level."""
+    def whatif(self, *changes: str, step: int | str | None = None, run: str | None = None) -> pl.DataFrame:
+        """One step (default: the second; "median": the median step) predicted after ``changes`` (specs as
+        `traceana whatif --change`, e.g. "dim=TP:0.5"): per rank the measured and predicted TOTAL and parts in ms,
+        gain_ms and error_bar_ms, and the predicted step's interval (the median rank's, as `traceana whatif
+        --json`): step_ms, low, high, level."""
         from traceana.model import whatif
 
         parsed = [whatif.parse(c) for c in changes]
 
         def one(con, rid: str) -> pl.DataFrame:
-            _, _, frame, _, interval = whatif.whatif_interval(con, rid, parsed, step)
+            _, _, frame, _, interval = whatif.whatif_interval(con, rid, parsed, bd.resolve_step(con, rid, step))
             return frame.with_columns(step_ms=pl.lit(interval.value), low=pl.lit(interval.low),
                                       high=pl.lit(interval.high), level=pl.lit(interval.level))
 
@@ -193,13 +198,14 @@ class Traces:
         source, target = load(config), load(to)
         return self.read(run, lambda con, rid: predict(con, rid, source, target))
 
-    def advise(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
-        """Findings ranked by the lower end of their gain, as `traceana advise --json`: finding, evidence, change,
+    def advise(self, step: int | str | None = None, run: str | None = None) -> pl.DataFrame:
+        """Findings of ``step`` (None: the second; "median": the median step) ranked by the lower end of their
+        gain, as `traceana advise --json`: finding, evidence, change,
         measured_step_ms, predicted_step_ms with low, high, level, gain_ms with gain_low_ms, gain_high_ms,
         sources, error_bar_ms, graph; those with gain_high_ms <= 0 are `advise`'s "checked, no gain"."""
         from traceana.model import advise
 
-        return self.read(run, lambda con, rid: advise.findings(con, rid, step)[1])
+        return self.read(run, lambda con, rid: advise.findings(con, rid, bd.resolve_step(con, rid, step))[1])
 
     def comm(self, run: str | None = None) -> pl.DataFrame:
         """Communication per op, dim and link (intra- / inter-node): instances, bytes, time (ms), algbw and busbw
@@ -271,11 +277,12 @@ class Traces:
             raise TraceanaError(f"by={by!r}: choose {', '.join(map(repr, readers))}")
         return self.read(run, readers[by])
 
-    def idle(self, step: int | None = None, run: str | None = None) -> pl.DataFrame:
-        """Per rank: IDLE (ms) split by cause (host launch, sync wait, queued, step boundary, unknown)."""
+    def idle(self, step: int | str | None = None, run: str | None = None) -> pl.DataFrame:
+        """Per rank: IDLE (ms) split by cause (host launch, sync wait, queued, step boundary, unknown), of ``step``
+        (None: the typical step; "median": the median step)."""
         from traceana.analyses.idle import idle_causes
 
-        return self.read(run, lambda con, rid: idle_causes(con, rid, step))
+        return self.read(run, lambda con, rid: idle_causes(con, rid, bd.resolve_step(con, rid, step)))
 
     def memory(self, run: str | None = None) -> pl.DataFrame:
         """Peak allocated and reserved memory (bytes) per rank and step; empty when the run sampled none."""

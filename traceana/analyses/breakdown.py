@@ -39,11 +39,12 @@ def first_analysed_step(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
     return known[1] if len(known) > 1 else known[0]
 
 
-def which_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None) -> str:
-    """How a title names the step(s) a report covers: one step, the typical step (mean over steps after the first),
-    or the run's only step, which is then all there is to average."""
+def which_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None, asked: int | str | None = None) -> str:
+    """How a title names the step(s) a report covers: one step (``asked``: the --step given, so that a step
+    'median' chose says so), the typical step (mean over steps after the first), or the run's only step, which is
+    then all there is to average."""
     if step is not None:
-        return f"step {step}"
+        return named_step(step, asked)
     known = steps(con, run_id)
     if len(known) > 1:
         return "typical step (mean over steps after the first)"
@@ -85,6 +86,40 @@ def median_step(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
     step, so its parts add up to its TOTAL as every step's do, and one outlier cannot move it."""
     frame = steady_steps(con, run_id).sort("TOTAL_ns", "step")
     return int(frame["step"][(frame.height - 1) // 2])
+
+
+# The words --step takes besides a step number; "all" only where the command answers per step (replay).
+STEP_WORDS = ("median", "all")
+
+
+def step_form(step: int | str, every: bool = False) -> int | str:
+    """``step`` as a step number or a word (:data:`STEP_WORDS`; "all" only with ``every``), or the one-line error
+    naming the forms: --step's parser and the Python API check one spelling."""
+    words = STEP_WORDS if every else STEP_WORDS[:1]
+    if isinstance(step, int) or step in words:
+        return step
+    try:
+        return int(step)
+    except ValueError:
+        forms = "a step number, 'median' or 'all'" if every else "a step number or 'median'"
+        raise TraceanaError(f"--step {step!r}: give {forms}") from None
+
+
+def resolve_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int | str | None,
+                 every: bool = False) -> int | None:
+    """The step number a report covers, for every command and API method that takes a step: "median" is
+    :func:`median_step`; None (the command's default) and "all" (with ``every``: every step) stay None."""
+    if step is None:
+        return None
+    form = step_form(step, every)
+    if form == "median":
+        return median_step(con, run_id)
+    return None if form == "all" else int(form)
+
+
+def named_step(step: int, asked: int | str | None) -> str:
+    """How output names one step: "step N", and that it is the median step when --step median chose it."""
+    return f"step {step}, the median step" if asked == "median" else f"step {step}"
 
 
 def outlier_notes(con: duckdb.DuckDBPyConnection, run_id: str) -> list[str]:

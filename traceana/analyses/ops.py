@@ -59,9 +59,8 @@ def attribute(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "op", step:
     """The rows of ``by``, largest first: ``top`` of them, then the rest as one row, then "(none)"."""
     if by not in LEVELS:
         raise TraceanaError(f"--by {by!r}: choose one of {', '.join(LEVELS)}")
-    if step == "median":
-        step = bd.median_step(con, run_id)
-    elif isinstance(step, int):
+    asked, step = step, bd.resolve_step(con, run_id, step)
+    if step is not None:
         bd.check_step(con, run_id, step)
     where = "step = $step" if step is not None else "step >= $first"
     params = ({"run": run_id, "step": step} if step is not None
@@ -84,8 +83,7 @@ def attribute(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "op", step:
     notes = [f"no {NEEDS[level]}: --by {level} is not available" for level in LEVELS if level not in have]
     if (none := frame.filter(pl.col(by) == NONE)).height:
         notes.append(f"{NONE}: device time launched outside any {by} ({none['step_pct'][0]:.1f}% of the step)")
-    return Ops(frame, by, bd.which_step(con, run_id, step if isinstance(step, int) else None), rank_steps, have,
-               notes)
+    return Ops(frame, by, bd.which_step(con, run_id, step, asked), rank_steps, have, notes)
 
 
 def _top(frame: pl.DataFrame, by: str, top: int | None) -> pl.DataFrame:

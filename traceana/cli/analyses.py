@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from traceana import store
-from traceana.cli.breakdown import MedianStepOption
-from traceana.cli.options import DbOption, JsonOption, RunArgument, top_count
+from traceana.cli.options import DbOption, JsonOption, OneStepOption, RunArgument, StepOption, plot_option, top_count
 from traceana.errors import TraceanaError
-from traceana.render.console import emit, emit_json, html_path, plot_path
+from traceana.render.console import emit, emit_json, html_path
 
 if TYPE_CHECKING:  # imported where used, as above
     import polars as pl
@@ -25,35 +24,35 @@ if TYPE_CHECKING:  # imported where used, as above
 
 def critical_path(
     run: RunArgument = None,
-    step: Annotated[int | None, typer.Option("--step", help="The step (default: the second, the first carries "
-                                             "warm-up).")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write the step's timeline with the path to this PNG.",
-                                              callback=plot_path)]
-    = None,
+    step: OneStepOption = None,
+    plot: Annotated[Path | None, plot_option("the step's timeline with the path")] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """The chain of work and waits across ranks that set one step's length: segments, totals by rank, stage, kind."""
+    from traceana.analyses.breakdown import named_step, resolve_step
     from traceana.analyses.critical_path import communication, hops, of_step, report
 
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
-        step, windows, segments = of_step(con, rid, step)
-        split = communication(con, rid, step, segments)
+        chosen, windows, segments = of_step(con, rid, resolve_step(con, rid, step))
+        split = communication(con, rid, chosen, segments)
         intervals = con.sql("SELECT rank, lane, start_ns, end_ns FROM activity_intervals WHERE run_id = ? AND "
-                            "step = ?", params=[rid, step]).pl() if plot is not None else None
+                            "step = ?", params=[rid, chosen]).pl() if plot is not None else None
     parts = report(segments)
     length_ms = (segments["end_ns"].max() - segments["start_ns"].min()) / 1e6
     if plot is not None:
         from traceana.render.plots import timeline_gantt
 
-        timeline_gantt(windows, intervals, plot, f"{rid}: step {step}, critical path ({length_ms:,.3f} ms) in black",
+        timeline_gantt(windows, intervals, plot, f"{rid}: {named_step(chosen, step)}, critical path "
+                       f"({length_ms:,.3f} ms) in black",
                        critical=segments)
     if json:
-        emit_json({"run_id": rid, "step": step, "length_ms": length_ms, "communication": split,
+        emit_json({"run_id": rid, "step": chosen, "length_ms": length_ms, "communication": split,
                    **{name: frame.to_dicts() for name, frame in parts.items()}})
     else:
-        title = f"{rid}: step {step}, {length_ms:,.3f} ms from the first rank's start to the last rank's end"
+        title = (f"{rid}: {named_step(chosen, step)}, {length_ms:,.3f} ms from the first rank's start to the last "
+                 "rank's end")
         emit(hops(parts["segments"]), title=f"{title}: the critical path, hop by hop")
         for name in ("by_rank", "by_stage", "by_kind"):
             emit(parts[name], title=f"critical path {name.replace('_', ' ')}")
@@ -71,8 +70,7 @@ def comm(
                                      callback=top_count)] = 10,
     threshold: Annotated[float, typer.Option("--threshold", help="Flag pairs / groups whose bandwidth is this many "
                                              "percent below their peers' median.")] = 20.0,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write the rank-pair heatmaps (bytes, GB/s) to this "
-                                              "PNG.", callback=plot_path)] = None,
+    plot: Annotated[Path | None, plot_option("the rank-pair heatmaps (bytes, GB/s)")] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -125,9 +123,8 @@ def kernels(
                                            "record_shapes).")] = False,
     profile: Annotated[str | None, typer.Option("--profile", help="With --roofline: the hardware profile (a100, "
                                                 "h100, h200 or a YAML file); default: the trace's device.")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="With --launch: the launch delay and queue length over "
-                                              "time; with --roofline: the log-log roofline; to this PNG.",
-                                              callback=plot_path)] = None,
+    plot: Annotated[Path | None, plot_option("the launch delay and queue length over time (--launch) or the "
+                                             "log-log roofline (--roofline)")] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -256,11 +253,10 @@ def ops(
     by: Annotated[str, typer.Option("--by", help="op (outermost CPU op; Ascend: the operator), module (nn.Module "
                                     "path), layer (a module or NVTX range with a layer index) or nvtx (nsys).")]
     = "op",
-    step: MedianStepOption = None,
+    step: StepOption = None,
     top: Annotated[int, typer.Option("--top", help="How many rows; the rest are summed into one row.",
                                      callback=top_count)] = 20,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write the rows as stacked bars to this PNG.",
-                                              callback=plot_path)] = None,
+    plot: Annotated[Path | None, plot_option("the rows as stacked bars")] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -269,11 +265,9 @@ def ops(
     holding what was launched outside any."""
     from traceana.analyses.ops import attribute
 
-    if step is not None and step != "median" and not step.lstrip("-").isdigit():
-        raise TraceanaError(f"--step {step!r}: give a step number or 'median'")
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
-        result = attribute(con, rid, by, None if step is None else step if step == "median" else int(step), top)
+        result = attribute(con, rid, by, step, top)
     frame = result.frame
     if plot is not None:
         from traceana.render.plots import ops_bars
@@ -294,11 +288,8 @@ def ops(
 
 def idle(
     run: RunArgument = None,
-    step: Annotated[int | None, typer.Option("--step", help="One step (default: mean over steps after the first).")]
-    = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write IDLE per rank stacked by cause to this PNG.",
-                                              callback=plot_path)]
-    = None,
+    step: StepOption = None,
+    plot: Annotated[Path | None, plot_option("IDLE per rank stacked by cause")] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -306,17 +297,19 @@ def idle(
     and step-boundary gaps (ms and % of IDLE)."""
     import polars as pl
 
+    from traceana.analyses.breakdown import named_step, resolve_step
     from traceana.analyses.idle import CAUSES, idle_causes
 
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
-        frame = idle_causes(con, rid, step)
+        chosen = resolve_step(con, rid, step)
+        frame = idle_causes(con, rid, chosen)
         launches = con.execute("SELECT count(launch_ns) FROM device_events WHERE run_id = ?", [rid]).fetchall()[0][0]
     if frame.is_empty():
         raise TraceanaError(f"run {rid!r} has no device events, so no idle time")
     note = None if launches else ("no launch records in this run (CPU-only, or a format without runtime "
                                   "correlation): interior gaps are left whole as 'unknown'")
-    which = f"step {step}" if step is not None else "typical step (mean over steps after the first)"
+    which = named_step(chosen, step) if chosen is not None else "typical step (mean over steps after the first)"
     if plot is not None:
         from traceana.render.colours import IDLE_CAUSE_COLORS
         from traceana.render.plots import breakdown_bars
@@ -325,7 +318,7 @@ def idle(
                        ylabel="idle time per step (ms)")
         typer.echo(f"wrote {plot}", err=True)
     if json:
-        emit_json({"run_id": rid, "step": step, "note": note, "ranks": frame.to_dicts()})
+        emit_json({"run_id": rid, "step": chosen, "note": note, "ranks": frame.to_dicts()})
         return
     shares = [pl.format("{} ({}%)", pl.col(f"{c}_ms").round_sig_figs(4),
                         (100 * pl.col(f"{c}_ms") / pl.col("IDLE_ms")).round(1).fill_nan(None)).alias(f"{c} ms (%)")
@@ -338,9 +331,7 @@ def idle(
 
 def memory(
     run: RunArgument = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write allocated and reserved over time to this PNG.",
-                                              callback=plot_path)]
-    = None,
+    plot: Annotated[Path | None, plot_option("allocated and reserved over time")] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -384,8 +375,7 @@ def diff(
                                      callback=top_count)] = 15,
     html: Annotated[Path | None, typer.Option("--html", help="Also write the diff as one interactive HTML file "
                                               "(every kernel, not --top).", callback=html_path)] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write A beside B per stage and part to this PNG.",
-                                              callback=plot_path)] = None,
+    plot: Annotated[Path | None, plot_option("A beside B per stage and part")] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:

@@ -8,17 +8,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from traceana import store
-from traceana.cli.options import DbOption, JsonOption, RunArgument
+from traceana.cli.options import DbOption, JsonOption, OneStepOption, RunArgument, StepOption, plot_option
 from traceana.errors import TraceanaError
-from traceana.render.console import emit, emit_json, plot_path
+from traceana.render.console import emit, emit_json
 
 if TYPE_CHECKING:  # imported where used: the CLI's fixed cost stays small (`traceana --help` loads no Polars)
     import polars as pl
-
-StepOption = Annotated[int | None, typer.Option("--step", help="One step (default: mean over steps after the first).")]
-MedianStepOption = Annotated[str | None, typer.Option(
-    "--step", help="One step, or 'median': the step whose TOTAL is the median of those the mean averages (default: "
-    "the mean over steps after the first).")]
 
 
 def _varying_coords(frame: pl.DataFrame) -> list[str]:
@@ -53,9 +48,8 @@ def _cells(frame: pl.DataFrame, suffix: str, share: bool) -> list[pl.Expr]:
 def breakdown(
     run: RunArgument = None,
     by: Annotated[str, typer.Option("--by", help="rank or stage.")] = "rank",
-    step: MedianStepOption = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write stacked bars per rank to this PNG.",
-                                              callback=plot_path)] = None,
+    step: StepOption = None,
+    plot: Annotated[Path | None, plot_option("stacked bars per rank")] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -64,16 +58,14 @@ def breakdown(
 
     if by not in ("rank", "stage"):
         raise TraceanaError(f"--by {by!r}: choose rank or stage")
-    if step is not None and step != "median" and not step.lstrip("-").isdigit():
-        raise TraceanaError(f"--step {step!r}: give a step number or 'median'")
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
-        chosen = bd.median_step(con, rid) if step == "median" else None if step is None else int(step)
+        chosen = bd.resolve_step(con, rid, step)
         ranks = bd.by_rank(con, rid, chosen)
         frame = ranks if by == "rank" else bd.by_stage(con, rid, chosen)
         if ranks.is_empty():
             raise TraceanaError(f"run {rid!r} has no device events, so no breakdown")
-        which = bd.which_step(con, rid, chosen) + (", the median step" if step == "median" else "")
+        which = bd.which_step(con, rid, chosen, step)
         notes = bd.outlier_notes(con, rid) if chosen is None else []
         if json and by == "rank":  # the memory peak of the same step (of the steps averaged), where sampled
             from traceana.analyses.memory import rank_peaks
@@ -125,9 +117,8 @@ def _stage_table(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def timeline(
-    plot: Annotated[Path, typer.Option("--plot", help="PNG file to write.", callback=plot_path)],
-    step: Annotated[int | None, typer.Option("--step", help="The step to draw (default: the first analysed step: "
-                                             "the first after the warm-up step, or the only one).")] = None,
+    plot: Annotated[Path, plot_option("the step's Gantt across ranks")],
+    step: OneStepOption = None,
     run: RunArgument = None,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -137,12 +128,14 @@ def timeline(
 
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
-        if step is None:
-            step = bd.first_analysed_step(con, rid)
-        windows, intervals = bd.timeline(con, rid, step)
+        chosen = bd.resolve_step(con, rid, step)
+        if chosen is None:
+            chosen = bd.first_analysed_step(con, rid)
+        windows, intervals = bd.timeline(con, rid, chosen)
     ranks = f"{windows.height} rank" + ("s" if windows.height != 1 else "")
-    timeline_gantt(windows, intervals, plot, f"{rid}: step {step} across {ranks}")
-    typer.echo(f"wrote {plot} (step {step}, {ranks}, {intervals.height} activity intervals)")
+    which = bd.named_step(chosen, step)
+    timeline_gantt(windows, intervals, plot, f"{rid}: {which} across {ranks}")
+    typer.echo(f"wrote {plot} ({which}, {ranks}, {intervals.height} activity intervals)")
 
 
 def stragglers(

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from traceana import store
-from traceana.cli.options import DbOption, JsonOption
+from traceana.cli.options import DbOption, JsonOption, plot_option
 from traceana.errors import TraceanaError
-from traceana.render.console import emit, emit_json, plot_path, progress
+from traceana.render.console import emit, emit_json, progress
 
 if TYPE_CHECKING:  # imported where used: the CLI's fixed cost stays small (`traceana --help` loads no Polars)
     import polars as pl
@@ -36,8 +36,7 @@ def compare(
                                                      show_default=False)] = None,
     measured: Annotated[Path | None, typer.Option("--measured", help="CSV of configuration and measured columns "
                                                   "(e.g. ../shared/validation/*.csv): a sweep over its rows.")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write estimated vs measured (PNG).",
-                                              callback=plot_path)] = None,
+    plot: Annotated[Path | None, plot_option("estimated vs measured")] = None,
     fit: Annotated[bool, typer.Option("--fit", help="Fit the calibration block on every other row, report the "
                                       "error on the rows held out.")] = False,
     write_calibration: Annotated[Path | None, typer.Option("--write-calibration", help="Write the fitted values as "

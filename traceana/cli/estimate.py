@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from traceana.render.console import emit, emit_json, plot_path, progress
+from traceana.cli.options import JsonOption, plot_option, top_count
+from traceana.render.console import emit, emit_json, progress
 
 if TYPE_CHECKING:  # imported where used: the CLI's fixed cost stays small
     from traceana.estimator.estimate import Estimate
@@ -49,11 +50,10 @@ def _summary(est: Estimate) -> dict[str, object]:
 
 def estimate(
     cfg_path: ConfigArgument,
-    plot: Annotated[Path | None, typer.Option(help="Write a Gantt chart (PNG) of the simulated step.",
-                                              callback=plot_path)] = None,
+    plot: Annotated[Path | None, plot_option("a Gantt chart of the simulated step")] = None,
     trace: Annotated[Path | None, typer.Option(help="Write the simulated step as Chrome-trace JSON (Perfetto).")]
     = None,
-    json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    json: JsonOption = False,
     db: Annotated[Path | None, typer.Option("--db", help="Also store the estimate in this DuckDB file.")] = None,
     estimate_id: Annotated[str | None, typer.Option(help="Id in the store (default: the config file's name).")]
     = None,
@@ -95,8 +95,9 @@ def _print(cfg_path: Path, est: Estimate, summary: dict[str, object]) -> None:
 
 def search(
     cfg_path: ConfigArgument,
-    top: Annotated[int, typer.Option(help="How many of the fastest layouts to show.")] = 10,
-    json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    top: Annotated[int, typer.Option("--top", help="How many of the fastest layouts to show.",
+                                     callback=top_count)] = 10,
+    json: JsonOption = False,
 ) -> None:
     """Rank the layouts (tp, cp, pp, dp, ep, vpp, micro-batch, recompute, schedule, partition) of the config's
     device count that fit in memory, by estimated step time."""

@@ -9,28 +9,27 @@ from typing import Annotated
 import typer
 
 from traceana import store
-from traceana.cli.options import DbOption, JsonOption, RunArgument
+from traceana.cli.options import DbOption, JsonOption, OneStepOption, RunArgument, plot_option, step_option
 from traceana.errors import TraceanaError
-from traceana.render.console import emit, emit_json, plot_path, progress
-
-StepOption = Annotated[int | None, typer.Option("--step", help="One step (default: every step for replay; the "
-                                                "second, the first carries warm-up, for whatif and advise).")]
+from traceana.render.console import emit, emit_json, progress
 
 
 def replay(
     run: RunArgument = None,
-    step: StepOption = None,
+    step: Annotated[str | None, step_option("every step", every=True)] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """Replay steps from the run's own dependency graph: per rank-step the replayed TOTAL and breakdown against the
     measured ones, the error, and the graph's edges by kind (what was recorded, inferred, or missing)."""
+    from traceana.analyses.breakdown import named_step, resolve_step
     from traceana.model import replay as model
 
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
+        chosen = resolve_step(con, rid, step, every=True)
         with progress(None, "replaying") as advance:
-            g, table = model.replay_run(con, rid, step)
+            g, table = model.replay_run(con, rid, chosen)
             advance("done")
     counts, missing = g.counts, g.missing
     summary = model.summary(table)
@@ -39,7 +38,8 @@ def replay(
         return
     emit(table.select("step", "rank", "stage", "TOTAL_ms", "replayed_TOTAL_ms", "error_pct", "IDLE_ms",
                       "replayed_IDLE_ms", "external_hold_ms"),
-         title=f"{rid}: replay per rank-step (ms; --json has every part)")
+         title=f"{rid}: replay per rank-step{'' if chosen is None else ', ' + named_step(chosen, step)} (ms; "
+               "--json has every part)")
     typer.echo(f"replay error over {summary['rank_steps']} rank-steps: median {summary['median_abs_error_pct']:.2f}%,"
                f" worst {summary['worst_abs_error_pct']:.2f}%")
     typer.echo("edges: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
@@ -52,15 +52,14 @@ def whatif(
     change: Annotated[list[str], typer.Option("--change", help="KEY=TARGET[:FACTOR]: dim=TP:0.5, op=AllToAll:0.7, "
                                               "pg=ID:0.5, kernel=*flash*:0.8, host=0, rank=5:median, rank=5:1.4, "
                                               "rank=*:median, stage=0:median, overlap=DP. Repeat to compose.")] = ...,
-    step: StepOption = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write measured vs predicted per rank, grouped by "
-                                             "stage, to this PNG.", callback=plot_path)]
-    = None,
+    step: OneStepOption = None,
+    plot: Annotated[Path | None, plot_option("measured vs predicted per rank, grouped by stage")] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """Predict a step after changes to its dependency graph: per rank the measured and predicted TOTAL and
     breakdown with the error bar (the plain replay's residual), and the critical path after the change."""
+    from traceana.analyses.breakdown import named_step, resolve_step
     from traceana.analyses.critical_path import report
     from traceana.model import whatif as model
     from traceana.model.whatif import by_stage
@@ -68,15 +67,16 @@ def whatif(
     changes = [model.parse(spec) for spec in change]
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
-        step, g, frame, segments, interval = model.whatif_interval(con, rid, changes, step)
+        chosen, g, frame, segments, interval = model.whatif_interval(con, rid, changes, resolve_step(con, rid, step))
+    which = named_step(chosen, step)
     path = report(segments)["by_kind"] if segments is not None and segments.height else None
     measured, predicted = float(frame["TOTAL_ms"].median()), interval.value
     if plot is not None:
         from traceana.render.plots import whatif_bars
 
-        whatif_bars(frame, plot, f"{rid}: step {step}, {' '.join(map(str, changes))}")
+        whatif_bars(frame, plot, f"{rid}: {which}, {' '.join(map(str, changes))}")
     if json:
-        emit_json({"run_id": rid, "step": step, "changes": [str(c) for c in changes], "measured_step_ms": measured,
+        emit_json({"run_id": rid, "step": chosen, "changes": [str(c) for c in changes], "measured_step_ms": measured,
                    "predicted_step_ms": predicted, "low": interval.low, "high": interval.high,
                    "level": interval.level, "sources": interval.sources,
                    "error_bar_ms": float(frame["error_bar_ms"].max()),
@@ -86,7 +86,7 @@ def whatif(
     else:
         emit(frame.select("rank", "stage", "TOTAL_ms", "predicted_TOTAL_ms", "gain_ms", "error_bar_ms", "COMP_ms",
                           "predicted_COMP_ms"),
-             title=f"{rid}: step {step} after {' '.join(map(str, changes))} (ms; --json has every part)")
+             title=f"{rid}: {which} after {' '.join(map(str, changes))} (ms; --json has every part)")
         emit(by_stage(frame), title="per stage, mean over its ranks (ms)")
         if path is not None:
             emit(path, title="critical path after the change, by kind")
@@ -101,7 +101,7 @@ def whatif(
 
 def advise(
     run: RunArgument = None,
-    step: StepOption = None,
+    step: OneStepOption = None,
     config: Annotated[Path | None, typer.Option("--config", help="The job's estimator YAML: add the changes only "
                                                 "the estimator predicts (rebalanced layers, micro-batches, schedule, "
                                                 "layout).")] = None,
@@ -112,21 +112,23 @@ def advise(
     --config, the estimator) predicts for it with its error bar."""
     import polars as pl
 
+    from traceana.analyses.breakdown import named_step, resolve_step
     from traceana.model import advise as model
 
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
-        step, found = model.findings(con, rid, step, str(config) if config else None)
+        chosen, found = model.findings(con, rid, resolve_step(con, rid, step), str(config) if config else None)
+    which = named_step(chosen, step)
     frame, checked = model.split(found)
     if json:
-        emit_json({"run_id": rid, "step": step, "findings": frame.to_dicts(), "checked_no_gain": checked.to_dicts()})
+        emit_json({"run_id": rid, "step": chosen, "findings": frame.to_dicts(), "checked_no_gain": checked.to_dicts()})
         return
     for row in checked.iter_rows(named=True):
         typer.echo(f"checked, no gain: {row['finding']} ({row['change']}): predicted step "
                    f"{row['predicted_step_ms']:,.3f} ms [{row['low']:,.3f}, {row['high']:,.3f}] "
                    f"({100 * row['level']:.0f}%)", err=True)
     if frame.is_empty():
-        typer.echo(f"{rid}: step {step}: no finding above the thresholds (idle > 20%, a dim's wait > 5%, COMP > 5% "
+        typer.echo(f"{rid}: {which}: no finding above the thresholds (idle > 20%, a dim's wait > 5%, COMP > 5% "
                    "above the group's median)")
         return
     level = f"{100 * frame['level'][0]:.0f}%"
@@ -134,7 +136,7 @@ def advise(
         "gain_ms", "gain_low_ms", "gain_high_ms"))).alias(f"gain_ms [{level}]"), pl.format(
         "{} [{}, {}]", *(pl.col(c).round(3) for c in ("predicted_step_ms", "low", "high"))).alias(
         f"predicted_step_ms [{level}]"))
-    emit(shown, title=f"{rid}: step {step} ({float(frame['measured_step_ms'][0]):,.3f} ms), findings by the lower "
+    emit(shown, title=f"{rid}: {which} ({float(frame['measured_step_ms'][0]):,.3f} ms), findings by the lower "
                       "end of their gain")
     for row in frame.iter_rows(named=True):
         typer.echo(f"- {row['finding']}: {row['evidence']} ({row['graph']})")

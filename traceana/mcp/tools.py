@@ -102,7 +102,7 @@ class Tools:
         traces = self._traces(run_id)
 
         def read(con: DuckDBPyConnection, rid: str) -> tuple:
-            chosen = bd.median_step(con, rid) if step == "median" else step
+            chosen = bd.resolve_step(con, rid, step)
             return (rid, chosen, bd.which_step(con, rid, chosen), bd.outlier_notes(con, rid) if chosen is None else [],
                     rank_peaks(con, rid, chosen) if by == "rank" else None)
 
