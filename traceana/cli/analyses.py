@@ -345,7 +345,6 @@ def memory(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """Peak allocated and reserved memory per rank and step, and the timeline of both (--plot)."""
-    import polars as pl
 
     from traceana.analyses.memory import peaks
     from traceana.render.units import BINARY_BYTES, unit_for
@@ -361,18 +360,14 @@ def memory(
                               "ORDER BY rank, ts_ns", params=[rid]).pl()
             windows = con.sql("SELECT rank, step, start_ns, end_ns FROM step_windows WHERE run_id = ?",
                               params=[rid]).pl()
-    sizes = [c for c in frame.columns if c.endswith("_bytes")]
-    chosen = unit_for(max(frame[c].max() or 0 for c in sizes), BINARY_BYTES)  # one unit for the table and the plot
-    unit, factor, meaning = chosen
+    # the table prints its byte columns in the unit their largest calls for (console.emit_rows): the plot's
+    chosen = unit_for(max(frame[c].max() or 0 for c in frame.columns if c.endswith("_bytes")), BINARY_BYTES)
+    unit, _, meaning = chosen
     if plot is not None:
         from traceana.render.plots import memory_timeline
 
         memory_timeline(samples, windows, plot, f"{rid}: allocator memory per rank", chosen)
-    if json:
-        emit(frame, fmt="json")
-    else:
-        emit(frame.with_columns((pl.col(c) / factor).round(2).alias(c.replace("_bytes", f"_{unit}")) for c in sizes)
-             .drop(sizes), title=f"{rid}: memory per rank and step ({unit} = {meaning})")
+    emit(frame, title=f"{rid}: memory per rank and step ({unit} = {meaning})", fmt="json" if json else "table")
     if plot is not None:
         typer.echo(f"wrote {plot}", err=True)
 
