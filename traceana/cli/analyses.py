@@ -236,19 +236,15 @@ def _launches(run: str | None, top: int, plot: Path | None, json: bool, db: Path
 
 
 def _compact(frame: pl.DataFrame) -> pl.DataFrame:
-    """A launch or roofline table for a terminal of ~100 columns: short headers with their unit, 4 significant
-    figures, no mean delay beside the quantiles (the JSON keeps every column, full names and values)."""
-    import polars as pl
-
+    """A launch or roofline table for a terminal of ~100 columns: short headers with their unit, no mean delay
+    beside the quantiles (the JSON keeps every column and full names)."""
     names = {"short_name": "kernel", "category": "cat", "span_ms": "span ms", "p50_delay_us": "p50 us",
              "p95_delay_us": "p95 us", "max_delay_us": "max us", "short_pct": "short %", "mean_duration_us":
              "dur us", "launch_cost_us": "cost us", "idle_device_events": "idle-device", "busy_queue_pct": "busy %",
              "mean_queue": "mean queue", "max_queue": "max queue", "total_ms": "total ms", "FLOP_per_B": "FLOP/B",
              "TFLOP_per_s": "TFLOP/s", "GB_per_s": "GB/s", "roof_pct": "roof %"}
     frame = frame.drop("mean_delay_us", strict=False)
-    floats = [c for c, t in frame.schema.items() if t == pl.Float64]
-    return frame.with_columns(pl.col(floats).round_sig_figs(4)).rename(
-        {c: n for c, n in names.items() if c in frame.columns})
+    return frame.rename({c: n for c, n in names.items() if c in frame.columns})
 
 
 def ops(
@@ -307,6 +303,7 @@ def idle(
     import polars as pl
 
     from traceana.analyses.idle import CAUSES, idle_causes
+    from traceana.render.console import with_shares
 
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
@@ -327,10 +324,10 @@ def idle(
     if json:
         emit_json({"run_id": rid, "step": step, "note": note, "ranks": frame.to_dicts()})
         return
-    shares = [pl.format("{} ({}%)", pl.col(f"{c}_ms").round_sig_figs(4),
-                        (100 * pl.col(f"{c}_ms") / pl.col("IDLE_ms")).round(1).fill_nan(None)).alias(f"{c} ms (%)")
+    shares = [pl.Series(f"{c} ms (%)", with_shares(frame[f"{c}_ms"].to_list(),
+                                                   (100 * frame[f"{c}_ms"] / frame["IDLE_ms"]).round(1).to_list()))
               for c in CAUSES if frame[f"{c}_ms"].sum() > 0]
-    emit(frame.select("rank", "pp", "steps", "gaps", pl.col("IDLE_ms").round_sig_figs(4), *shares),
+    emit(frame.select("rank", "pp", "steps", "gaps", "IDLE_ms").with_columns(shares),
          title=f"{rid}: why the device was idle, {which}")
     if note:
         typer.echo(f"note: {note}")

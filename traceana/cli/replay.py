@@ -12,7 +12,7 @@ from traceana import store
 from traceana.cli.options import DbOption, JsonOption, RunArgument
 from traceana.errors import TraceanaError
 from traceana.model.intervals import notes as interval_notes
-from traceana.render.console import emit, emit_json, plot_path, progress
+from traceana.render.console import emit, emit_json, plot_path, progress, with_intervals
 
 StepOption = Annotated[int | None, typer.Option("--step", help="One step (default: every step for replay; the "
                                                 "second, the first carries warm-up, for whatif and advise).")]
@@ -129,10 +129,9 @@ def advise(
                    "above the group's median)")
         return
     level = f"{100 * frame['level'][0]:.0f}%"
-    shown = frame.select("finding", "change", pl.format("{} [{}, {}]", *(pl.col(c).round(3) for c in (
-        "gain_ms", "gain_low_ms", "gain_high_ms"))).alias(f"gain_ms [{level}]"), pl.format(
-        "{} [{}, {}]", *(pl.col(c).round(3) for c in ("predicted_step_ms", "low", "high"))).alias(
-        f"predicted_step_ms [{level}]"))
+    shown = frame.select("finding", "change").with_columns(
+        pl.Series(f"{value} [{level}]", with_intervals(*(frame[c].to_list() for c in (value, low, high))))
+        for value, low, high in (("gain_ms", "gain_low_ms", "gain_high_ms"), ("predicted_step_ms", "low", "high")))
     emit(shown, title=f"{rid}: step {step} ({float(frame['measured_step_ms'][0]):,.3f} ms), findings by the lower "
                       "end of their gain")
     for row in frame.iter_rows(named=True):

@@ -167,6 +167,20 @@ def emit_json(payload: Any) -> None:
     sys.stdout.write(json.dumps(payload, default=str, indent=1) + "\n")
 
 
+def with_shares(values: list[Any], shares: list[float | None], name: str = "") -> list[str]:
+    """'value (share%)' cells: the values as :func:`column_text` prints their column, each share to 1 decimal; a
+    blank share (no total to divide by, or a row that gives none) leaves the value alone."""
+    return [text if share is None or not math.isfinite(share) else f"{text} ({share:.1f}%)"
+            for text, share in zip(column_text(values, name), shares, strict=True)]
+
+
+def with_intervals(values: list[Any], lows: list[Any], highs: list[Any]) -> list[str]:
+    """'value [low, high]' cells, the three with one number of decimals (:func:`column_text` of them together)."""
+    n = len(values)
+    texts = column_text([*values, *lows, *highs])
+    return [f"{v} [{low}, {high}]" for v, low, high in zip(texts[:n], texts[n:2 * n], texts[2 * n:], strict=True)]
+
+
 @contextmanager
 def progress(total: int | None, label: str) -> Iterator[Callable[[str], None]]:
     """A progress bar on a terminal (silent when piped; a count without a bar when ``total`` is unknown); yields
