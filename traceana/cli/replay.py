@@ -75,7 +75,7 @@ def whatif(
     if plot is not None:
         from traceana.render.plots import whatif_bars
 
-        whatif_bars(frame, plot, f"{rid}: step {step}, {' '.join(map(str, changes))}")
+        whatif_bars(frame, plot, f"{rid}: step {step}, {' '.join(map(str, changes))}", interval, measured)
     if json:
         emit_json({"run_id": rid, "step": step, "changes": [str(c) for c in changes], "measured_step_ms": measured,
                    "predicted_step_ms": predicted, "low": interval.low, "high": interval.high,
