@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 from typer.testing import CliRunner
 
@@ -97,3 +98,19 @@ def test_user_mistakes_are_one_line_errors(db: Path, args: tuple[str, ...], mess
         main()
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1
+
+
+def test_info_sorts_process_group_ids_as_numbers(tmp_path: Path) -> None:
+    # toy8's groups came out 10, 11, 12, 9 (text order); named groups (Ascend's) follow the numbered ones
+    data = run_data(EVENTS, STEPS, pp={0: 0, 1: 1})
+    data.frames["process_groups"] = pl.DataFrame({"pg": ["10", "hccl_world", "9", "11", "2"], "dim": ["DP"] * 5,
+                                                  "ranks": [[0, 1]] * 5, "source": ["trace"] * 5})
+    path = tmp_path / "g.duckdb"
+    with store.connect(path) as con:
+        store.write_run(con, "two", data)
+    code, out = invoke("info", "--db", str(path), "--json")
+    assert code == 0, out
+    assert [g["pg"] for g in json.loads(out)["process_groups"]] == ["2", "9", "10", "11", "hccl_world"]
+    code, out = invoke("info", "--db", str(path))
+    assert [line.split("│")[1].strip() for line in out.splitlines() if "│ DP " in line] == \
+        ["2", "9", "10", "11", "hccl_world"]

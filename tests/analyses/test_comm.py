@@ -21,6 +21,7 @@ from traceana.cli.main import app
 from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.ingest.run_data import RunData
 from traceana.layout import Layout
+from traceana.render.units import BINARY_BYTES, unit_for
 
 ASCEND = TRACES / "ascend" / "torch_npu_2rank_level1"
 
@@ -131,6 +132,17 @@ def test_command(con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
     ops = {r["op"]: r for r in payload["by_op"]}
     assert ops["AllReduce"]["busbw_GBps"] == 1500.0 and ops["AllGather"]["link"] == "inter-node"
     assert png.stat().st_size > 10_000
+    # the table: sizes in the binary unit the largest calls for, named in the header (the JSON keeps bytes)
+    unit, factor, _ = unit_for(max(r["size_bytes"] for r in payload["by_op"]), BINARY_BYTES)
+    assert unit != "B"
+    table = runner.invoke(app, ["comm", "--db", str(db)], env={"COLUMNS": "250"}).output.splitlines()
+    header = [c.strip() for c in next(line for line in table if "┃ op " in line).split("┃")[1:-1]]
+    assert "size_bytes" not in header and f"size_{unit}" in header
+    column = header.index(f"size_{unit}")
+    rows = [line.split("│")[1:-1] for line in table[table.index(next(line for line in table if "┃ op " in line)):]
+            if line.startswith("│")][:len(payload["by_op"])]
+    assert sorted(float(r[column]) for r in rows) == pytest.approx(
+        sorted(r["size_bytes"] / factor for r in payload["by_op"]), rel=1e-2)
     result = runner.invoke(app, ["comm", "--db", str(db), "--threshold", "150"])
     assert result.exit_code != 0 and "--threshold" in str(result.exception)
 
