@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from unittest.mock import patch
 
 import polars as pl
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from tests.analyses.test_breakdown import Event, run_data
 from traceana import store
 from traceana.cli.main import app, main
+from traceana.render import console
 
 # Ranks 0 (stage 0) and 1 (stage 1); steps 0 = [0, 1000) (warm-up) and 1 = [1000, 2000) (the typical step).
 EVENTS: list[Event] = [
@@ -31,7 +34,10 @@ def db(tmp_path: Path) -> Path:
 
 
 def invoke(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    """The command's output on a 200-column console (the module's console takes its width once, at import: under
+    pytest-xdist COLUMNS is 80)."""
+    with patch.object(console, "console", Console(width=200, color_system=None)):
+        result = CliRunner().invoke(app, list(args))
     return result.exit_code, result.output
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from tests.conftest import SAMPLES, TRACES
@@ -21,6 +22,7 @@ from traceana.cli.main import app
 from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.ingest.run_data import RunData
 from traceana.layout import Layout
+from traceana.render import console
 from traceana.render.units import BINARY_BYTES, unit_for
 
 ASCEND = TRACES / "ascend" / "torch_npu_2rank_level1"
@@ -119,7 +121,7 @@ def test_pipeline_matrix(con: duckdb.DuckDBPyConnection, name: str, messages: in
     assert got == [(s, d, "PP", messages, messages * message_bytes) for s, d in ((0, 1), (1, 0), (2, 3), (3, 2))]
 
 
-def test_command(con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
+def test_command(con: duckdb.DuckDBPyConnection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = tmp_path / "h.duckdb"
     with store.connect(db) as writer:
         store.write_run(writer, "hand", hand_run())
@@ -135,7 +137,8 @@ def test_command(con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
     # the table: sizes in the binary unit the largest calls for, named in the header (the JSON keeps bytes)
     unit, factor, _ = unit_for(max(r["size_bytes"] for r in payload["by_op"]), BINARY_BYTES)
     assert unit != "B"
-    table = runner.invoke(app, ["comm", "--db", str(db)], env={"COLUMNS": "250"}).output.splitlines()
+    monkeypatch.setattr(console, "console", Console(width=250, color_system=None))  # xdist's COLUMNS is 80
+    table = runner.invoke(app, ["comm", "--db", str(db)]).output.splitlines()
     header = [c.strip() for c in next(line for line in table if "┃ op " in line).split("┃")[1:-1]]
     assert "size_bytes" not in header and f"size_{unit}" in header
     column = header.index(f"size_{unit}")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from tests.analyses.test_kernels import short
@@ -21,6 +22,7 @@ from traceana.analyses.diff import breakdown_diff, collective_diff, kernel_diff
 from traceana.cli.main import app
 from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.layout import Layout
+from traceana.render import console
 
 H200 = {"gpt": TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz",
         "hostbound": TRACES / "kineto" / "h200_hostbound_h512_L12_s256_gb8.json.gz"}
@@ -127,14 +129,15 @@ def test_one_program_in_two_export_formats(con: duckdb.DuckDBPyConnection) -> No
     assert abs(total["ms_delta_pct"]) < 10
 
 
-def test_command(db: Path) -> None:
+def test_command(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["diff", "pp2_mb1", "pp2_mb8", "--db", str(db), "--json", "--top", "2"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert len(payload["kernels_changed"]) == 2 and payload["kernels_changed"][0]["short_name"] == "gloo:send"
     # the table: calls per rank-step print as integers where whole ("1" beside "8", not "1.000"), bytes in MiB
-    result = runner.invoke(app, ["diff", "pp2_mb1", "pp2_mb8", "--db", str(db)], env={"COLUMNS": "250"})
+    monkeypatch.setattr(console, "console", Console(width=250, color_system=None))  # xdist's COLUMNS is 80
+    result = runner.invoke(app, ["diff", "pp2_mb1", "pp2_mb8", "--db", str(db)])
     assert result.exit_code == 0, result.output
     tables = _tables(result.output)
     changed, comms = tables["kernels changed most"], tables["collectives by op and dim"]
