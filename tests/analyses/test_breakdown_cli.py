@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from unittest.mock import patch
 
+import polars as pl
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from tests.analyses.test_breakdown import Event, run_data
 from traceana import store
 from traceana.cli.main import app, main
+from traceana.render import console
 
 # Ranks 0 (stage 0) and 1 (stage 1); steps 0 = [0, 1000) (warm-up) and 1 = [1000, 2000) (the typical step).
 EVENTS: list[Event] = [
@@ -30,15 +34,10 @@ def db(tmp_path: Path) -> Path:
 
 
 def invoke(*args: str) -> tuple[int, str]:
-    """The command's exit code and output, 200 columns wide (the console is made once, at import, from COLUMNS:
-    whichever test of this worker imported it first set its width)."""
-    from traceana.render.console import console
-
-    width, console.width = console.width, 200
-    try:
-        result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
-    finally:
-        console.width = width
+    """The command's output on a 200-column console (the module's console takes its width once, at import: under
+    pytest-xdist COLUMNS is 80)."""
+    with patch.object(console, "console", Console(width=200, color_system=None)):
+        result = CliRunner().invoke(app, list(args))
     return result.exit_code, result.output
 
 
@@ -105,3 +104,19 @@ def test_user_mistakes_are_one_line_errors(db: Path, args: tuple[str, ...], mess
         main()
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1
+
+
+def test_info_sorts_process_group_ids_as_numbers(tmp_path: Path) -> None:
+    # toy8's groups came out 10, 11, 12, 9 (text order); named groups (Ascend's) follow the numbered ones
+    data = run_data(EVENTS, STEPS, pp={0: 0, 1: 1})
+    data.frames["process_groups"] = pl.DataFrame({"pg": ["10", "hccl_world", "9", "11", "2"], "dim": ["DP"] * 5,
+                                                  "ranks": [[0, 1]] * 5, "source": ["trace"] * 5})
+    path = tmp_path / "g.duckdb"
+    with store.connect(path) as con:
+        store.write_run(con, "two", data)
+    code, out = invoke("info", "--db", str(path), "--json")
+    assert code == 0, out
+    assert [g["pg"] for g in json.loads(out)["process_groups"]] == ["2", "9", "10", "11", "hccl_world"]
+    code, out = invoke("info", "--db", str(path))
+    assert [line.split("│")[1].strip() for line in out.splitlines() if "│ DP " in line] == \
+        ["2", "9", "10", "11", "hccl_world"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from tests.conftest import SAMPLES, TRACES
@@ -21,6 +22,8 @@ from traceana.cli.main import app
 from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.ingest.run_data import RunData
 from traceana.layout import Layout
+from traceana.render import console
+from traceana.render.units import BINARY_BYTES, unit_for
 
 ASCEND = TRACES / "ascend" / "torch_npu_2rank_level1"
 
@@ -118,7 +121,7 @@ def test_pipeline_matrix(con: duckdb.DuckDBPyConnection, name: str, messages: in
     assert got == [(s, d, "PP", messages, messages * message_bytes) for s, d in ((0, 1), (1, 0), (2, 3), (3, 2))]
 
 
-def test_command(con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
+def test_command(con: duckdb.DuckDBPyConnection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = tmp_path / "h.duckdb"
     with store.connect(db) as writer:
         store.write_run(writer, "hand", hand_run())
@@ -131,6 +134,18 @@ def test_command(con: duckdb.DuckDBPyConnection, tmp_path: Path) -> None:
     ops = {r["op"]: r for r in payload["by_op"]}
     assert ops["AllReduce"]["busbw_GBps"] == 1500.0 and ops["AllGather"]["link"] == "inter-node"
     assert png.stat().st_size > 10_000
+    # the table: sizes in the binary unit the largest calls for, named in the header (the JSON keeps bytes)
+    unit, factor, _ = unit_for(max(r["size_bytes"] for r in payload["by_op"]), BINARY_BYTES)
+    assert unit != "B"
+    monkeypatch.setattr(console, "console", Console(width=250, color_system=None))  # xdist's COLUMNS is 80
+    table = runner.invoke(app, ["comm", "--db", str(db)]).output.splitlines()
+    header = [c.strip() for c in next(line for line in table if "┃ op " in line).split("┃")[1:-1]]
+    assert "size_bytes" not in header and f"size_{unit}" in header
+    column = header.index(f"size_{unit}")
+    rows = [line.split("│")[1:-1] for line in table[table.index(next(line for line in table if "┃ op " in line)):]
+            if line.startswith("│")][:len(payload["by_op"])]
+    assert sorted(float(r[column]) for r in rows) == pytest.approx(
+        sorted(r["size_bytes"] / factor for r in payload["by_op"]), rel=1e-2)
     result = runner.invoke(app, ["comm", "--db", str(db), "--threshold", "150"])
     assert result.exit_code != 0 and "--threshold" in str(result.exception)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from tests.analyses.test_kernels import short
@@ -21,6 +22,7 @@ from traceana.analyses.diff import breakdown_diff, collective_diff, kernel_diff
 from traceana.cli.main import app
 from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.layout import Layout
+from traceana.render import console
 
 H200 = {"gpt": TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz",
         "hostbound": TRACES / "kineto" / "h200_hostbound_h512_L12_s256_gb8.json.gz"}
@@ -127,15 +129,45 @@ def test_one_program_in_two_export_formats(con: duckdb.DuckDBPyConnection) -> No
     assert abs(total["ms_delta_pct"]) < 10
 
 
-def test_command(db: Path) -> None:
+def test_command(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["diff", "pp2_mb1", "pp2_mb8", "--db", str(db), "--json", "--top", "2"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert len(payload["kernels_changed"]) == 2 and payload["kernels_changed"][0]["short_name"] == "gloo:send"
+    # the table: calls per rank-step print as integers where whole ("1" beside "8", not "1.000"), bytes in MiB
+    monkeypatch.setattr(console, "console", Console(width=250, color_system=None))  # xdist's COLUMNS is 80
+    result = runner.invoke(app, ["diff", "pp2_mb1", "pp2_mb8", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    tables = _tables(result.output)
+    changed, comms = tables["kernels changed most"], tables["collectives by op and dim"]
+    for row in [*changed, *comms]:
+        for column in ("calls_A", "calls_B"):
+            assert "." not in row[column] or not float(row[column]).is_integer(), row
+    send = next(r for r in payload["kernels_changed"] if r["short_name"] == "gloo:send")
+    assert [r["calls_A"] for r in changed if r["short_name"] == "gloo:send"] == [f"{send['calls_A']:g}"]
+    said = {(r["op"], r["dim"]): r for r in json.loads(runner.invoke(app, [
+        "diff", "pp2_mb1", "pp2_mb8", "--db", str(db), "--json"]).stdout)["collectives"]}
+    assert [float(r["MiB_A"]) for r in comms] == pytest.approx(
+        [said[(r["op"], r["dim"])]["bytes_A"] / 2**20 for r in comms], abs=0.01)
     result = runner.invoke(app, ["diff", "moe_balanced", "moe_skewed", "--db", str(db)])
     assert result.exit_code == 0 and "note: explains_pct is blank for stage(s) 0: TOTAL changed less" in result.output
     result = runner.invoke(app, ["diff", "gpt", "hostbound", "--db", str(db)])
     assert result.exit_code == 0 and "vanished from A" in result.output
     result = runner.invoke(app, ["diff", "gpt", "nope", "--db", str(db)])
     assert result.exit_code != 0 and "unknown run 'nope'" in str(result.exception)
+
+
+def _tables(output: str) -> dict[str, list[dict[str, str]]]:
+    """Each rich table of ``output`` by the start of its title: its rows as {header: cell}."""
+    tables: dict[str, list[dict[str, str]]] = {}
+    title, header = "", []
+    for line in output.splitlines():
+        cells = [c.strip() for c in line.split("│" if line.startswith("│") else "┃")[1:-1]]
+        if line.startswith("┃"):
+            header = cells
+        elif line.startswith("│"):
+            tables.setdefault(title, []).append(dict(zip(header, cells, strict=True)))
+        elif line.strip() and not line.startswith(("┏", "┡", "└")):
+            title = line.strip()
+    return {t.split(" (")[0]: rows for t, rows in tables.items()}

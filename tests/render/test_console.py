@@ -1,9 +1,10 @@
-"""The rich tables every command prints: counts as integers, and a table wider than the terminal in parts that
-keep every number whole."""
+"""The rich tables every command prints: counts as integers, one number of decimals per column, bytes in the unit
+their magnitude calls for, and a table wider than the terminal in parts that keep every number whole."""
 
 from __future__ import annotations
 
 import io
+import json
 
 import polars as pl
 import pytest
@@ -21,12 +22,49 @@ def screen(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
 
 
 def test_whole_floats_print_as_integers(screen: io.StringIO) -> None:
-    # `idle` printed its gaps (a mean over steps) as "960.000", `diff` its bytes as "8,388,608.0"
-    console.emit(pl.DataFrame({"gaps": [960.0, 1054.0], "bytes": [8388608.0, 524288.0], "ms": [1.5, 2.0]}))
+    # `idle` printed its gaps (a mean over steps) as "960.000"
+    console.emit(pl.DataFrame({"gaps": [960.0, 1054.0], "ms": [1.5, 2.0]}))
     text = screen.getvalue()
-    assert "960 " in text and "1,054 " in text and "8,388,608 " in text and "524,288 " in text
-    assert "960.000" not in text and "8,388,608.0" not in text
-    assert "1.500" in text and "2.000" in text  # a column with a fraction keeps its decimals on every row
+    assert "960 " in text and "1,054 " in text and "960.0" not in text
+    assert "1.5 " in text and "2.0 " in text  # a column with a fraction keeps its decimals on every row
+
+
+def test_one_number_of_decimals_per_column(screen: io.StringIO) -> None:
+    # a column printed 71.79, 126.0 and 7.655 (4 significant digits each); its smallest value sets the decimals
+    console.emit(pl.DataFrame({"ms": [71.79, 126.0, 7.655], "big_ms": [1672.84, 3195.51, 100.07],
+                               "tiny_ms": [0.0123, 512.0, 0.0], "half_ms": [1.5, 0.25, 3.0]}))
+    rows = [line.split("│")[1:-1] for line in screen.getvalue().splitlines() if line.startswith("│")]
+    assert [[c.strip() for c in row] for row in rows] == [["71.79", "1,672.8", "0.012", "1.50"],
+                                                          ["126.00", "3,195.5", "512.000", "0.25"],
+                                                          ["7.66", "100.1", "0.000", "3.00"]]
+
+
+def test_whole_counts_print_as_integers_beside_fractions(screen: io.StringIO) -> None:
+    # `diff` printed calls_A "1.000" beside calls_B "8": calls per rank-step are whole on most rows
+    console.emit(pl.DataFrame({"calls_A": [1.0, 1.5, 0.5], "calls_B": [8.0, 6.0, 2.0],
+                               "calls_delta_pct": [700.0, 300.5, 300.0]}))
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in screen.getvalue().splitlines()
+            if line.startswith("│")]
+    assert rows == [["1", "8", "700.0"], ["1.5", "6", "300.5"], ["0.5", "2", "300.0"]]
+
+
+def test_bytes_in_the_unit_their_magnitude_calls_for(screen: io.StringIO, capsys: pytest.CaptureFixture) -> None:
+    # `comm` and `info` printed 33554432: one binary unit for the table's byte columns, named in the header
+    frame = pl.DataFrame({"op": ["AllReduce", "Send"], "size_bytes": [33554432, 8388608],
+                          "assumed_bytes": [0, 4194304], "bytes_delta_pct": [12.5, 0.0]})
+    console.emit(frame)
+    text = screen.getvalue()
+    header = next(line for line in text.splitlines() if line.startswith("┃"))
+    assert "size_MiB" in header and "assumed_MiB" in header and "bytes_delta_pct" in header
+    assert "bytes ┃" not in header and "size_bytes" not in header
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]
+    assert rows == [["AllReduce", "32", "0", "12.5"], ["Send", "8", "4", "0.0"]]
+    console.emit(pl.DataFrame({"bytes": [1536, 512]}))
+    assert screen.getvalue().splitlines()[-5:-1] == ["┃ KiB ┃", "┡━━━━━┩", "│ 1.5 │", "│ 0.5 │"]
+    console.emit(frame, fmt="json")  # display only: JSON keeps raw bytes
+    assert json.loads(capsys.readouterr().out)[0]["size_bytes"] == 33554432
+    console.emit(pl.DataFrame({"bytes": [100, 12]}))  # under 1 KiB: bytes as they are
+    assert screen.getvalue().splitlines()[-5:-1] == ["┃ bytes ┃", "┡━━━━━━━┩", "│   100 │", "│    12 │"]
 
 
 def test_a_wide_table_prints_in_parts_with_its_keys(screen: io.StringIO) -> None:

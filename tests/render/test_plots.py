@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 from matplotlib.collections import LineCollection
 from matplotlib.colors import to_rgba
+from matplotlib.container import ErrorbarContainer
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from matplotlib.text import Annotation, Text
 
 from tests.conftest import SAMPLES, TRACES, ingested, run_main
 from tests.test_sample_traces import EXPERIMENTS
 from traceana.render import colours, plots
-from traceana.render.units import BANDWIDTH, BINARY_BYTES, DECIMAL_BYTES, unit_for
+from traceana.render.units import BANDWIDTH, BINARY_BYTES, unit_for
 
 H200 = TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz"
 
@@ -64,9 +66,9 @@ def test_the_critical_path_has_a_colour_no_dim_has(db: Path, figures: list[Figur
 
 
 def test_units_follow_the_magnitude() -> None:
-    assert unit_for(720_896, DECIMAL_BYTES)[0] == "KB"
-    assert unit_for(1_048_576, DECIMAL_BYTES)[0] == "MB"
-    assert unit_for(999, DECIMAL_BYTES)[0] == "B" and unit_for(0, DECIMAL_BYTES)[0] == "B"
+    assert unit_for(720_896, BINARY_BYTES)[0] == "KiB"
+    assert unit_for(1_048_576, BINARY_BYTES)[0] == "MiB"
+    assert unit_for(1023, BINARY_BYTES)[0] == "B" and unit_for(0, BINARY_BYTES)[0] == "B"
     assert unit_for(0.46e9, BANDWIDTH)[0] == "MB/s" and unit_for(25e9, BANDWIDTH)[0] == "GB/s"
     assert unit_for(13_264_896, BINARY_BYTES)[0] == "MiB" and unit_for(6.2 * 2**30, BINARY_BYTES)[0] == "GiB"
 
@@ -77,14 +79,14 @@ def _matrix(db: Path, run: str) -> list[dict]:
 
 def test_heatmap_units_and_assumed_all_to_all_cells(db: Path, figures: list[Figure], tmp_path: Path) -> None:
     # moe_skewed: every pair is an all-to-all's even split (sample_traces/moe.py: 2-rank EP groups); the bytes are
-    # hundreds of KB per pair (720,896 and 327,680 in `comm --json`) and were drawn as 0.721 and 0.328 "MB"
+    # hundreds of KiB per pair (720,896 and 327,680 in `comm --json`) and were drawn as 0.721 and 0.328 "MB"
     pairs = _matrix(db, "moe_skewed")
     assert {p["bytes"] for p in pairs} == {720_896, 327_680} and all(p["assumed_bytes"] == p["bytes"] for p in pairs)
     _run("comm", "moe_skewed", "--plot", tmp_path / "m.png", "--db", db)
     traffic, bandwidth = figures[0].axes[:2]
-    assert traffic.get_title() == "traffic in KB (1e3 bytes)"
+    assert traffic.get_title() == "traffic in KiB (2^10 bytes)"
     assert bandwidth.get_title() == "achieved bandwidth in MB/s (1e6 bytes/s)"
-    assert sorted(t.get_text() for t in traffic.texts) == ["328", "328", "721", "721"]
+    assert sorted(t.get_text() for t in traffic.texts) == ["320", "320", "704", "704"]  # as `comm` prints them
     expected = sorted(f"{p['bytes'] / (p['time_ms'] / 1e3) / 1e6:.3g}" for p in pairs)
     assert sorted(t.get_text() for t in bandwidth.texts) == expected
     for ax in (traffic, bandwidth):
@@ -93,7 +95,7 @@ def test_heatmap_units_and_assumed_all_to_all_cells(db: Path, figures: list[Figu
             sorted((p["src"], p["dst"]) for p in pairs)
     assert "hatched: an all-to-all's bytes split evenly over its group, assumed" in figures[0].get_suptitle()
     images = [im for ax in (traffic, bandwidth) for im in ax.images]
-    for image, values in zip(images, ([p["bytes"] / 1e3 for p in pairs],
+    for image, values in zip(images, ([p["bytes"] / 2**10 for p in pairs],
                                       [p["bytes"] / p["time_ms"] / 1e3 for p in pairs]), strict=True):
         assert image.norm.vmin == pytest.approx(min(values)) and image.norm.vmax == pytest.approx(max(values))
 
@@ -105,7 +107,7 @@ def test_heatmap_of_equal_cells_says_so(db: Path, figures: list[Figure], tmp_pat
     _run("comm", "toy8_tp2pp2dp2_1f1b", "--plot", tmp_path / "t.png", "--db", db)
     fig = figures[0]
     traffic = fig.axes[0]
-    assert traffic.get_title() == f"traffic: every pair {pairs[0]['bytes'] / 1e6:.3g} MB (1e6 bytes)"
+    assert traffic.get_title() == f"traffic: every pair {pairs[0]['bytes'] / 2**20:.3g} MiB (2^20 bytes)"
     assert len(fig.axes) == 3  # two panels and one colour bar: the bandwidths differ, the sizes do not
     assert "hatched" not in fig.get_suptitle() and not [p for p in traffic.patches if p.get_hatch()]
 
@@ -157,3 +159,45 @@ def test_diff_bars_are_the_json_numbers(db: Path, figures: list[Figure], tmp_pat
     expected = [r[c] or 0.0 for r in said["breakdown"] if r["part"] in drawn for c in ("ms_A", "ms_B")]
     assert sorted(p.get_height() for p in bars) == pytest.approx(sorted(expected), abs=1e-6)
     assert sum(bool(p.get_hatch()) for p in bars) == len(bars) // 2  # B hatched, A solid
+
+
+def test_roofline_numbers_do_not_overlap(db: Path, figures: list[Figure], tmp_path: Path) -> None:
+    # the H200 GPT's ten longest ops: nine GEMMs in one cluster at ~900 FLOP/B, whose numbers were drawn on each other
+    _run("kernels", "h200", "--roofline", "--plot", tmp_path / "r.png", "--db", db)
+    (fig,) = figures
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    numbers = [t for t in ax.texts if isinstance(t, Annotation) and t.get_text().isdigit()]
+    assert sorted(int(t.get_text()) for t in numbers) == list(range(1, 11))
+    boxes = [Text.get_window_extent(t) for t in numbers]
+    frame = ax.get_window_extent()
+    assert all(frame.contains(b.x0, b.y0) and frame.contains(b.x1, b.y1) for b in boxes)
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+    assert all(t.arrow_patch is not None for t in numbers)  # each on a leader line to its point
+
+
+def test_whatif_draws_the_step_interval(db: Path, figures: list[Figure], tmp_path: Path) -> None:
+    said = json.loads(_run("whatif", "toy8_tp2pp2dp2_1f1b", "--change", "dim=TP:0.5", "--json", "--plot",
+                           tmp_path / "w.png", "--db", db))
+    (fig,) = figures
+    ax = fig.axes[0]
+    (interval,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer) and c.get_label().startswith("step")]
+    (segment,) = interval.lines[2][0].get_segments()
+    assert [y for _, y in segment] == pytest.approx([said["low"], said["high"]])
+    assert interval.lines[2][0].get_linewidth()[0] >= 2  # visible beside the bars, not a hairline
+    assert said["high"] - said["low"] > 0.05 * said["predicted_step_ms"]  # toy8's interval: about ±5%
+    label = f"[{said['low']:,.1f}, {said['high']:,.1f}]"
+    assert any(label in t.get_text() and f"({100 * said['level']:.0f}%)" in t.get_text() for t in ax.texts)
+
+
+def test_the_saved_file_keeps_what_lies_past_the_canvas(tmp_path: Path) -> None:
+    # `comm --plot` clipped "destination rank" under its left panel: the saved file is cropped to what is drawn
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(4, 3))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlabel("destination rank")
+    plots.save_figure(fig, tmp_path / "f.png", dpi=50)
+    height, width = matplotlib.image.imread(tmp_path / "f.png").shape[:2]
+    assert height > 3 * 50 and width > 4 * 50  # the tick labels and the axis label below and left of the canvas

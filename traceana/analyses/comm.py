@@ -63,5 +63,6 @@ def by_group(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
         "SELECT b.pg, b.dim, b.op, any_value(g.ranks)::VARCHAR AS ranks, count(*) AS instances, "
         "sum(b.busbw_GBps * b.time_ns) / nullif(sum(b.time_ns), 0) AS busbw_GBps "
         "FROM collective_bandwidth b LEFT JOIN process_groups g USING (run_id, pg) "
-        "WHERE b.run_id = ? AND b.pg IS NOT NULL AND b.busbw_GBps IS NOT NULL GROUP BY ALL ORDER BY b.pg, b.op",
+        "WHERE b.run_id = ? AND b.pg IS NOT NULL AND b.busbw_GBps IS NOT NULL GROUP BY ALL "
+        "ORDER BY TRY_CAST(any_value(b.pg) AS HUGEINT) NULLS LAST, b.pg, b.op",
         params=[run_id]).pl()

@@ -13,9 +13,10 @@ PARTS = {
     "steps": "SELECT step, count(*) AS ranks, round(avg(end_ns - start_ns) / 1e6, 3) AS mean_ms, "
              "round(max(end_ns - start_ns) / 1e6, 3) AS max_ms, bool_and(from_markers) AS from_markers "
              "FROM step_windows WHERE run_id=$r GROUP BY step ORDER BY step",
-    # streams: a column stores written before it existed lack, hence COLUMNS (source is always there)
+    # streams: a column stores written before it existed lack, hence COLUMNS (source is always there); pg ids are
+    # text (Ascend names its groups), numeric ones sort as numbers (9 before 10), named ones after them
     "process_groups": "SELECT pg, dim, name, ranks, COLUMNS(lambda c: c IN ('source', 'streams')) "
-                      "FROM process_groups WHERE run_id=$r ORDER BY dim, pg",
+                      "FROM process_groups WHERE run_id=$r ORDER BY dim, TRY_CAST(pg AS HUGEINT) NULLS LAST, pg",
     "events by category": "SELECT category, count(*) AS events, sum(end_ns-start_ns)/1e6 AS busy_ms "
                           "FROM device_events WHERE run_id=$r GROUP BY ALL ORDER BY events DESC",
     "collectives by op and dim": "SELECT op, kernel_op, dim, evidence, count(*) AS events, "

@@ -233,19 +233,15 @@ def _launches(run: str | None, top: int, plot: Path | None, json: bool, db: Path
 
 
 def _compact(frame: pl.DataFrame) -> pl.DataFrame:
-    """A launch or roofline table for a terminal of ~100 columns: short headers with their unit, 4 significant
-    figures, no mean delay beside the quantiles (the JSON keeps every column, full names and values)."""
-    import polars as pl
-
+    """A launch or roofline table for a terminal of ~100 columns: short headers with their unit, no mean delay
+    beside the quantiles (the JSON keeps every column and full names)."""
     names = {"short_name": "kernel", "category": "cat", "span_ms": "span ms", "p50_delay_us": "p50 us",
              "p95_delay_us": "p95 us", "max_delay_us": "max us", "short_pct": "short %", "mean_duration_us":
              "dur us", "launch_cost_us": "cost us", "idle_device_events": "idle-device", "busy_queue_pct": "busy %",
              "mean_queue": "mean queue", "max_queue": "max queue", "total_ms": "total ms", "FLOP_per_B": "FLOP/B",
              "TFLOP_per_s": "TFLOP/s", "GB_per_s": "GB/s", "roof_pct": "roof %"}
     frame = frame.drop("mean_delay_us", strict=False)
-    floats = [c for c, t in frame.schema.items() if t == pl.Float64]
-    return frame.with_columns(pl.col(floats).round_sig_figs(4)).rename(
-        {c: n for c, n in names.items() if c in frame.columns})
+    return frame.rename({c: n for c, n in names.items() if c in frame.columns})
 
 
 def ops(
@@ -299,6 +295,7 @@ def idle(
 
     from traceana.analyses.breakdown import named_step, resolve_step
     from traceana.analyses.idle import CAUSES, idle_causes
+    from traceana.render.console import with_shares
 
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
@@ -320,10 +317,10 @@ def idle(
     if json:
         emit_json({"run_id": rid, "step": chosen, "note": note, "ranks": frame.to_dicts()})
         return
-    shares = [pl.format("{} ({}%)", pl.col(f"{c}_ms").round_sig_figs(4),
-                        (100 * pl.col(f"{c}_ms") / pl.col("IDLE_ms")).round(1).fill_nan(None)).alias(f"{c} ms (%)")
+    shares = [pl.Series(f"{c} ms (%)", with_shares(frame[f"{c}_ms"].to_list(),
+                                                   (100 * frame[f"{c}_ms"] / frame["IDLE_ms"]).round(1).to_list()))
               for c in CAUSES if frame[f"{c}_ms"].sum() > 0]
-    emit(frame.select("rank", "pp", "steps", "gaps", pl.col("IDLE_ms").round_sig_figs(4), *shares),
+    emit(frame.select("rank", "pp", "steps", "gaps", "IDLE_ms").with_columns(shares),
          title=f"{rid}: why the device was idle, {which}")
     if note:
         typer.echo(f"note: {note}")
@@ -336,7 +333,6 @@ def memory(
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
     """Peak allocated and reserved memory per rank and step, and the timeline of both (--plot)."""
-    import polars as pl
 
     from traceana.analyses.memory import peaks
     from traceana.render.units import BINARY_BYTES, unit_for
@@ -352,18 +348,14 @@ def memory(
                               "ORDER BY rank, ts_ns", params=[rid]).pl()
             windows = con.sql("SELECT rank, step, start_ns, end_ns FROM step_windows WHERE run_id = ?",
                               params=[rid]).pl()
-    sizes = [c for c in frame.columns if c.endswith("_bytes")]
-    chosen = unit_for(max(frame[c].max() or 0 for c in sizes), BINARY_BYTES)  # one unit for the table and the plot
-    unit, factor, meaning = chosen
+    # the table prints its byte columns in the unit their largest calls for (console.emit_rows): the plot's
+    chosen = unit_for(max(frame[c].max() or 0 for c in frame.columns if c.endswith("_bytes")), BINARY_BYTES)
+    unit, _, meaning = chosen
     if plot is not None:
         from traceana.render.plots import memory_timeline
 
         memory_timeline(samples, windows, plot, f"{rid}: allocator memory per rank", chosen)
-    if json:
-        emit(frame, fmt="json")
-    else:
-        emit(frame.with_columns((pl.col(c) / factor).round(2).alias(c.replace("_bytes", f"_{unit}")) for c in sizes)
-             .drop(sizes), title=f"{rid}: memory per rank and step ({unit} = {meaning})")
+    emit(frame, title=f"{rid}: memory per rank and step ({unit} = {meaning})", fmt="json" if json else "table")
     if plot is not None:
         typer.echo(f"wrote {plot}", err=True)
 

@@ -23,26 +23,25 @@ def _varying_coords(frame: pl.DataFrame) -> list[str]:
     return [c for c in bd.COORDS if frame[c].n_unique() > 1]
 
 
-def _cells(frame: pl.DataFrame, suffix: str, share: bool) -> list[pl.Expr]:
-    """TOTAL, each part that is not zero everywhere as 'ms (pct%)' (or plain ms), and OVERLAPPED as 'ms (its share
-    of the communication time%)' (or plain ms), for a table."""
+def _cells(frame: pl.DataFrame, suffix: str, share: list[bool]) -> list[pl.Series]:
+    """TOTAL, each part that is not zero everywhere as 'ms (pct%)' on the rows ``share`` marks (plain ms on the
+    others), and OVERLAPPED as 'ms (its share of the communication time%)', for a table: each column's ms with one
+    number of decimals (console.column_text)."""
     import polars as pl
 
     from traceana.analyses import breakdown as bd
+    from traceana.render.console import with_shares
 
-    def ms(part: str) -> pl.Expr:
-        return pl.col(f"{part}{suffix}").round_sig_figs(4)
+    def cell(part: str, shares: pl.Series) -> list[str]:
+        return with_shares(frame[f"{part}{suffix}"].to_list(),
+                           [v if keep else None for v, keep in zip(shares.to_list(), share, strict=True)])
 
     shown = [p for p in bd.PARTS if p not in bd.WAITS or frame[f"{p}{suffix}"].abs().sum() > 0]
-    cells = [ms("TOTAL").cast(pl.String).alias("TOTAL ms")]
-    for part in shown:
-        pct = (100 * pl.col(f"{part}{suffix}") / pl.col(f"TOTAL{suffix}")).round(1).fill_nan(None)
-        cells.append((pl.format("{} ({}%)", ms(part), pct) if share else ms(part).cast(pl.String))
-                     .alias(f"{bd.label(part)} ms (%)"))
-    overlapped = ms("OVERLAPPED").cast(pl.String)
-    if share:  # no communication: no share to give
-        overlapped = pl.coalesce(pl.format("{} ({}%)", ms("OVERLAPPED"), pl.col("OVERLAP_pct").round(1)), overlapped)
-    return [*cells, overlapped.alias("OVERLAPPED ms (% comm)")]
+    total = frame[f"TOTAL{suffix}"]
+    cells = [total.alias("TOTAL ms")]
+    cells += [pl.Series(f"{bd.label(part)} ms (%)", cell(part, (100 * frame[f"{part}{suffix}"] / total).round(1)))
+              for part in shown]
+    return [*cells, pl.Series("OVERLAPPED ms (% comm)", cell("OVERLAPPED", frame["OVERLAP_pct"].round(1)))]
 
 
 def breakdown(
@@ -102,18 +101,23 @@ def _overlap_line(ranks: pl.DataFrame) -> str:
 
 
 def _rank_table(frame: pl.DataFrame, typical: bool) -> pl.DataFrame:
-    return frame.select("rank", *_varying_coords(frame), *(["steps"] if typical else []),
-                        *_cells(frame, "_ms", share=True))
+    return frame.select("rank", *_varying_coords(frame), *(["steps"] if typical else [])).with_columns(
+        _cells(frame, "_ms", share=[True] * frame.height))
 
 
 def _stage_table(frame: pl.DataFrame) -> pl.DataFrame:
     """Two rows per stage: the mean over its ranks (with % of the mean TOTAL) and the max."""
     import polars as pl
 
-    rows = [frame.select(pl.col("pp").alias("stage"), pl.lit(stat).alias("over ranks"), "ranks",
-                         *_cells(frame, f"_{stat}_ms", share=stat == "mean"))
-            for stat in ("mean", "max")]
-    return pl.concat(rows).sort("stage", "over ranks", descending=[False, True], nulls_last=False)
+    from traceana.analyses import breakdown as bd
+
+    parts = ("TOTAL", *bd.PARTS, "OVERLAPPED")
+    rows = pl.concat([frame.select(pl.col("pp").alias("stage"), pl.lit(stat).alias("over ranks"), "ranks",
+                                   *[pl.col(f"{p}_{stat}_ms").alias(f"{p}_ms") for p in parts], "OVERLAP_pct")
+                      for stat in ("mean", "max")]).sort("stage", "over ranks", descending=[False, True],
+                                                         nulls_last=False)
+    return rows.select("stage", "over ranks", "ranks").with_columns(
+        _cells(rows, "_ms", share=[stat == "mean" for stat in rows["over ranks"]]))
 
 
 def timeline(

@@ -11,7 +11,7 @@ import typer
 from traceana import store
 from traceana.cli.options import DbOption, JsonOption, OneStepOption, RunArgument, plot_option, step_option
 from traceana.errors import TraceanaError
-from traceana.render.console import emit, emit_json, progress
+from traceana.render.console import emit, emit_json, progress, with_intervals
 
 
 def replay(
@@ -74,7 +74,7 @@ def whatif(
     if plot is not None:
         from traceana.render.plots import whatif_bars
 
-        whatif_bars(frame, plot, f"{rid}: {which}, {' '.join(map(str, changes))}")
+        whatif_bars(frame, plot, f"{rid}: {which}, {' '.join(map(str, changes))}", interval, measured)
     if json:
         emit_json({"run_id": rid, "step": chosen, "changes": [str(c) for c in changes], "measured_step_ms": measured,
                    "predicted_step_ms": predicted, "low": interval.low, "high": interval.high,
@@ -132,10 +132,9 @@ def advise(
                    "above the group's median)")
         return
     level = f"{100 * frame['level'][0]:.0f}%"
-    shown = frame.select("finding", "change", pl.format("{} [{}, {}]", *(pl.col(c).round(3) for c in (
-        "gain_ms", "gain_low_ms", "gain_high_ms"))).alias(f"gain_ms [{level}]"), pl.format(
-        "{} [{}, {}]", *(pl.col(c).round(3) for c in ("predicted_step_ms", "low", "high"))).alias(
-        f"predicted_step_ms [{level}]"))
+    shown = frame.select("finding", "change").with_columns(
+        pl.Series(f"{value} [{level}]", with_intervals(*(frame[c].to_list() for c in (value, low, high))))
+        for value, low, high in (("gain_ms", "gain_low_ms", "gain_high_ms"), ("predicted_step_ms", "low", "high")))
     emit(shown, title=f"{rid}: {which} ({float(frame['measured_step_ms'][0]):,.3f} ms), findings by the lower "
                       "end of their gain")
     for row in frame.iter_rows(named=True):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,17 +49,19 @@ def emit_rows(columns: list[str], rows: list[tuple], numeric: list[bool], *, tit
               fmt: str = "table", keys: int = 1) -> None:
     """Print rows (a query's result) as :func:`emit` prints a frame, without building one (table or json).
 
-    A number is never cut or wrapped, and a column of floats that are all whole (a mean of counts, bytes) prints
-    as integers. Headers wrap at their spaces. A table wider than the terminal is printed in parts, each with the
+    A number is never cut or wrapped; each column's numbers print as :func:`column_text` writes them, and byte
+    counts in the unit the table's largest calls for, named in their headers (:func:`_in_bytes_unit`); JSON keeps
+    the raw values. Headers wrap at their spaces. A table wider than the terminal is printed in parts, each with the
     first ``keys`` columns and as many of the others, in order, as fit."""
     if fmt == "json":
         emit_json([dict(zip(columns, row, strict=True)) for row in rows])
         return
     from rich.table import Table
 
-    whole = [all(not isinstance(v, float) or v.is_integer() for v in column) for column in zip(*rows, strict=True)] \
-        if rows else [False] * len(columns)
-    cells = [[_cell(v, w) for v, w in zip(row, whole, strict=True)] for row in rows]
+    values = [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in columns]
+    columns, values = _in_bytes_unit(columns, values, numeric)
+    texts = [column_text(column, name) for name, column in zip(columns, values, strict=True)]
+    cells = [list(row) for row in zip(*texts, strict=True)]
     widths = [max([max(map(len, name.split()), default=1)] + [min(len(c[i]), TEXT_WIDTH if not right else len(c[i]))
                                                               for c in cells])
               for i, (name, right) in enumerate(zip(columns, numeric, strict=True))]
@@ -72,6 +76,69 @@ def emit_rows(columns: list[str], rows: list[tuple], numeric: list[bool], *, tit
         for row in cells:
             table.add_row(*(row[i] for i in shown))
         console.print(table)
+
+
+# A column counts things (calls, events ...) when its name starts with one of these; a mean of counts per rank-step
+# may have a fraction, but its whole values print as the integers they are
+COUNTS = frozenset({"calls", "events", "messages", "instances", "gaps", "steps", "ranks", "samples", "kernels"})
+MAX_DECIMALS = 3
+
+
+def _is_bytes(column: str) -> bool:
+    """A byte count: a column named bytes or with bytes among its words (size_bytes, bytes_A), not a percentage."""
+    return "bytes" in column.split("_") and not column.endswith("_pct")
+
+
+def _in_bytes_unit(columns: list[str], values: list[list[Any]], numeric: list[bool]
+                   ) -> tuple[list[str], list[list[Any]]]:
+    """The byte columns in the binary unit (units.BINARY_BYTES) the table's largest byte count calls for, one unit
+    for all of them so that they compare at a glance, the unit replacing "bytes" in their names (size_bytes ->
+    size_MiB); a table whose byte counts are all under 1 KiB keeps them as they are."""
+    from traceana.render.units import BINARY_BYTES, unit_for
+
+    sized = [i for i, name in enumerate(columns) if numeric[i] and _is_bytes(name)]
+    largest = max((abs(float(v)) for i in sized for v in values[i] if _is_number(v) and math.isfinite(v)), default=0)
+    unit, factor, _ = unit_for(largest, BINARY_BYTES)
+    if factor == 1:
+        return columns, values
+    columns, values = list(columns), list(values)
+    for i in sized:
+        columns[i] = "_".join(unit if word == "bytes" else word for word in columns[i].split("_"))
+        values[i] = [float(v) / factor if _is_number(v) else v for v in values[i]]
+    return columns, values
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float | Decimal) and not isinstance(value, bool)
+
+
+def column_text(values: list[Any], name: str = "") -> list[str]:
+    """The cells of one column. Integers as they are; floats with one number of decimals for the whole column: as
+    many as give its smallest nonzero magnitude 3 significant digits (at least 1, at most 3), less the trailing zeros
+    every cell has. A column of floats that are all whole (a mean of counts) prints as integers, and so does each
+    whole value of a column of counts (``name`` starts with a word of COUNTS). Text, lists and blanks as they are."""
+    floats = [float(v) for v in values if isinstance(v, float | Decimal)]
+    counts = name.split("_")[0] in COUNTS and not name.endswith("_pct")
+    whole = all(v.is_integer() for v in floats)
+    fractions = [v for v in floats if not (counts and v.is_integer())]
+    nonzero = [abs(v) for v in fractions if v and math.isfinite(v)]
+    decimals = min(MAX_DECIMALS, max(1, 2 - math.floor(math.log10(min(nonzero))))) if nonzero else 1
+    while decimals > 1 and all(f"{v:.{decimals}f}".endswith("0") for v in fractions if math.isfinite(v)):
+        decimals -= 1
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return ""
+        if isinstance(value, float | Decimal) and not isinstance(value, bool):
+            number = float(value)
+            if whole or (counts and number.is_integer()):
+                return f"{int(number):,}"
+            return f"{number:,.{decimals}f}"
+        if isinstance(value, list):
+            return ",".join(map(str, value))
+        return str(value)
+
+    return [cell(v) for v in values]
 
 
 def _parts(widths: list[int], keys: int, width: int) -> list[list[int]]:
@@ -100,17 +167,18 @@ def emit_json(payload: Any) -> None:
     sys.stdout.write(json.dumps(payload, default=str, indent=1) + "\n")
 
 
-def _cell(value: Any, whole: bool = False) -> str:
-    """``whole``: the value's column holds only whole numbers, so a float prints as the integer it is."""
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        if whole:
-            return f"{int(value):,}"
-        return f"{value:,.3f}" if abs(value) < 1000 else f"{value:,.1f}"
-    if isinstance(value, list):
-        return ",".join(map(str, value))
-    return str(value)
+def with_shares(values: list[Any], shares: list[float | None], name: str = "") -> list[str]:
+    """'value (share%)' cells: the values as :func:`column_text` prints their column, each share to 1 decimal; a
+    blank share (no total to divide by, or a row that gives none) leaves the value alone."""
+    return [text if share is None or not math.isfinite(share) else f"{text} ({share:.1f}%)"
+            for text, share in zip(column_text(values, name), shares, strict=True)]
+
+
+def with_intervals(values: list[Any], lows: list[Any], highs: list[Any]) -> list[str]:
+    """'value [low, high]' cells, the three with one number of decimals (:func:`column_text` of them together)."""
+    n = len(values)
+    texts = column_text([*values, *lows, *highs])
+    return [f"{v} [{low}, {high}]" for v, low, high in zip(texts[:n], texts[n:2 * n], texts[2 * n:], strict=True)]
 
 
 @contextmanager

@@ -3,28 +3,37 @@ memory over time, what-if bars, and the roofline of measured kernels."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import polars as pl
+from matplotlib.backend_bases import RendererBase
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.text import Annotation, Text
+from matplotlib.transforms import Bbox
 
 from traceana.analyses.breakdown import label
 from traceana.analyses.diff import occurring
 from traceana.errors import TraceanaError
 from traceana.render.colours import COMP_COLOR, CRITICAL_PATH_COLOR, DIM_COLORS, FAMILY_COLORS, PART_COLORS
-from traceana.render.units import BANDWIDTH, BINARY_BYTES, DECIMAL_BYTES, unit_for
+from traceana.render.units import BANDWIDTH, BINARY_BYTES, unit_for
+
+if TYPE_CHECKING:
+    from traceana.model.intervals import Interval
 
 
 def save_figure(fig: Figure, path: Path, dpi: int) -> None:
-    """Write ``fig`` to ``path`` and close it; a write the file system refuses is one line naming the file."""
+    """Write ``fig`` to ``path`` and close it, cropped to what it draws (an axis label or legend that the layout
+    pushed past the canvas is kept, not clipped); a write the file system refuses is one line naming the file."""
     try:
-        fig.savefig(path, dpi=dpi)
+        fig.savefig(path, dpi=dpi, bbox_inches="tight")
     except OSError as exc:
         raise TraceanaError(f"--plot {path}: cannot write the plot ({exc.strerror or exc})") from None
     finally:
@@ -183,7 +192,7 @@ def comm_heatmaps(pairs: pl.DataFrame, world: int, path: Path, title: str) -> No
     cell = 0.5 if size <= 16 else 0.25  # inches: room for a 4-character label at 8 ranks
     side = min(max(cell * size, 3.0), 10.0)
     fig, axes = plt.subplots(1, 2, figsize=(2 * side + 4.5, side + 2.4))
-    for ax, values, units, heading, cmap in ((axes[0], traffic, DECIMAL_BYTES, "traffic", "viridis"),
+    for ax, values, units, heading, cmap in ((axes[0], traffic, BINARY_BYTES, "traffic", "viridis"),
                                              (axes[1], bandwidth, BANDWIDTH, "achieved bandwidth", "magma")):
         shown = values[~np.isnan(values)]
         unit, factor, meaning = unit_for(float(shown.max()) if shown.size else 0.0, units)
@@ -256,12 +265,14 @@ def memory_timeline(samples: pl.DataFrame, windows: pl.DataFrame, path: Path, ti
     save_figure(fig, path, dpi=130)
 
 
-def whatif_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
-    """Per rank, the measured step's stacked parts (left bar) beside the predicted ones (right bar, hatched), with
-    the prediction's error bar; ranks grouped by stage."""
+def whatif_bars(frame: pl.DataFrame, path: Path, title: str, step: Interval, measured_ms: float) -> None:
+    """Per rank, the measured step's stacked parts (left bar) beside the predicted ones (right bar, hatched), ranks
+    grouped by stage, each predicted bar with its replay residual as an error bar; after the ranks, the step (the
+    median rank's TOTAL) measured beside predicted, with the prediction's interval ``step`` as a bold error bar
+    labelled [low, high] and its level."""
     frame = frame.sort(pl.col("stage").fill_null(-1), "rank")
     xs, stage_labels = _stage_positions(frame["stage"].to_list())
-    fig, ax = plt.subplots(figsize=(max(9.0, min(0.5 * len(xs) + 5, 40.0)), 5))
+    fig, ax = plt.subplots(figsize=(max(9.0, min(0.5 * len(xs) + 6, 40.0)), 5))
     for offset, prefix, hatch in ((-0.2, "", None), (0.2, "predicted_", "//")):
         bottom = [0.0] * len(xs)
         for part, color in PART_COLORS.items():
@@ -272,17 +283,29 @@ def whatif_bars(frame: pl.DataFrame, path: Path, title: str) -> None:
                    linewidth=0.3, hatch=hatch, label=f"{label(part)} ms" if prefix == "" else None)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.errorbar([x + 0.2 for x in xs], frame["predicted_TOTAL_ms"].to_list(), yerr=frame["error_bar_ms"].to_list(),
-                fmt="none", ecolor="black", capsize=3, label="prediction's error bar (replay residual)")
+                fmt="none", ecolor="black", elinewidth=1.2, capsize=4, capthick=1.2, zorder=3,
+                label="per rank: ± the plain replay's residual")
+    x = max(xs, default=0) + 2  # the step, apart from the ranks
+    ax.bar(x - 0.2, measured_ms, width=0.38, color="white", edgecolor="0.3", linewidth=0.8)
+    ax.bar(x + 0.2, step.value, width=0.38, color="white", edgecolor="0.3", linewidth=0.8, hatch="//")
+    level = f"{100 * step.level:.0f}%"
+    ax.errorbar([x + 0.2], [step.value], yerr=[[step.value - step.low], [step.high - step.value]], fmt="o",
+                color="tab:red", markersize=4, elinewidth=2.5, capsize=8, capthick=2.5, zorder=4,
+                label=f"step: predicted [low, high] ({level} interval)")
+    ax.annotate(f"{step.value:,.1f} ms\n[{step.low:,.1f}, {step.high:,.1f}]\n({level})", (x + 0.2, step.high),
+                xytext=(0, 6), textcoords="offset points", ha="center", va="bottom", fontsize=7, color="tab:red")
+    ax.set_ylim(top=max(ax.get_ylim()[1], step.high * 1.18))  # room for the interval's label
     ranks = frame["rank"].to_list()
     ticks = xs if len(xs) <= 64 else xs[:: len(xs) // 32]
-    ax.set_xticks(ticks, [str(ranks[xs.index(t)]) for t in ticks], fontsize=7)
-    _bar_limits(ax, xs)
+    ax.set_xticks([*ticks, x], [*(str(ranks[xs.index(t)]) for t in ticks), "step\n(median rank)"], fontsize=7)
+    _bar_limits(ax, [*xs, x])
+    ax.set_xlim(right=x + 1.4)  # room for the interval's label
     for x, text in stage_labels:
         ax.annotate(text, (x, 0), xycoords=("data", "axes fraction"), xytext=(0, -28), textcoords="offset points",
                     ha="center", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     handles.append(Patch(facecolor="white", edgecolor="0.3", hatch="//"))
-    labels.append("predicted (right bar of each rank)")
+    labels.append("predicted (right bar of each pair)")
     ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_xlabel(("rank (grouped by pipeline stage)" if stage_labels else "rank") + ": measured | predicted",
                   labelpad=18 if stage_labels else 4)
@@ -316,9 +339,9 @@ def roofline_chart(frame: pl.DataFrame, roofs: list[tuple[str, float]], hbm_gb_p
                    title: str, labelled: int = 10) -> None:
     """Log-log roofline: each row of ``frame`` (traceana.analyses.roofline.measure) a point at its intensity and
     achieved TFLOP/s, its area by total kernel time, coloured by family; the roofs min(peak, intensity x HBM), one per
-    peak in ``roofs`` (label, TFLOP/s); the ``labelled`` longest numbered on the plot and named beside it. Rows
-    without FLOPs (copies, fills) cannot sit on a log axis: a line under the plot counts them."""
-    import math
+    peak in ``roofs`` (label, TFLOP/s); the ``labelled`` longest numbered on the plot (clear of each other and of
+    the points, :func:`_place_labels`) and named beside it. Rows without FLOPs (copies, fills) cannot sit on a log
+    axis: a line under the plot counts them."""
 
     drawn = frame.filter(pl.col("FLOP_per_B") > 0).sort("total_ms", descending=True)
     if drawn.is_empty():
@@ -343,10 +366,6 @@ def roofline_chart(frame: pl.DataFrame, roofs: list[tuple[str, float]], hbm_gb_p
                                   markeredgewidth=0.4, label=family))
     lines = []
     for i, row in enumerate(drawn.head(labelled).iter_rows(named=True), start=1):
-        angle = 2 * math.pi * i / 8  # numbers of nearby points fan out around them
-        ax.annotate(str(i), (row["FLOP_per_B"], row["TFLOP_per_s"]), fontsize=8, fontweight="bold",
-                    xytext=(14 * math.cos(angle), 14 * math.sin(angle)), textcoords="offset points",
-                    ha="center", va="center", arrowprops={"arrowstyle": "-", "color": "0.5", "linewidth": 0.5})
         what = f"{row['op']} {row.get('shapes') or ''}".strip()
         lines.append(f"{i:>2} {row['kernel'][:58]}\n   {what[:58]}\n   {row['total_ms']:,.2f} ms, "
                      f"{row['TFLOP_per_s']:,.2f} TFLOP/s, {row['GB_per_s']:,.0f} GB/s, {row['roof_pct']:,.0f}% of roof")
@@ -365,7 +384,48 @@ def roofline_chart(frame: pl.DataFrame, roofs: list[tuple[str, float]], hbm_gb_p
     side.text(0, 0, "\n".join(lines), transform=side.transAxes, fontsize=6.5, va="bottom", family="monospace")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    points = list(zip(drawn["FLOP_per_B"], drawn["TFLOP_per_s"], strict=True))
+    radii = [math.sqrt(20 + 500 * t / biggest) / 2 for t in drawn["total_ms"]]  # marker area s is in points²
+    _place_labels(ax, points[:labelled], list(zip(points, radii, strict=True)))  # after the layout is final
     save_figure(fig, path, dpi=130)
+
+
+def _place_labels(ax: plt.Axes, points: list[tuple[float, float]],
+                  markers: list[tuple[tuple[float, float], float]]) -> None:
+    """Number the points 1, 2 ... each on a leader line from its point, where the number's box overlaps no number
+    placed before it and no marker (centre, radius in points), and stays in the axes: the first free of 16
+    directions on rings of growing radius."""
+    renderer = ax.figure.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    scale = ax.figure.dpi / 72
+    placed: list[Bbox] = []
+    for (x, y), radius in markers:
+        (cx, cy), r = ax.transData.transform((x, y)), radius * scale
+        placed.append(Bbox.from_extents(cx - r, cy - r, cx + r, cy + r))
+    for i, point in enumerate(points, start=1):
+        note = ax.annotate(str(i), point, xytext=(0, 0), textcoords="offset points", fontsize=8, fontweight="bold",
+                           ha="center", va="center", arrowprops={"arrowstyle": "-", "color": "0.4", "linewidth": 0.6},
+                           bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.8, "linewidth": 0})
+        turn = (i % 2) * math.pi / 16  # neighbours start half a step apart
+        for radius in range(14, 400, 8):
+            for k in range(16):
+                angle = turn + 2 * math.pi * k / 16
+                note.xyann = (radius * math.cos(angle), radius * math.sin(angle))
+                box = _text_box(note, renderer)
+                if frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1) \
+                        and not any(box.overlaps(other) for other in placed):
+                    break
+            else:
+                continue
+            break
+        placed.append(_text_box(note, renderer))
+
+
+def _text_box(note: Annotation, renderer: RendererBase) -> Bbox:
+    """The window extent of an annotation's text at its current offset with a 4-pixel margin (its background box),
+    without its leader line."""
+    note.update_positions(renderer)
+    return Text.get_window_extent(note, renderer).padded(4)
 
 
 def launch_timeline(delays: pl.DataFrame, queues: pl.DataFrame, ranks: pl.DataFrame, steps: pl.DataFrame, path: Path,
