@@ -43,7 +43,7 @@ class Refused(Exception):
     """A command's one-line error (exit 2): counted per kind, never scored."""
 
 
-def run(*args: object) -> str:
+def invoke(*args: object) -> str:
     """`traceana ARGS` in this process (no interpreter start per call: ~700 calls): its stdout; Refused on an error."""
     from traceana.cli.main import main
 
@@ -58,7 +58,7 @@ def run(*args: object) -> str:
 
 
 def cli(*args: object) -> dict:
-    return json.loads(run(*args))
+    return json.loads(invoke(*args))
 
 
 def truth_ms(db: Path, run: str, family: str) -> float:
@@ -83,7 +83,7 @@ def score(pairs: Path, work: Path) -> list[dict]:
     def ingest(path: Path, layout: str) -> str:
         if path not in ingested:
             ingested[path] = f"r{len(ingested)}"
-            run("ingest", path, "--db", db, "--run-id", ingested[path], *(["--layout", layout] if layout else []))
+            invoke("ingest", path, "--db", db, "--run-id", ingested[path], *(["--layout", layout] if layout else []))
         return ingested[path]
 
     for g in manifest:
