@@ -8,7 +8,7 @@ those steps, as compare reports). Score s = log(truth / prediction), r = s / σ,
 group; rows are calibrated under the kind of change traceana names at run time (whatif's key, predict's configs'
 difference), so a lookup finds them.
 
-    .venv/bin/python benchmarks/bench_intervals.py [--pairs DIR] [--write]
+    .venv/bin/python benchmarks/bench_intervals.py [--pairs DIR] [--write] [--rows CSV]
 
 --write computes the conformal quantiles per kind, family and pooled from the calibrate split only (numpy,
 traceana.model.intervals.conformal) and writes traceana/model/intervals.json with its provenance (commit, n per
@@ -196,12 +196,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=Path, default=ROOT / "sample_traces" / "pairs")
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--rows", type=Path, help="also write every scored row (group, kind, split, s, ...) as CSV")
     args = parser.parse_args()
     from_scratch(args.write)
     if not (args.pairs / "manifest.csv").exists():
         sys.exit(f"{args.pairs / 'manifest.csv'}: no validation pairs recorded (issue 33 item 2)")
     with tempfile.TemporaryDirectory() as work:
         rows = score(args.pairs, Path(work))
+    if args.rows:
+        with args.rows.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(rows)
     if args.write:
         commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         data = json.loads((ROOT / "traceana" / "model" / "intervals.json").read_text())  # keeps `estimate`
