@@ -98,10 +98,10 @@ class Graph:
     roots: np.ndarray          # W nodes
     root_ns: np.ndarray        # their measured times
     straddles: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # started in the step before
-    # per event: launched inside a host region CUDA graphs do not capture (:data:`UNCAPTURABLE`); empty: none known
-    uncapturable: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     counts: dict[str, int] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    # per event: launched inside a host region CUDA graphs do not capture (:data:`UNCAPTURABLE`); empty: none known
+    uncapturable: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
     @property
     def n(self) -> int:
