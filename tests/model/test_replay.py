@@ -137,11 +137,95 @@ def test_advise_finds_the_hot_expert_ranks(db: Path) -> None:
     assert row["gain_ms"] > 0 and math.isfinite(row["error_bar_ms"])
 
 
+def _finding(db: Path, run: str, name: str) -> dict:
+    with store.connect(db, read_only=True) as con:
+        _, found = advise.findings(con, run)
+    rows = found.filter(pl.col("finding") == name)
+    assert rows.height == 1, found.select("finding", "change")
+    return rows.row(0, named=True)
+
+
+def test_advise_prices_exposed_communication_of_unknown_dim(db: Path) -> None:
+    """hta_rank3of8 (1 of 8 ranks, no process groups): OTHER_WAIT is a finding, priced by dim=UNKNOWN:0.5, naming
+    the ops behind it (their time in the step checked by a SQL over the store) and what would name the dim. The
+    replay says the step does not shorten (the device then waits on the host): a gain around 0 with its interval."""
+    row = _finding(db, "hta_rank3of8", "exposed communication of unknown dim")
+    assert row["change"] == "dim=UNKNOWN:0.5"
+    with store.connect(db, read_only=True) as con:
+        other = con.execute("SELECT OTHER_WAIT_ns / 1e6 FROM rank_step_breakdown WHERE run_id = 'hta_rank3of8' "
+                            "AND step = 1010").fetchone()[0]
+        ops = con.execute(
+            "SELECT c.op, count(*), sum(e.end_ns - e.start_ns) / 1e6 FROM device_events e JOIN collectives c "
+            "USING (run_id, rank, event_id) JOIN step_windows w USING (run_id, rank) WHERE run_id = 'hta_rank3of8' "
+            "AND w.step = 1010 AND e.start_ns >= w.start_ns AND e.start_ns < w.end_ns GROUP BY c.op").fetchall()
+    assert f"OTHER_WAIT {other:.2f} ms" in row["evidence"]
+    for op, calls, ms in ops:  # AllToAll 7 calls 16.46 ms, AllReduce 3 calls 4.66 ms
+        assert f"{op} {calls} calls {ms:.2f} ms" in row["evidence"]
+    assert "1 of 8 ranks profiled" in row["evidence"] and "--layout" in row["evidence"]
+    assert row["gain_low_ms"] <= row["gain_ms"] <= row["gain_high_ms"] and row["gain_high_ms"] > 0
+
+
+def test_advise_prices_the_kernel_farthest_below_its_roof(db: Path) -> None:
+    """h200_gpt: the cuDNN attention backward runs at 22.8% of its roof; brought to 70% its kernels take
+    0.228 / 0.7 of their time. Its time per step, checked by a SQL over the store, bounds the gain by hand: at most
+    the kernel time saved."""
+    from traceana.analyses import roofline
+
+    row = _finding(db, "h200_gpt", "kernel below its roof: aten::_cudnn_attention_backward")
+    with store.connect(db, read_only=True) as con:
+        roof = roofline.measure(con, "h200_gpt").frame.filter(pl.col("op") == "aten::_cudnn_attention_backward")
+        ms = con.execute(
+            "SELECT sum(e.end_ns - e.start_ns) / 1e6 FROM event_ops o JOIN device_events e USING (run_id, rank, "
+            "event_id) JOIN step_windows w USING (run_id, rank) WHERE run_id = 'h200_gpt' AND w.step = 2 AND "
+            "o.op = 'aten::_cudnn_attention_backward' AND e.category = 'compute' AND e.start_ns >= w.start_ns "
+            "AND e.start_ns < w.end_ns").fetchone()[0]
+    factor = float(roof["roof_pct"][0]) / 70
+    assert f"{ms:.3f} ms per step" in row["evidence"]
+    assert row["change"].count("kernel=") == 3 and all(
+        c.endswith(f":{factor:.3f}") for c in row["change"].split())  # bprop, dot(dO, O), dq conversion
+    assert 0 < row["gain_ms"] <= ms * (1 - factor)
+    assert "kernels the roofline cannot cost" in row["evidence"] and "(18%)" in row["evidence"]
+
+
+def test_advise_prices_cuda_graphs_below_the_host_zero_bound(db: Path) -> None:
+    """h200_hostbound: host=0 is the upper bound; CUDA graphs (host=capturable:0) keep the optimizer's host time,
+    so they predict a longer step, by at most that time (the Optimizer.* annotations in the step, by SQL)."""
+    bound = _finding(db, "h200_hostbound", "host-bound idle")
+    graphs = _finding(db, "h200_hostbound", "host-bound idle: CUDA graphs")
+    assert "upper bound" in bound["evidence"] and graphs["change"] == "host=capturable:0"
+    with store.connect(db, read_only=True) as con:
+        kept = con.execute(
+            "SELECT sum(least(a.end_ns, w.end_ns) - greatest(a.start_ns, w.start_ns)) / 1e6 FROM annotations a "
+            "JOIN step_windows w USING (run_id, rank) WHERE run_id = 'h200_hostbound' AND w.step = 2 AND "
+            "a.kind = 'user_annotation' AND a.name LIKE 'Optimizer.%' AND a.end_ns > w.start_ns AND "
+            "a.start_ns < w.end_ns").fetchone()[0]
+    assert 0 < graphs["gain_ms"] < bound["gain_ms"]
+    assert graphs["predicted_step_ms"] - bound["predicted_step_ms"] <= kept  # 0.13 of 1.07 ms
+
+
+def test_advise_names_the_hot_expert_ranks_behind_the_ep_wait(db: Path) -> None:
+    """moe_skewed: the EP finding names ranks 0 and 2, their AllToAll load (by SQL: 704 KiB received against
+    320 KiB; the dispatch / combine calls 224 KiB against 32 KiB, 112 against 16 tokens of 512 fp32, sample_traces
+    README), and points at the straggler finding it follows."""
+    row = _finding(db, "moe_skewed", "exposed EP communication")
+    with store.connect(db, read_only=True) as con:
+        load = dict(con.execute("SELECT rank, sum(bytes) FROM collectives c JOIN device_events e USING (run_id, "
+                                "rank, event_id) JOIN step_windows w USING (run_id, rank) WHERE run_id = "
+                                "'moe_skewed' AND w.step = 3 AND c.op = 'AllToAll' AND e.start_ns >= w.start_ns "
+                                "AND e.start_ns < w.end_ns GROUP BY rank").fetchall())
+    assert load == {0: 704 * 1024, 2: 704 * 1024, 1: 320 * 1024, 3: 320 * 1024}
+    assert "ranks 0, 2 704 KiB" in row["evidence"] and "ranks 1, 3 320 KiB" in row["evidence"]
+    assert f"224 KiB against 32 KiB: {112 / 16:.1f}x the tokens" in row["evidence"]
+    assert "waiting for the hot ranks 0, 2" in row["evidence"] and "'straggler ranks 0, 2'" in row["evidence"]
+    _finding(db, "moe_skewed", "straggler ranks 0, 2")  # the finding it points at is there
+
+
 @pytest.mark.parametrize(("spec", "says"), [
     ("speed=2", "expected KEY=VALUE"), ("dim=TP:-1", ">= 0"), ("dim=TP:nan", ">= 0"), ("dim=XX:0.5", "dim is one of"),
     ("rank=*:0.5", "':median'"), ("stage=0:2", "':median'"), ("rank=5:0.5", "has no rank 5"),
     ("overlap=QQ", "overlap takes a dim"), ("kernel=gemm", "TARGET:FACTOR"),
-    ("rank=99:median", "has no rank 99"), ("stage=3:median", "stages 0..0"), ("pg=nope:0.5", "no process group"),
+    ("rank=99:median", "has no rank 99"), ("host=foo:0", "host=capturable:FACTOR"), ("stage=3:median", "stages 0..0"),
+    ("pg=nope:0.5", "no process group"),
 ])
 def test_bad_changes_are_one_line_errors(db: Path, spec: str, says: str) -> None:
     code, _, err = run_main("whatif", "moe_skewed", "--change", spec, "--db", db)

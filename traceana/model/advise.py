@@ -1,12 +1,27 @@
 """Advise: ranked findings, each with its measured evidence, a concrete change and the gain what-if predicts for it
 (DESIGN §8). No finding without evidence from a view, no gain without a replayed prediction and its error bar.
+Each finding's evidence names the view it comes from and where the time lies (ranks, ops, kernels).
 
-Findings looked for, on one step (the second, or the only one):
-- host-bound idle: IDLE is a large share of the step and the device waited on launches -> ``host=0`` (CUDA graphs);
-- exposed communication per dim: a dim's WAIT share -> that dim's transfers 2x faster; for DP (gradients, which
-  nothing in the step consumes at once), where some of it already runs beside compute, also fully overlapped;
-- straggler ranks: stragglers view, COMP above the group's median -> each such rank (and all of them) to the median;
-- straggler stage: the stage with the largest mean COMP -> ``stage=P:median`` (what rebalancing its layers buys).
+Findings looked for, on one step (the second, or the only one), one function each:
+- host-bound idle (:func:`host_bound`): IDLE is a large share of the step and the device waited on launches ->
+  ``host=0``, every launch at once: the upper bound, which no launch mechanism passes; and ``host=capturable:0``,
+  what CUDA graphs of the steady forward / backward remove: the host time from one launch to the next within a
+  step, outside the optimizer (``Optimizer.*`` annotations) and data loading (``enumerate(DataLoader*``, and the
+  host time before a step's first launch), never across a host synchronization (``syncs``), so its gain is at most
+  host=0's;
+- exposed communication per dim (:func:`exposed`): a dim's WAIT share -> that dim's transfers 2x faster; for DP
+  (gradients, which nothing in the step consumes at once), where some of it already runs beside compute, also fully
+  overlapped; OTHER_WAIT (a dim no layout or process group names) -> ``dim=UNKNOWN:0.5``, its evidence the ops
+  behind it and what would name the dim; EP's evidence the load behind it (each rank's AllToAll bytes) and the
+  ranks it waits for;
+- straggler ranks (:func:`stragglers`): stragglers view, COMP above the group's median -> each such rank (and all of
+  them) to the median;
+- slow process groups (:func:`slow_groups`): comm slow links -> the group at its peers' bandwidth;
+- straggler stage (:func:`straggler_stage`): the stage with the largest mean COMP -> ``stage=P:median``;
+- kernels below their roof (:func:`kernels`): the roofline's op shapes ranked by the time bringing them to
+  ``ROOF_TARGET`` of their roof would save (their time x (1 - achieved / target)); the first ``KERNEL_TOP`` worth at
+  least ``KERNEL_SHARE`` of the step priced with ``kernel=PATTERN:achieved/target`` on the kernels only that op
+  shape launches.
 With the job's estimator config, also what only the estimator can predict (:func:`estimator_findings`). The step's
 length is the median rank's TOTAL (the ranks of one job start their steps together, so their TOTALs agree up to
 where each rank's window is cut); a gain is measured minus predicted step, in ms.
@@ -15,6 +30,7 @@ where each rank's window is cut); a gain is measured minus predicted step, in ms
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import duckdb
 import numpy as np
@@ -28,10 +44,15 @@ from traceana.model.intervals import Interval
 
 IDLE_SHARE = 0.2      # IDLE above this share of the step is worth a finding
 WAIT_SHARE = 0.05     # a dim's exposed wait above this share
-STRAGGLER_PCT = 5.0   # COMP this far above the group's median
+STRAGGLER_PCT = 5.0   # COMP this far above the group's median (and a rank's EP bytes this far above the median)
 OVERLAPPABLE = 0.05   # the share of DP communication that already runs beside compute, for an overlap what-if
 SLOW_LINK_PCT = 20.0  # a process group this far below its peers' median bandwidth
 HEADROOM = 0.7        # a measured peak below this share of the device's memory leaves room
+ROOF_TARGET = 0.7     # the share of its roof a tuned kernel reaches (the H200 run's own GEMMs run at 76-94%)
+KERNEL_TOP = 3        # op shapes priced, by the time reaching ROOF_TARGET would save
+KERNEL_SHARE = 0.01   # ... each saving at least this share of the step
+
+Proposal = tuple[str, str, list[str]]  # (finding, evidence, changes), replayed together by :func:`findings`
 
 
 def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None,
@@ -53,58 +74,11 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
     measured = con.sql("SELECT * FROM rank_step_breakdown WHERE run_id = $run AND step = $step",
                        params={"run": run_id, "step": step}).pl()
     total = float(measured["TOTAL_ns"].median())
-    proposed: list[tuple[str, str, list[str]]] = []  # (finding, evidence, changes), replayed together below
-
-    def propose(finding: str, evidence: str, changes: list[str]) -> None:
-        proposed.append((finding, evidence, changes))
-
     mean = measured.select(pl.exclude("run_id", "rank", "tp", "cp", "ep", "dp", "pp", "step").mean()).row(0, named=True)
-    idle = mean["IDLE_ns"] / mean["TOTAL_ns"] if mean["TOTAL_ns"] else 0
-    launched = con.execute("SELECT count(launch_ns) FROM device_events WHERE run_id = ?", [run_id]).fetchall()[0][0]
-    if idle > IDLE_SHARE and launched:
-        propose("host-bound idle", f"rank_step_breakdown: IDLE {mean['IDLE_ns'] / 1e6:.2f} of "
-                f"{mean['TOTAL_ns'] / 1e6:.2f} ms ({100 * idle:.0f}%) per rank; kernels launched as the device ran "
-                "dry", ["host=0"])
-    for part, dim in (("MP_WAIT", "TP"), ("CP_WAIT", "CP"), ("EP_WAIT", "EP"), ("DP_WAIT", "DP"), ("PP_WAIT", "PP")):
-        share = mean[f"{part}_ns"] / mean["TOTAL_ns"] if mean["TOTAL_ns"] else 0
-        if share > WAIT_SHARE:
-            evidence = (f"rank_step_breakdown: {part} {mean[f'{part}_ns'] / 1e6:.2f} ms ({100 * share:.0f}% of the "
-                        "step) exposed per rank")
-            propose(f"exposed {dim} communication", evidence, [f"dim={dim}:0.5"])
-            overlapped = _dp_overlapped(con, run_id, step) if dim == "DP" else 0.0
-            if overlapped > OVERLAPPABLE:
-                # only gradient sync can run beside other work (TP, CP, EP, PP outputs are consumed next), and only
-                # where the job already runs it beside compute (buckets on their own stream); a job that syncs
-                # gradients in one blocking call needs a code change the graph cannot predict
-                propose("exposed DP communication, overlapped with compute", f"{evidence}; "
-                        f"{100 * overlapped:.0f}% of it already runs beside compute (step_segments)", ["overlap=DP"])
-    stragglers = con.sql("SELECT rank, pp, COMP_excess_pct FROM stragglers WHERE run_id = ? AND COMP_excess_pct > ? "
-                         "ORDER BY COMP_excess_pct DESC", params=[run_id, STRAGGLER_PCT]).pl()
-    for rank, excess in zip(stragglers["rank"], stragglers["COMP_excess_pct"], strict=True):
-        propose(f"straggler rank {rank}", f"stragglers: COMP {excess:.1f}% above its group's median",
-                [f"rank={rank}:median"])
-    if stragglers.height > 1:
-        ranks = stragglers["rank"].to_list()
-        propose(f"straggler ranks {', '.join(map(str, ranks))}", "stragglers: "
-                + ", ".join(f"rank {r} +{e:.1f}%" for r, e in zip(ranks, stragglers["COMP_excess_pct"], strict=True)),
-                [f"rank={r}:median" for r in ranks])
-    from traceana.analyses.comm import by_group, matrix, slow_links
-
-    slow = slow_links(matrix(con, run_id), by_group(con, run_id), SLOW_LINK_PCT).filter(pl.col("what") == "group")
-    for row in slow.iter_rows(named=True):
-        pg = row["who"].split()[1]
-        propose(f"slow {row['dim']} group {pg}", f"comm slow links: {row['op']} on pg {pg} at "
-                f"{row['bandwidth_GBps']:.1f} GB/s busbw, {-row['vs_median_pct']:.0f}% below the median of its "
-                f"{row['dim']} peers ({row['median_GBps']:.1f} GB/s): check its links",
-                [f"pg={pg}:{row['bandwidth_GBps'] / row['median_GBps']:.3f}"])
     stages = measured.group_by("pp").agg(pl.col("COMP_ns").mean()).drop_nulls("pp").sort("COMP_ns", descending=True)
-    if stages.height > 1:
-        slow, comp = stages.row(0)
-        others = float(stages["COMP_ns"][1:].median())
-        if comp > others * (1 + STRAGGLER_PCT / 100):
-            propose(f"straggler stage {slow}", f"stage_breakdown: stage {slow} mean COMP {comp / 1e6:.2f} ms, "
-                    f"{100 * (comp / others - 1):.0f}% above the other stages' median {others / 1e6:.2f} ms: "
-                    "rebalance its layers", [f"stage={slow}:median"])
+    proposed = [*host_bound(con, run_id, mean), *exposed(con, run_id, step, measured, mean),
+                *stragglers(con, run_id), *slow_groups(con, run_id), *straggler_stage(stages),
+                *kernels(con, run_id, step, total)]
     rows: list[dict] = []
     if proposed:
         base = whatif.baseline(con, run_id)
@@ -129,6 +103,276 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
                                        "sources": pl.Object, "error_bar_ms": pl.Float64, "graph": pl.String})
     # ranked by what is surely gained: the lower end of the gain's interval
     return step, frame.sort("gain_low_ms", descending=True)
+
+
+def host_bound(con: duckdb.DuckDBPyConnection, run_id: str, mean: dict) -> list[Proposal]:
+    """IDLE above ``IDLE_SHARE`` of the step on a run with launch records: ``host=0`` (the upper bound) and
+    ``host=capturable:0`` (CUDA graphs over the steady forward / backward; the rule in the module doc)."""
+    idle = mean["IDLE_ns"] / mean["TOTAL_ns"] if mean["TOTAL_ns"] else 0
+    launched = con.execute("SELECT count(launch_ns) FROM device_events WHERE run_id = ?", [run_id]).fetchall()[0][0]
+    if idle <= IDLE_SHARE or not launched:
+        return []
+    evidence = (f"rank_step_breakdown: IDLE {mean['IDLE_ns'] / 1e6:.2f} of {mean['TOTAL_ns'] / 1e6:.2f} ms "
+                f"({100 * idle:.0f}%) per rank; kernels launched as the device ran dry")
+    return [("host-bound idle", f"{evidence}; upper bound: every launch at once, which no launch mechanism passes",
+             ["host=0"]),
+            ("host-bound idle: CUDA graphs", f"{evidence}; CUDA graphs of the forward / backward remove the host "
+             "time between a step's launches, not the optimizer's, data loading's or a synchronization's (syncs)",
+             ["host=capturable:0"])]
+
+
+def exposed(con: duckdb.DuckDBPyConnection, run_id: str, step: int, measured: pl.DataFrame,
+            mean: dict) -> list[Proposal]:
+    """Each dim whose exposed wait is above ``WAIT_SHARE`` of the step: its transfers 2x faster (OTHER_WAIT:
+    ``dim=UNKNOWN``), and for DP already partly beside compute, fully overlapped."""
+    out: list[Proposal] = []
+    for part, dim in (("MP_WAIT", "TP"), ("CP_WAIT", "CP"), ("EP_WAIT", "EP"), ("DP_WAIT", "DP"), ("PP_WAIT", "PP"),
+                      ("OTHER_WAIT", "UNKNOWN")):
+        share = mean[f"{part}_ns"] / mean["TOTAL_ns"] if mean["TOTAL_ns"] else 0
+        if share <= WAIT_SHARE:
+            continue
+        evidence = (f"rank_step_breakdown: {part} {mean[f'{part}_ns'] / 1e6:.2f} ms ({100 * share:.0f}% of the "
+                    "step) exposed per rank")
+        if dim == "UNKNOWN":
+            out.append(("exposed communication of unknown dim", evidence + _unknown_dim(con, run_id, step),
+                        ["dim=UNKNOWN:0.5"]))
+            continue
+        if dim == "EP":
+            evidence += _ep_load(con, run_id, step, measured)
+        out.append((f"exposed {dim} communication", evidence, [f"dim={dim}:0.5"]))
+        overlapped = _dp_overlapped(con, run_id, step) if dim == "DP" else 0.0
+        if overlapped > OVERLAPPABLE:
+            # only gradient sync can run beside other work (TP, CP, EP, PP outputs are consumed next), and only
+            # where the job already runs it beside compute (buckets on their own stream); a job that syncs
+            # gradients in one blocking call needs a code change the graph cannot predict
+            out.append(("exposed DP communication, overlapped with compute", f"{evidence}; "
+                        f"{100 * overlapped:.0f}% of it already runs beside compute (step_segments)", ["overlap=DP"]))
+    return out
+
+
+def _unknown_dim(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> str:
+    """Where OTHER_WAIT lies: per op, its calls, time and exposed time in the step (mean per rank; collectives of no
+    known dim, and communication kernels with no collective record), and what would name the dim."""
+    ops = con.execute("""
+        WITH comm AS (
+            SELECT e.rank, e.start_ns, e.end_ns, coalesce(c.op, 'unrecorded') AS op, c.event_id IS NULL AS bare
+            FROM device_events e
+            JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns >= w.start_ns
+                               AND e.start_ns < w.end_ns
+            LEFT JOIN collectives c ON c.run_id = e.run_id AND c.rank = e.rank AND c.event_id = e.event_id
+            WHERE e.run_id = $run AND w.step = $step AND e.category = 'comm' AND coalesce(c.dim, 'UNKNOWN') = 'UNKNOWN'
+        ), exposed AS (
+            SELECT m.op, sum(least(m.end_ns, s.end_ns) - greatest(m.start_ns, s.start_ns)) AS ns
+            FROM comm m JOIN step_segments s ON s.run_id = $run AND s.rank = m.rank AND s.step = $step
+                 AND s.other AND NOT s.busy AND s.start_ns < m.end_ns AND s.end_ns > m.start_ns
+            GROUP BY m.op
+        ), ranks AS (SELECT count(DISTINCT rank) AS n FROM step_windows WHERE run_id = $run AND step = $step)
+        SELECT m.op, count(*) / any_value(r.n), sum(m.end_ns - m.start_ns) / any_value(r.n) / 1e6,
+               coalesce(any_value(x.ns), 0) / any_value(r.n) / 1e6, bool_or(m.bare)
+        FROM comm m CROSS JOIN ranks r LEFT JOIN exposed x USING (op)
+        GROUP BY m.op ORDER BY 4 DESC, 1""", {"run": run_id, "step": step}).fetchall()
+    world, profiled, groups = con.execute(
+        "SELECT any_value(world_size), (SELECT count(DISTINCT rank) FROM ranks WHERE run_id = $run), "
+        "(SELECT count(*) FROM process_groups WHERE run_id = $run) FROM runs WHERE run_id = $run",
+        {"run": run_id}).fetchall()[0]
+    behind = ", ".join(f"{op} {calls:g} calls {ms:.2f} ms ({exposed_ms:.2f} ms exposed)" + (
+        " (no collective record: not priced)" if bare else "") for op, calls, ms, exposed_ms, bare in ops)
+    why = [f"{profiled} of {world} ranks profiled" if world and profiled < world else "",
+           "the trace names no process groups" if not groups else ""]
+    why_text = "; ".join(w for w in why if w) or "no layout given"
+    return (f"; behind it (collectives, step_segments; exposed: while it ran): {behind}; its dim is unknown "
+            f"({why_text}): ingest again with --layout, or profile all ranks, to name it")
+
+
+def _size(n: float) -> str:
+    from traceana.render.units import BINARY_BYTES, unit_for
+
+    name, factor, _ = unit_for(n, BINARY_BYTES)
+    return f"{n / factor:g} {name}"
+
+
+def _ep_load(con: duckdb.DuckDBPyConnection, run_id: str, step: int, measured: pl.DataFrame) -> str:
+    """The load behind EP_WAIT: the ranks whose AllToAll bytes in the step are above the median by more than
+    ``STRAGGLER_PCT`` (hot: their experts got more tokens), each rank's calls by size, which ranks hold the wait,
+    and the hot ranks' COMP excess from the stragglers view; empty when no rank is hot."""
+    load = con.sql("""
+        SELECT c.rank, sum(c.bytes) AS bytes, list(c.bytes ORDER BY c.bytes) AS sizes
+        FROM collectives c
+        JOIN device_events e ON e.run_id = c.run_id AND e.rank = c.rank AND e.event_id = c.event_id
+        JOIN step_windows w ON w.run_id = c.run_id AND w.rank = c.rank AND e.start_ns >= w.start_ns
+                           AND e.start_ns < w.end_ns
+        WHERE c.run_id = $run AND w.step = $step AND c.op = 'AllToAll' AND split_part(c.dim, '-', 1) = 'EP'
+              AND c.bytes IS NOT NULL
+        GROUP BY c.rank ORDER BY c.rank""", params={"run": run_id, "step": step}).pl()
+    if load.height < 2:
+        return ""
+    median = float(load["bytes"].median())
+    hot = load.filter(pl.col("bytes") > median * (1 + STRAGGLER_PCT / 100))
+    if hot.is_empty():
+        return ""
+
+    def calls(sizes: pl.Series) -> str:
+        sizes = sizes.to_list()
+        counted = sorted({s: sizes.count(s) for s in sizes}.items())
+        return " + ".join(f"{k}×{_size(s)}" if k > 1 else _size(s) for s, k in counted)
+
+    def names(ranks: list[int]) -> str:
+        return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+    groups = (load.with_columns(pl.col("sizes").map_elements(calls, return_dtype=pl.String).alias("calls"))
+              .group_by("bytes", "calls").agg(pl.col("rank").sort()).sort("bytes", descending=True))
+    each = "; ".join(f"{names(r)} {_size(b)} ({c})" for b, c, r in groups.iter_rows())
+    hot_ranks = hot["rank"].to_list()
+    cold = load.filter(~pl.col("rank").is_in(hot_ranks))
+    wait = dict(zip(measured["rank"], measured["EP_WAIT_ns"] / 1e6, strict=True))
+    excess = dict(con.execute("SELECT rank, COMP_excess_pct FROM stragglers WHERE run_id = ?", [run_id]).fetchall())
+    late = [r for r in hot_ranks if excess.get(r, 0) > STRAGGLER_PCT]
+    # the calls that differ between a hot and a cold rank carry the routed tokens: their sizes' ratio is the load's
+    a, b = Counter(hot["sizes"][0].to_list()), Counter(cold["sizes"][0].to_list()) if cold.height else Counter()
+    more, less = a - b, b - a
+    tokens = (f"; the calls that differ, {_size(max(more))} against {_size(max(less))}: {max(more) / max(less):.1f}x "
+              "the tokens") if more and less and max(less) else ""
+    text = (f"; the load behind it (collectives, AllToAll bytes received in the step): {each}: {names(hot_ranks)} "
+            f"{float(hot['bytes'].mean()) / float(cold['bytes'].mean() or 1):.1f}x the others{tokens}; the wait "
+            f"lies on {names(cold['rank'].to_list())} ("
+            + ", ".join(f"{wait.get(r, 0):.2f}" for r in cold["rank"]) + " ms EP_WAIT), waiting for the hot "
+            + names(hot_ranks) + " (" + ", ".join(f"{wait.get(r, 0):.2f}" for r in hot_ranks) + " ms)")
+    if late:
+        text += (", whose COMP is " + ", ".join(f"+{excess[r]:.1f}%" for r in late) + " (stragglers): the finding "
+                 f"'straggler {names(late)}' prices balancing them, which this wait follows")
+    return text
+
+
+def stragglers(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Proposal]:
+    """Ranks whose COMP is over ``STRAGGLER_PCT`` above their group's median (stragglers view): each, and all
+    together, to the median."""
+    late = con.sql("SELECT rank, pp, COMP_excess_pct FROM stragglers WHERE run_id = ? AND COMP_excess_pct > ? "
+                   "ORDER BY COMP_excess_pct DESC", params=[run_id, STRAGGLER_PCT]).pl()
+    out: list[Proposal] = [(f"straggler rank {rank}", f"stragglers: COMP {excess:.1f}% above its group's median",
+                            [f"rank={rank}:median"])
+                           for rank, excess in zip(late["rank"], late["COMP_excess_pct"], strict=True)]
+    if late.height > 1:
+        ranks = late["rank"].to_list()
+        out.append((f"straggler ranks {', '.join(map(str, ranks))}", "stragglers: " + ", ".join(
+            f"rank {r} +{e:.1f}%" for r, e in zip(ranks, late["COMP_excess_pct"], strict=True)),
+            [f"rank={r}:median" for r in ranks]))
+    return out
+
+
+def slow_groups(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Proposal]:
+    """Process groups over ``SLOW_LINK_PCT`` below their peers' median busbw (comm slow links): at their peers'."""
+    from traceana.analyses.comm import by_group, matrix, slow_links
+
+    slow = slow_links(matrix(con, run_id), by_group(con, run_id), SLOW_LINK_PCT).filter(pl.col("what") == "group")
+    out: list[Proposal] = []
+    for row in slow.iter_rows(named=True):
+        pg = row["who"].split()[1]
+        out.append((f"slow {row['dim']} group {pg}", f"comm slow links: {row['op']} on pg {pg} at "
+                    f"{row['bandwidth_GBps']:.1f} GB/s busbw, {-row['vs_median_pct']:.0f}% below the median of its "
+                    f"{row['dim']} peers ({row['median_GBps']:.1f} GB/s): check its links",
+                    [f"pg={pg}:{row['bandwidth_GBps'] / row['median_GBps']:.3f}"]))
+    return out
+
+
+def straggler_stage(stages: pl.DataFrame) -> list[Proposal]:
+    """The stage with the largest mean COMP (``stages``: pp, COMP_ns, slowest first), over ``STRAGGLER_PCT`` above
+    the others' median: ``stage=P:median`` (what rebalancing its layers buys)."""
+    if stages.height < 2:
+        return []
+    slow, comp = stages.row(0)
+    others = float(stages["COMP_ns"][1:].median())
+    if comp <= others * (1 + STRAGGLER_PCT / 100):
+        return []
+    return [(f"straggler stage {slow}", f"stage_breakdown: stage {slow} mean COMP {comp / 1e6:.2f} ms, "
+             f"{100 * (comp / others - 1):.0f}% above the other stages' median {others / 1e6:.2f} ms: rebalance its "
+             "layers", [f"stage={slow}:median"])]
+
+
+def kernels(con: duckdb.DuckDBPyConnection, run_id: str, step: int, total_ns: float) -> list[Proposal]:
+    """Op shapes below ``ROOF_TARGET`` of their roof (the roofline, `traceana kernels --roofline`), ranked by the
+    time reaching it would save in the step: time x (1 - roof_pct / target). The first ``KERNEL_TOP`` that save at
+    least ``KERNEL_SHARE`` of the step are priced with ``kernel=*NAME*:roof_pct/target`` on each kernel only that op
+    shape launches (every event the pattern matches is one of its calls'); one whose kernels all run for other
+    ops too is named, not priced. The evidence also gives the step's kernel time the roofline cannot cost."""
+    import fnmatch
+    import re
+
+    from traceana.analyses import roofline
+    from traceana.errors import TraceanaError
+
+    try:
+        roof = roofline.measure(con, run_id)
+    except TraceanaError:  # no shapes (Nsight, Ascend, record_shapes off): nothing to rank
+        return []
+    params = {"run": run_id, "step": step}
+    in_step = con.sql("""
+        SELECT k.op, k.input_dims, k.kernel, sum(k.kernel_ns) / count(DISTINCT k.rank) AS ns,
+               count(*) / count(DISTINCT k.rank) AS calls
+        FROM op_kernels k JOIN step_windows w ON w.run_id = k.run_id AND w.rank = k.rank
+             AND k.start_ns >= w.start_ns AND k.start_ns < w.end_ns
+        WHERE k.run_id = $run AND w.step = $step GROUP BY ALL""", params=params).pl()
+    keys = ["op", "input_dims", "kernel"]
+    rows = (roof.frame.filter(pl.col("roof_pct") < 100 * ROOF_TARGET).join(in_step, on=keys, nulls_equal=True,
+                                                                             suffix="_step")
+            .with_columns((pl.col("ns") * (1 - pl.col("roof_pct") / (100 * ROOF_TARGET))).alias("saved"))
+            .filter(pl.col("saved") >= KERNEL_SHARE * total_ns).sort("saved", descending=True).head(KERNEL_TOP))
+    if rows.is_empty():
+        return []
+    kernel_ns = _kernel_ns(con, params)
+    costed_ns = float(in_step.join(roof.frame.select(keys), on=keys, nulls_equal=True)["ns"].sum())
+    uncosted = (f"; kernels the roofline cannot cost (no cost model, shapes or launching op): "
+                f"{(kernel_ns - costed_ns) / 1e6:.3f} of the step's {kernel_ns / 1e6:.3f} ms of compute kernels "
+                f"({100 * (1 - costed_ns / kernel_ns):.0f}%)") if kernel_ns else ""
+    launched = con.sql("""
+        SELECT k.op, k.input_dims, k.kernel, n.short_name, e.name, e.end_ns - e.start_ns AS ns
+        FROM op_kernels k JOIN event_ops o ON o.run_id = k.run_id AND o.rank = k.rank AND o.op_id = k.op_id
+        JOIN device_events e ON e.run_id = o.run_id AND e.rank = o.rank AND e.event_id = o.event_id
+        JOIN kernel_names n ON n.run_id = e.run_id AND n.name = e.name
+        WHERE k.run_id = $run AND e.category = 'compute'""", params={"run": run_id}).pl()
+    work = con.sql("SELECT name, count(*) AS n FROM device_events WHERE run_id = $run AND category IN "
+                   f"{tuple(whatif.WORK)} GROUP BY name", params={"run": run_id}).pl()
+    out: list[Proposal] = []
+    unpriced: list[str] = []
+    for row in rows.iter_rows(named=True):
+        mine = launched.filter(*(pl.col(k).eq_missing(row[k]) for k in keys))
+        counts = mine.group_by("name").len()
+        factor = row["roof_pct"] / (100 * ROOF_TARGET)
+        patterns, covered = [], 0
+        for short in sorted(mine["short_name"].unique().to_list()):
+            name = short.rsplit("::", 1)[-1]  # a short name drops '(anonymous namespace)::' the full one has
+            if re.search(r"[][*?]", name):
+                continue
+            match = re.compile(fnmatch.translate(f"*{name}*"), re.IGNORECASE).match
+            hit = work.filter(pl.col("name").is_in([n for n in work["name"].to_list() if match(n)]))
+            if hit.height and hit.join(counts, on="name", how="left")["len"].eq_missing(hit["n"]).all():  # only its
+                patterns.append(f"kernel=*{name}*:{factor:.3f}")
+                covered += int(mine.filter(pl.col("short_name") == short)["ns"].sum())
+        what = f"{row['op']} ({row['shapes']})"
+        measured = (f"roofline (kernels --roofline): {what} at {row['roof_pct']:.1f}% of its {row['bound']} roof, "
+                    f"{row['ns'] / 1e6:.3f} ms per step in {row['calls_step']:g} calls, longest kernel "
+                    f"{row['kernel']}")
+        if not patterns:
+            unpriced.append(f"{what} at {row['roof_pct']:.1f}%, {row['ns'] / 1e6:.3f} ms per step")
+            continue
+        out.append((f"kernel below its roof: {row['op']}", f"{measured}; its kernels at {factor:.3f}x their time "
+                    f"bring it to {100 * ROOF_TARGET:.0f}% of the roof ({100 * covered / mine['ns'].sum():.0f}% of "
+                    "its kernel time; kernels other ops launch too are kept)", patterns))
+    if out:  # what the ranking could not see or price, once
+        finding, evidence, changes = out[0]
+        also = ("; also below the roof, not priced (their kernels run for other ops too): " + "; ".join(unpriced)
+                if unpriced else "")
+        out[0] = (finding, evidence + uncosted + also, changes)
+    return out
+
+
+def _kernel_ns(con: duckdb.DuckDBPyConnection, params: dict) -> float:
+    """The step's compute kernel time per rank, in ns (``params``: run, step)."""
+    ns = con.execute("""
+        SELECT sum(e.end_ns - e.start_ns) / count(DISTINCT e.rank) FROM device_events e
+        JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns >= w.start_ns
+                           AND e.start_ns < w.end_ns
+        WHERE e.run_id = $run AND w.step = $step AND e.category = 'compute'""", params).fetchall()[0][0]
+    return float(ns or 0.0)
 
 
 def _row(measured_ms: float, interval: Interval) -> dict:

@@ -100,6 +100,8 @@ class Graph:
     straddles: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # started in the step before
     counts: dict[str, int] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    # per event: launched inside a host region CUDA graphs do not capture (:data:`UNCAPTURABLE`); empty: none known
+    uncapturable: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
     @property
     def n(self) -> int:
@@ -129,7 +131,50 @@ def build(con: duckdb.DuckDBPyConnection, run_id: str) -> Graph:
     events = con.sql(EVENTS_SQL, params=params).pl()
     windows = con.sql("SELECT rank, step, start_ns, end_ns FROM step_windows WHERE run_id = $run "
                       "ORDER BY rank, start_ns", params=params).pl()
-    return from_frames(run_id, events, windows, _syncs(con, run_id, events), con.sql(CARRIED_SQL, params=params).pl())
+    g = from_frames(run_id, events, windows, _syncs(con, run_id, events), con.sql(CARRIED_SQL, params=params).pl())
+    g.uncapturable = _uncapturable(con, run_id, events)
+    return g
+
+
+# host regions a CUDA graph of the steady forward / backward leaves out (Kineto's own annotations): the optimizer
+# step and zero_grad, and data loading
+UNCAPTURABLE = ("Optimizer.%", "enumerate(DataLoader%")
+
+
+def _uncapturable(con: duckdb.DuckDBPyConnection, run_id: str, events: pl.DataFrame) -> np.ndarray:
+    """Per event, whether its launch lies in a host annotation of :data:`UNCAPTURABLE` on its rank."""
+    like = " OR ".join(f"name LIKE '{p}'" for p in UNCAPTURABLE)
+    try:
+        spans = con.sql(f"SELECT rank, start_ns, end_ns FROM annotations WHERE run_id = $run AND domain = 'cpu' "
+                        f"AND kind = 'user_annotation' AND ({like})", params={"run": run_id}).pl()
+    except duckdb.CatalogException:  # a store written before the annotations table
+        return np.zeros(events.height, bool)
+    out = np.zeros(events.height, bool)
+    rank = events["rank"].to_numpy()
+    launch = events["launch_ns"].fill_null(-1).to_numpy()
+    for r, lo, hi in spans.iter_rows():
+        out |= (rank == r) & (launch >= lo) & (launch <= hi)
+    return out
+
+
+def capturable_host_edges(graph: Graph) -> np.ndarray:
+    """Per edge, whether it is host time a CUDA graph removes: a ``host`` edge from one launch to the next of the
+    same step, neither launched inside an uncapturable region (:data:`UNCAPTURABLE`). The host time before a
+    step's first launch (data loading), around a synchronization (a wait return is a host point of its own) and
+    in the optimizer stays."""
+    ev = graph.events
+    launched = ~ev["launch_ns"].is_null().to_numpy()
+    if len(graph.straddles):
+        launched &= ~graph.straddles
+    event_of = np.full(graph.n_nodes, -1, np.int64)
+    event_of[2 * graph.n + np.arange(int(launched.sum()))] = np.flatnonzero(launched)
+    src, dst = event_of[graph.src], event_of[graph.dst]
+    out = (graph.kind == HOST) & (src >= 0) & (dst >= 0)
+    step = ev["step"].to_numpy()
+    blocked = graph.uncapturable if len(graph.uncapturable) else np.zeros(graph.n, bool)
+    s, d = src[out], dst[out]
+    out[out] = (step[s] == step[d]) & ~blocked[s] & ~blocked[d]
+    return out
 
 
 def _syncs(con: duckdb.DuckDBPyConnection, run_id: str, events: pl.DataFrame) -> pl.DataFrame:

@@ -6,7 +6,11 @@ A change is ``KEY=TARGET[:FACTOR]``; several compose, applied in the order given
 - ``op=AllToAll:0.7``  the transfers of one collective op
 - ``pg=3:0.5``         the transfers of one process group's collectives (its id in `traceana info`)
 - ``kernel=*flash*:0.8`` compute / memcpy / memset events whose name matches the pattern (fnmatch, any case)
-- ``host=0``           host time between launches scaled (0: every launch at once, what CUDA graphs would do)
+- ``host=0``           host time between launches scaled (0: every launch at once, the bound no launch mechanism
+                       passes)
+- ``host=capturable:0`` only the host time CUDA graphs of the steady forward / backward remove: between launches
+                       of one step, outside the optimizer and data loading, not across a synchronization
+                       (:func:`traceana.model.graph.capturable_host_edges`)
 - ``rank=5:median``    rank 5's work scaled to the median COMP of its peers (its stage's other ranks, or all others
                        without a layout), step by step; ``rank=*:median`` every rank to its stage's median;
                        ``rank=5:1.4`` rank 5's work 1.4x (`traceana predict` gives each rank its own factor)
@@ -49,7 +53,7 @@ class Change:
 
     def __str__(self) -> str:
         if self.key == "host":
-            return f"host={self.factor:g}"
+            return f"host={self.target + ':' if self.target else ''}{self.factor:g}"
         if self.key == "overlap":
             return f"overlap={self.target}"
         return f"{self.key}={self.target}:{'median' if self.factor is None else f'{self.factor:g}'}"
@@ -62,7 +66,10 @@ def parse(spec: str) -> Change:
     if not eq or key not in KEYS:
         raise TraceanaError(f"--change {spec!r}: expected KEY=VALUE with KEY one of {', '.join(KEYS)}")
     if key == "host":
-        return Change(key, "", _factor(spec, value))
+        region, colon, amount = value.rpartition(":")
+        if colon and region.strip().lower() != "capturable":
+            raise TraceanaError(f"--change {spec!r}: host takes a factor (host=0) or host=capturable:FACTOR")
+        return Change(key, "capturable" if colon else "", _factor(spec, amount))
     if key == "overlap":
         dim = value.strip().upper()
         if dim not in DIMS[:-1]:
@@ -131,6 +138,9 @@ def check_matches(graph: Graph, changes: list[Change]) -> None:
             if not (graph.kind == dependency.HOST).any():
                 raise TraceanaError(f"--change {change}: run {graph.run_id!r} has no host launch records to scale "
                                     "(a CPU-only or Ascend trace)")
+            if change.target and not dependency.capturable_host_edges(graph).any():
+                raise TraceanaError(f"--change {change}: run {graph.run_id!r} has no host time between launches "
+                                    "outside the optimizer and data loading")
             continue
         mask = selected(graph, change)
         if mask is None or mask.any():
@@ -180,7 +190,8 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame) -> tuple[n
         elif mask is not None:
             scale(np.where(mask, change.factor, 1.0))
         elif change.key == "host":
-            weight[graph.kind == dependency.HOST] *= change.factor
+            host = dependency.capturable_host_edges(graph) if change.target else graph.kind == dependency.HOST
+            weight[host] *= change.factor
         else:  # rank or stage to the median
             factors = _to_median(change, measured)
             per_event = (ev.select("rank", "step").join(factors, on=["rank", "step"], how="left")
