@@ -41,6 +41,8 @@ MODELS: dict[str, tuple[dict[str, Any], dict[str, Any], str, str]] = {
                    "no embedding or head in the real model"),
     "tp2dp2_mlp_b256": ({**_MLP, "seq_len": 256}, {"micro_batch": 1, "global_batch": 2}, "1f1b",
                         "no embedding or head in the real model"),
+    "tp2dp2_mlp_b512": ({**_MLP, "seq_len": 512}, {"micro_batch": 1, "global_batch": 2}, "1f1b",
+                        "no embedding or head in the real model"),
     "tp4_mlp_b256": ({**_MLP, "seq_len": 256, "heads": 4}, {"micro_batch": 1, "global_batch": 1}, "1f1b",
                      "no embedding or head in the real model"),
     "tp2dp2_mlp_sp": (_MLP, {"micro_batch": 1, "global_batch": 2, "sequence_parallel": True}, "1f1b",

@@ -28,6 +28,8 @@ EXPERIMENTS = {
                    "TP2xDP2 two-layer MLP, row-parallel output AllReduce"),
         Experiment("tp2dp2_mlp_b256", "tp=2,dp=2", ("TP", "DP"), tp_mlp.build_allreduce_b256,
                    "tp2dp2_mlp on 256 tokens: twice the sequence"),
+        Experiment("tp2dp2_mlp_b512", "tp=2,dp=2", ("TP", "DP"), tp_mlp.build_allreduce_b512,
+                   "tp2dp2_mlp on 512 tokens: TP and DP AllReduce both 1 MiB"),
         Experiment("tp4_mlp_b256", "tp=4", ("TP", "DP"), tp_mlp.build_allreduce_b256,
                    "tp2dp2_mlp_b256's MLP on TP4: the 256 tokens a step that tp2dp2_mlp's two replicas take"),
         Experiment("tp2dp2_mlp_sp", "tp=2,dp=2", ("TP", "DP"), tp_mlp.build_sequence_parallel,

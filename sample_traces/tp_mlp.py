@@ -7,6 +7,7 @@ W1 is column-parallel (split on dim 0), W2 row-parallel (split on dim 1), so eac
   duals add 1 AllGather + 1 ReduceScatter backward: 2 RS + 2 AG per step.
 Both then AllReduce the two weight-shard gradients (1 MiB each) over the DP group, one call per weight: 2 DP AllReduce.
 - tp2dp2_mlp_b256: tp2dp2_mlp on 256 tokens instead of 128 (twice the sequence): TP messages double, DP's do not.
+- tp2dp2_mlp_b512: on 512 tokens the TP AllReduce ([512, 512] fp32) is 1 MiB, the size of each DP one: sizes tie.
 The validation pairs (pairs.py) build the same MLP at other widths (H = 2D) and token counts, with the gradients as
 one flat DP bucket; on a one-rank TP group (dp2) the partial output is already whole and no TP call is made.
 """
@@ -63,6 +64,10 @@ def build_allreduce(ctx: Context) -> StepFn:
 
 def build_allreduce_b256(ctx: Context) -> StepFn:
     return build(ctx, sequence_parallel=False, batch=256)
+
+
+def build_allreduce_b512(ctx: Context) -> StepFn:
+    return build(ctx, sequence_parallel=False, batch=512)
 
 
 def build_sequence_parallel(ctx: Context) -> StepFn:

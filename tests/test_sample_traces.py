@@ -26,7 +26,7 @@ from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.ingest.groups.stated import fitting_layouts, settle_layout, stated_roles
 from traceana.layout import Layout
 
-KiB, F32 = 1024, 4
+KiB, MiB, F32 = 1024, 1 << 20, 4
 Fingerprint = dict[tuple[str, str], tuple[int, int]]  # (op, dim) -> (collectives, bytes) per rank per step
 
 
@@ -85,6 +85,8 @@ EXPERIMENTS: dict[str, tuple[str, Callable[[dict[str, int]], Fingerprint]]] = {
 # Recorded later for predict's pairs (sample_traces/README.md); the seven above are what compare and replay cover.
 ADDED: dict[str, tuple[str, Callable[[dict[str, int]], Fingerprint]]] = {
     "tp2dp2_mlp_b256": ("tp=2,dp=2", _tp_mlp(256)),
+    # 512 tokens: the TP activation [512, 512] is 1 MiB, as each DP weight shard is: sizes tie (issue 35 item 7)
+    "tp2dp2_mlp_b512": ("tp=2,dp=2", _tp_mlp(512)),
     "pp2_mb4": ("pp=2,dp=2,order=tp-cp-ep-pp-dp", _pipeline(4)),
     # TP4 over 256 tokens: the activation [256, 512] each way; DP is each rank alone, and the code still all-reduces
     # the two weight shards ([256, 512] and [512, 256]) over it
@@ -183,6 +185,23 @@ def test_ingested_collectives_match_the_fingerprint(db: Path, name: str) -> None
     for rank, step, op, dim, count, size in rows:
         measured.setdefault((rank, step), {})[op, dim] = (count, size)
     assert measured == expected(name)
+
+
+def test_when_tp_and_dp_all_reduce_the_same_size_every_rank_keeps_both(db: Path) -> None:
+    """Issue 35 item 7: on 512 tokens TP's and DP's all-reduces are all 1 MiB and all four ranks run them at once,
+    so size and overlap cannot tell the groups apart; one TP all-reduce a step had gone to DP on ranks 0 and 2.
+    Every rank has 2 TP and 2 DP all-reduces a step, in the store as in the raw JSON (each gloo range's worker
+    thread -> its group, recorded while the job ran)."""
+    raw: Counter[tuple[int, str]] = Counter()
+    for (rank, _step), fingerprint in raw_fingerprint("tp2dp2_mlp_b512").items():
+        for (op, dim), (count, size) in fingerprint.items():
+            assert (op, size) == ("AllReduce", count * MiB)
+            raw[rank, dim] += count
+    with duckdb.connect(str(db), read_only=True) as con:
+        stored = Counter({(rank, dim): n for rank, dim, n in con.execute(
+            "SELECT rank, dim, count(*) FROM collectives WHERE run_id = 'tp2dp2_mlp_b512' AND op = 'AllReduce' "
+            "GROUP BY ALL").fetchall()})
+    assert stored == raw == {(rank, dim): 2 * len(STEPS) for rank in range(4) for dim in ("TP", "DP")}
 
 
 @pytest.mark.parametrize("name", RECORDED)

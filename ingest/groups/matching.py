@@ -4,15 +4,23 @@ A communicator is where one rank runs one group's collectives in order: a gloo w
 ProcessGroupNCCL (one per group and device), an nsys kernel stream. A collective cannot end on one member before
 it has started on every other member. So for each communicator and each candidate group of its rank, count the
 communicator's collectives whose partners (same op and size) overlap them in time on every other member; the group
-with the most such collectives wins, closest end times breaking ties. Candidates are the trace's own groups
+with the most such collectives wins, closest end times breaking ties. Size never decides alone: where groups tie on
+timing (TP and DP all-reducing 1 MiB at the same moment), every member of a group must run the same collectives
+(op and size, as many of each), so a choice that leaves one member of a group short is not taken
+(:func:`_members_agree`). Candidates are the trace's own groups
 (pg_config) when it lists them, else every group the layout generates: the winner's rank set is then recovered
 from the matching alone. The same function serves gloo threads, CUDA streams and nsys streams.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
+
 import duckdb
 import polars as pl
+
+_SEARCH_LIMIT = 200_000  # assignments the members check may visit before it keeps the timing's choice
 
 
 def match_communicators(ops: pl.DataFrame, candidates: pl.DataFrame) -> pl.DataFrame:
@@ -45,13 +53,14 @@ def match_communicators(ops: pl.DataFrame, candidates: pl.DataFrame) -> pl.DataF
     con.close()
     if partners.is_empty():
         return empty
-    assignment = _pick(_score(partners, None))
+    first = _score(partners, None)
+    assignment = _pick(first)
     for _ in range(8):  # a partner counts only if its own communicator serves the same group: iterate to a fixed point
         refined = _pick(_score(partners, assignment))
         if refined.sort("rank", "stream").equals(assignment.sort("rank", "stream")):
             break
         assignment = refined
-    return assignment
+    return _members_agree(ops, candidates, first, assignment)
 
 
 def _score(partners: pl.DataFrame, assignment: pl.DataFrame | None) -> pl.DataFrame:
@@ -112,3 +121,112 @@ def _pick(score: pl.DataFrame) -> pl.DataFrame:
             best = [max(row[: j + 1], key=lambda item: item[0]) for j in range(len(levels))]
         picks += [(rank, s, g) for s, g in zip(streams, best[-1][1], strict=True)]
     return pl.DataFrame(picks, schema={"rank": pl.Int32(), "stream": pl.Int64(), "pg": pl.String()}, orient="row")
+
+
+Signature = Counter[tuple[str, int | None]]
+
+
+def _members_agree(ops: pl.DataFrame, candidates: pl.DataFrame, first: pl.DataFrame,
+                   assignment: pl.DataFrame) -> pl.DataFrame:
+    """The assignment, unless it leaves a group whose members ran different collectives: then the assignment that
+    agrees, among those timing cannot tell from it, with the most hits and closest end times.
+
+    One instance of a collective runs on every member of its group, so over the same window each member of a group
+    runs the same collectives, as many of each (op and size; all-to-all by op, its splits vary). Timing ties where
+    groups run same-size collectives at the same moment: TP [0, 1] and [2, 3] and DP [0, 2] and [1, 3] all-reducing
+    1 MiB together overlap on every pair of ranks, and end-time closeness, on an oversubscribed CPU, may favour the
+    wrong pair on ranks 0 and 2 alone (one TP thread each to DP: TP then has 1 call a step on rank 0 and 2 on rank 1).
+    Each communicator may take any group with as many first-pass hits as its best (the timing tie), ranks keep
+    torch's creation order along their thread ids, and the search keeps the best-valued assignment in which every
+    group's members agree. A group some of whose members ran no collectives here is not checked (a rank not
+    ingested); with no agreeing assignment, or too many to search, the timing's choice stands."""
+    signature: dict[tuple[int, int], Signature] = {}
+    for rank, stream, op, size in ops.select("rank", "stream", "op", "bytes").iter_rows():
+        signature.setdefault((rank, stream), Counter())[op, None if op == "AllToAll" else size] += 1
+    chosen = {(rank, stream): pg for rank, stream, pg in assignment.iter_rows()}
+    present = {rank for rank, _ in chosen}
+    checked = {pg: tuple(ranks) for pg, ranks in candidates.select("pg", "ranks").iter_rows()
+               if set(ranks) <= present}
+    if _disagreeing(chosen, signature, checked) == set():
+        return assignment
+    value: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}  # (hits, value as _pick weighs it)
+    for rank, stream, pg, hits, gap in first.select("rank", "stream", "pg", "hits", "gap").iter_rows():
+        value.setdefault((rank, stream), {})[pg] = (hits, hits * 1e12 - (gap or 0))
+    options = {rank: _rank_options(rank, [s for r, s in sorted(chosen) if r == rank], value, chosen)
+               for rank in sorted({r for r, _ in chosen})}
+    best = _search(options, signature, checked)
+    if best is None:
+        return assignment
+    return pl.DataFrame([(r, s, g) for (r, s), g in sorted(best.items())],
+                        schema={"rank": pl.Int32(), "stream": pl.Int64(), "pg": pl.String()}, orient="row")
+
+
+def _disagreeing(chosen: dict[tuple[int, int], str], signature: dict[tuple[int, int], Signature],
+                 checked: dict[str, tuple[int, ...]], ranks: set[int] | None = None) -> set[str]:
+    """Checked groups (all members among ``ranks``, when given) whose members ran different collectives."""
+    runs: dict[tuple[str, int], Signature] = {}
+    for (rank, stream), pg in chosen.items():
+        runs.setdefault((pg, rank), Counter()).update(signature.get((rank, stream), Counter()))
+    bad = set()
+    for pg, group in checked.items():
+        if ranks is not None and not set(group) <= ranks:
+            continue
+        seen = [runs.get((pg, rank), Counter()) for rank in group]
+        if any(s != seen[0] for s in seen[1:]):
+            bad.add(pg)
+    return bad
+
+
+def _rank_options(rank: int, streams: list[int], value: dict[tuple[int, int], dict[str, tuple[float, float]]],
+                  chosen: dict[tuple[int, int], str]) -> list[tuple[float, dict[tuple[int, int], str]]]:
+    """One rank's possible assignments, best first: each communicator takes its chosen group or another with as many
+    first-pass hits as its best, in creation order along the thread ids (as :func:`_pick` keeps it)."""
+    per_stream = []
+    for stream in streams:
+        scores = value.get((rank, stream), {})
+        top = max((hits for hits, _ in scores.values()), default=0)
+        allowed = {g for g, (hits, _) in scores.items() if hits == top} | {chosen[rank, stream]}
+        per_stream.append(sorted(allowed))
+    found = []
+    for groups in itertools.product(*per_stream):
+        orders = [_creation_order(g) for g in groups]
+        if any(b < a for a, b in itertools.pairwise(orders)):
+            continue
+        total = sum(value.get((rank, s), {}).get(g, (0, -1e18))[1] for s, g in zip(streams, groups, strict=True))
+        found.append((total, {(rank, s): g for s, g in zip(streams, groups, strict=True)}))
+        if len(found) > _SEARCH_LIMIT:
+            return found[:0]  # too many to weigh: the caller keeps the timing's choice
+    return sorted(found, key=lambda item: -item[0])
+
+
+def _search(options: dict[int, list[tuple[float, dict[tuple[int, int], str]]]],
+            signature: dict[tuple[int, int], Signature],
+            checked: dict[str, tuple[int, ...]]) -> dict[tuple[int, int], str] | None:
+    """The best-valued combination of the ranks' options in which every checked group's members agree
+    (branch and bound over ranks; a group is checked as soon as all its members are placed)."""
+    ranks = sorted(options)
+    if any(not options[r] for r in ranks):
+        return None
+    bound = [0.0] * (len(ranks) + 1)  # the best the remaining ranks could add
+    for i in range(len(ranks) - 1, -1, -1):
+        bound[i] = bound[i + 1] + options[ranks[i]][0][0]
+    best: list = [float("-inf"), None]
+    visited = 0
+
+    def place(i: int, total: float, chosen: dict[tuple[int, int], str]) -> None:
+        nonlocal visited
+        if i == len(ranks):
+            if total > best[0]:
+                best[:] = [total, dict(chosen)]
+            return
+        for option_value, option in options[ranks[i]]:
+            visited += 1
+            if visited > _SEARCH_LIMIT or total + option_value + bound[i + 1] <= best[0]:
+                return
+            trial = chosen | option
+            if _disagreeing(trial, signature, checked, set(ranks[: i + 1])):
+                continue
+            place(i + 1, total + option_value, trial)
+
+    place(0, 0.0, {})
+    return best[1] if visited <= _SEARCH_LIMIT else None

@@ -13,10 +13,12 @@ from collections import Counter
 from pathlib import Path
 
 import duckdb
+import polars as pl
 import pytest
 
 from tests.conftest import SAMPLES, TRACES, run_cli
 from tests.ingest.test_kineto import SAMPLE_LAYOUTS
+from traceana.ingest.groups.matching import match_communicators
 from traceana.layout import Layout
 
 KINETO = TRACES / "kineto"
@@ -162,10 +164,11 @@ def test_a_trace_with_pg_config_is_not_told_to_record_one(tmp_path: Path) -> Non
 
 
 # Timing cannot tell these apart: in pp2_mb1 each worker thread runs one 2 MiB all-reduce, and all four ranks run
-# theirs at once, so the PP pairs overlap exactly like the true DP pairs (4 of 8 go to PP); in moe_skewed 2 of 40
-# expert-data-parallel all-reduces overlap an expert-parallel one of the same size. With pg_config, torch's group
-# creation order settles both (test_kineto); without it the layout's groups carry no order.
-AMBIGUOUS = {"pp2_mb1", "moe_skewed"}
+# theirs at once, so the PP pairs overlap exactly like the true DP pairs (4 of 8 go to PP), and both pairings give
+# every group members that run the same collectives. With pg_config, torch's group creation order settles it
+# (test_kineto); without it the layout's groups carry no order. (moe_skewed, where 2 of 40 expert-data-parallel
+# all-reduces overlap an expert-parallel one of the same size, was here until members had to agree: issue 35.)
+AMBIGUOUS = {"pp2_mb1"}
 
 
 @pytest.mark.parametrize("experiment", [
@@ -243,3 +246,30 @@ def test_shared_nsys_exports_hold_no_collectives(export: Path) -> None:
     assert nccl == 0
     data = read_run([export], "auto", IngestOptions(cache_dir=Path("/nonexistent")))
     assert data.table("collectives").is_empty()
+
+
+def _tied_all_reduces() -> pl.DataFrame:
+    """Four ranks of TP2·DP2 (TP [0, 1] [2, 3] are torch's groups "1" "2", DP [0, 2] [1, 3] "3" "4"), each with four
+    gloo worker threads in creation order: TP forward, TP backward, DP weight 1, DP weight 2; two steps of four 1 MiB
+    all-reduces that every rank starts at once. The TP backward's ends lie r1 - r0 - r2 - r3 (9.0, 10.0, 10.4,
+    11.4 ms): ranks 0 and 2 end closer to each other than to their TP peer, ranks 1 and 3 closer to their own."""
+    ends = {"fwd": (5.0, 5.1, 7.0, 7.1), "bwd": (10.0, 9.0, 10.4, 11.4), "w1": (5.0, 7.0, 5.1, 7.1),
+            "w2": (5.0, 7.0, 5.1, 7.1)}  # ms after the start, ranks 0..3
+    rows = [(rank, 100 * rank + k, 4 * step + k, "AllReduce", 1 << 20, start, start + int(ms[rank] * 1e6))
+            for rank in range(4) for step in range(2) for k, ms in enumerate(ends.values())
+            for start in [step * 100_000_000 + k * 20_000_000]]
+    return pl.DataFrame(rows, orient="row", schema={
+        "rank": pl.Int32(), "stream": pl.Int64(), "event_id": pl.Int64(), "op": pl.String(), "bytes": pl.Int64(),
+        "start_ns": pl.Int64(), "end_ns": pl.Int64()})
+
+
+def test_groups_that_tie_on_size_and_time_go_by_their_members() -> None:
+    """Issue 35 item 7. Timing matches every thread to its TP group and its DP group alike (same op, same size, same
+    moment), and end times alone sent rank 0's and rank 2's TP backward thread to DP [0, 2]: one TP all-reduce a
+    step counted as DP on ranks 0 and 2. Then TP [0, 1] runs 2 collectives on rank 0 and 4 on rank 1, which no
+    group's instances can do: members of a group run the same collectives, so each thread keeps its own group."""
+    groups = pl.DataFrame({"pg": ["0", "1", "2", "3", "4"], "ranks": [[0, 1, 2, 3], [0, 1], [2, 3], [0, 2], [1, 3]]},
+                          schema={"pg": pl.String(), "ranks": pl.List(pl.Int32())})
+    got = {(r, s): pg for r, s, pg in match_communicators(_tied_all_reduces(), groups).iter_rows()}
+    truth = {0: ("1", "1", "3", "3"), 1: ("1", "1", "4", "4"), 2: ("2", "2", "3", "3"), 3: ("2", "2", "4", "4")}
+    assert got == {(rank, 100 * rank + k): pg for rank, pgs in truth.items() for k, pg in enumerate(pgs)}

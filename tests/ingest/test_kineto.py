@@ -235,6 +235,7 @@ SAMPLE_LAYOUTS = {
     "tp2dp2_mlp": "tp=2,dp=2", "tp2dp2_mlp_sp": "tp=2,dp=2", "pp2_mb1": "pp=2,dp=2,order=tp-cp-ep-pp-dp",
     "pp2_mb8": "pp=2,dp=2,order=tp-cp-ep-pp-dp", "moe_balanced": "ep=2,dp=4", "moe_skewed": "ep=2,dp=4",
     "toy8_tp2pp2dp2_1f1b": "tp=2,pp=2,dp=2,order=tp-cp-ep-dp-pp",
+    "tp2dp2_mlp_b512": "tp=2,dp=2",  # TP and DP all-reduces all 1 MiB (issue 35 item 7)
 }
 
 
