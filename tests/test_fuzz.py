@@ -4,7 +4,9 @@ Each case copies one real trace, damages it as real files get damaged or drift (
 dropped, values of the wrong type, the profilers' "none" sentinels, NULLs, reversed intervals, huge numbers,
 non-UTF-8 bytes, wrong-typed metadata) and ingests it into a copy of a real store, in this process (no interpreter
 start per case). Whatever happens, the promise holds: exit 0 or 2, never a traceback or an internal error; on
-failure exactly one line on stderr and the store folder byte-for-byte as it was; on success the reports run.
+failure exactly one line on stderr and the store folder byte-for-byte as it was; on success the reports run, and
+each count lower than the undamaged input's (device events, collectives, rank-steps, ranks) is named by a new note:
+a drop without one is a silent wrong result.
 
 Runs of several files (one damaged, an extra file that must be refused, --jobs 2, a dataset, a killed ingest's
 leftovers) are held to more: an exit 0 stores every rank and each undamaged file's events exactly, and leaves
