@@ -24,6 +24,7 @@ from traceana.ingest.ascend.tasks import (
     rank_events,
     with_task_categories,
 )
+from traceana.ingest.kineto.events import PHASES
 from traceana.ingest.rules import Rule
 from traceana.ingest.step_windows import marker_steps
 
@@ -36,9 +37,11 @@ _HCCL_PROCESSES = "('HCCL', 'Communication')"  # older msprof named the HCCL lay
 _TRACKS_SQL = """
 CREATE TEMP TABLE tracks AS
 WITH meta AS (SELECT DISTINCT pid, tid, name, args FROM ev WHERE ph = 'M'),  -- slices repeat the metadata
-process AS (SELECT pid, min(args->>'$.name') AS process FROM meta WHERE name = 'process_name' GROUP BY pid),
+process AS (SELECT pid, min(args->>'$.name') AS process FROM meta  -- a name that is no string names nothing
+            WHERE name = 'process_name' AND json_type(args->'$.name') = 'VARCHAR' GROUP BY pid),
 labels AS (SELECT pid, min(args->>'$.labels') AS labels FROM meta WHERE name = 'process_labels' GROUP BY pid),
-thread AS (SELECT pid, tid, min(args->>'$.name') AS thread FROM meta WHERE name = 'thread_name' GROUP BY pid, tid),
+thread AS (SELECT pid, tid, min(args->>'$.name') AS thread FROM meta
+           WHERE name = 'thread_name' AND json_type(args->'$.name') = 'VARCHAR' GROUP BY pid, tid),
 sort AS (SELECT pid, tid, min(TRY_CAST(args->>'$.sort_index' AS BIGINT)) AS sort_index FROM meta
          WHERE name = 'thread_sort_index' GROUP BY pid, tid)
 SELECT pid, tid, process, labels, thread, coalesce(sort_index, TRY_CAST(tid AS BIGINT)) AS sort_index
@@ -97,6 +100,21 @@ SELECT p.start_ns, p.start_ns + p.dur_ns AS end_ns, p.name, p.grp AS "group", p.
 FROM planes p ASOF LEFT JOIN ops o ON o.pid = p.pid AND o.tid = p.group_tid AND p.start_ns >= o.start_ns
 """
 
+# Events no query below reads, though they are of kinds it reads: damaged (a ph no phase, a span on a track no
+# metadata names, an HCCL span on neither a group nor a plane thread, a Python span of no category torch_npu writes).
+_PYTHON_CATEGORIES = ("cpu_op", "python_function", "enqueue", "dequeue", "user_annotation", "gpu_user_annotation")
+_UNREAD_SQL = rf"""
+SELECT (SELECT count(*) FROM ev WHERE ph IS NULL OR ph NOT IN {PHASES}),
+       (SELECT count(*) FROM ev LEFT JOIN tracks t USING (pid, tid) WHERE ev.ph = 'X' AND t.process IS NULL),
+       (SELECT count(*) FROM x WHERE process IN {_HCCL_PROCESSES}
+            AND NOT coalesce(regexp_matches(thread, '^Group .* Communication$|^Plane \d+$'), false)),
+       (SELECT count(*) FROM x WHERE process = 'Python' AND coalesce(cat, '') NOT IN {_PYTHON_CATEGORIES})
+"""
+_UNREAD = ("events left out: their ph is missing or no phase the Trace Event Format defines",
+           "spans left out: no process_name metadata names their process (a pid missing, or its name no string)",
+           "HCCL spans left out: on threads named neither 'Group ... Communication' nor 'Plane N'",
+           "Python spans left out: their cat is missing or none torch_npu writes")
+
 _CPU_OPS_SQL = """
 SELECT start_ns, start_ns + dur_ns AS end_ns, name, 'Python' AS domain, 'cpu_op' AS kind, NULL::VARCHAR AS args
 FROM x WHERE process = 'Python' AND cat = 'cpu_op'
@@ -141,7 +159,8 @@ def read_timeline(files: list[Path], rules: list[Rule], step_marker: str | None)
         annotations = pl.concat([annotations, hccl_task_annotations(planes)])
     python = con.execute("SELECT min(pid) FROM tracks WHERE process = 'Python'").fetchall()[0][0]
     device = re.search(r"(\d+)", hardware[0][1] or "")
-    notes: list[str] = []
+    unread = con.execute(_UNREAD_SQL).fetchall()[0]
+    notes: list[str] = [f"{files[0]}: {n:,} {what}" for n, what in zip(unread, _UNREAD, strict=True) if n]
     return RankTrace(
         source=files[0], events=events, annotations=annotations,
         steps=marker_steps(annotations.filter(pl.col("kind") == "cpu_op"), step_marker or DEFAULT_STEP_MARKER),

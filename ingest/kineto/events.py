@@ -56,7 +56,7 @@ _CATEGORY = f"""CASE
     WHEN lower(e.cat) IN {_RUNTIMES} THEN 'cuda_runtime'
     WHEN lower(e.cat) IN {_DRIVERS} THEN 'cuda_driver'
     WHEN lower(e.cat) = 'cuda_sync' THEN 'cuda_sync'
-    WHEN lower(e.cat) NOT IN {NOT_DEVICE_WORK} AND e.ph = 'X'
+    WHEN coalesce(lower(e.cat), '') NOT IN {NOT_DEVICE_WORK} AND e.ph = 'X'
          AND (e.args.stream IS NOT NULL OR e.pid->>'$' IN (SELECT pid FROM devices)) THEN 'kernel'
     ELSE e.cat END"""
 
@@ -82,6 +82,12 @@ class Loaded(NamedTuple):
     info: dict  # distributedInfo, checked
     device_names: list[str]  # the devices deviceProperties lists ('NVIDIA H200')
     vintage: str  # which Kineto wrote the file, as far as the file tells (runs.tool_version)
+    unphased: int  # events left out: their ph is missing or no phase the Trace Event Format defines
+
+
+# The Trace Event Format's phases: an event with another ph (or none) is damaged, left out and counted in a note.
+PHASES = ("B", "E", "X", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M", "V", "v", "R", "c",
+          "(", ")")
 
 
 def load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> Loaded:
@@ -105,6 +111,10 @@ def load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> Loaded:
         info, base = _metadata(file, meta[0][0], meta[0][1])
         # Times in HUGEINT, then TRY_CAST: a time no BIGINT holds becomes NULL, and validation drops it with a note.
         con.execute(_INSERT.format(index=index, base=base, reader="kineto_file"))
+        unphased = con.execute(f"SELECT count(*) FROM ev WHERE f = $f AND (ph IS NULL OR ph NOT IN {PHASES})",
+                               {"f": index}).fetchall()[0][0]
+        if unphased:
+            con.execute(f"DELETE FROM ev WHERE f = $f AND (ph IS NULL OR ph NOT IN {PHASES})", {"f": index})
         written, read = con.execute(f"SELECT list(DISTINCT kineto_cat), count(*) FILTER (WHERE cat IN "
                                     f"{KINETO_CATEGORIES}) FROM ev WHERE f = $f", {"f": index}).fetchall()[0]
         if written and not read:
@@ -114,7 +124,8 @@ def load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> Loaded:
     finally:
         con.execute("DROP TABLE IF EXISTS kineto_file")
     return Loaded(info, [n for n in meta[0][3] or [] if n],
-                  _vintage(meta[0][4], set(filter(None, written or [])), bool(meta[0][1]), info.get("backend")))
+                  _vintage(meta[0][4], set(filter(None, written or [])), bool(meta[0][1]), info.get("backend")),
+                  unphased)
 
 
 def _vintage(schema: str | None, categories: set[str], based: bool, backend: str | None) -> str:
@@ -163,7 +174,7 @@ _INSERT = """INSERT INTO ev
             TRY_CAST(e.args.wait_on_stream->>'$' AS BIGINT) AS wait_stream,
             TRY_CAST(e.args.wait_on_cuda_event_record_corr_id->>'$' AS BIGINT) AS record_corr,
             e.args.cuda_sync_kind AS sync_kind, e.cat AS kineto_cat
-        FROM raw WHERE e.ph = 'X' OR e.name = '[memory]'"""
+        FROM raw WHERE e.ph = 'X' OR e.name = '[memory]' OR e.ph IS NULL OR e.ph NOT IN """ + str(PHASES)
 
 
 def _metadata(file: Path, distributed: str | None, base: str | None) -> tuple[dict, int]:

@@ -83,6 +83,7 @@ class ParsedFile:
     vintage: str  # which Kineto wrote it (events.Loaded)
     categories: list[tuple[str, bool, int]]  # (category, read as device work?, events) beyond Kineto's own: a note
     host_comm: list[tuple[str, int]]  # the process groups' collective calls on the host (nccl:all_reduce), by name
+    unphased: int = 0  # events left out: no Trace Event Format phase (events.Loaded)
 
 
 def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) -> ParsedFile:
@@ -92,7 +93,7 @@ def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) 
     con = duckdb.connect(config={"threads": threads})
     con.execute("SET enable_progress_bar = false")  # a worker's bar would garble the CLI's
     con.execute(EVENT_TABLE)
-    info, device_names, vintage = load(con, file, 0)
+    info, device_names, vintage, unphased = load(con, file, 0)
     span = con.execute("SELECT min(start_ns), max(end_ns) FROM ev").fetchall()[0]
     seen = con.execute("SELECT DISTINCT pg_name, pg_desc, pg_ranks FROM ev "
                        "WHERE pg_name IS NOT NULL AND pg_ranks IS NOT NULL").fetchall()
@@ -106,7 +107,7 @@ def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) 
                           "reserved_bytes FROM ev WHERE name = '[memory]' AND mem_device_type = 1").pl(),
         "annotations": con.sql("SELECT 0 AS rank, start_ns, end_ns, name, 'cpu' AS domain, cat AS kind FROM ev "
                                "WHERE cat IN ('user_annotation', 'gpu_user_annotation')").pl(),
-        "event_ops": events.filter(pl.col("op_id").is_not_null()).select(
+        "event_ops": events.filter(pl.col("op_id").is_not_null() & pl.col("launch_op").is_not_null()).select(
             pl.col("f").alias("rank"), "event_id", "op_id", pl.col("launch_op").alias("op"), "input_dims",
             "input_types", "concrete_inputs"),
         "event_scopes": events.filter(pl.any_horizontal(pl.col("scope_op", "module").is_not_null())).select(
@@ -119,7 +120,7 @@ def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) 
                       con.sql(_SAMPLES_SQL).pl(), comm, frames["steps"].rename({"rank": "f"}), links, unnumbered,
                       dropped, sync_counts.count(frames["syncs"]),
                       None if devices else to_ipc(con.sql("SELECT * FROM ev").arrow()), vintage,
-                      con.execute(_OTHER_CATEGORIES_SQL).fetchall(), con.execute(_HOST_COMM_SQL).fetchall())
+                      con.execute(_OTHER_CATEGORIES_SQL).fetchall(), con.execute(_HOST_COMM_SQL).fetchall(), unphased)
 
 
 # The ranges a ProcessGroup writes around each collective it runs (nccl:all_reduce, hccl:allgather, gloo:barrier).
@@ -145,10 +146,10 @@ def _silent_comm_note(parsed: list[ParsedFile], groups: pl.DataFrame) -> list[st
 
 # Events whose category is not one Kineto is known to write for work traceana reads (events._CATEGORY): those read
 # as device work because they ran on a device, and those left out, per category as the file spells it.
-_OTHER_CATEGORIES_SQL = f"""SELECT kineto_cat, cat = 'kernel', count(*) FROM ev
-    WHERE ph = 'X' AND ((cat = 'kernel'
-                         AND lower(kineto_cat) NOT IN ('kernel', 'cuda_profiler_range', 'mtia_ccp_events'))
-                        OR (cat NOT IN {KINETO_CATEGORIES} AND lower(cat) NOT IN {_HOST_DETAIL}))
+_OTHER_CATEGORIES_SQL = f"""SELECT coalesce(kineto_cat, '(no cat)'), cat IS NOT DISTINCT FROM 'kernel', count(*) FROM ev
+    WHERE ph = 'X' AND ((cat = 'kernel' AND coalesce(lower(kineto_cat), '')
+                         NOT IN ('kernel', 'cuda_profiler_range', 'mtia_ccp_events'))
+                        OR cat IS NULL OR (cat NOT IN {KINETO_CATEGORIES} AND lower(cat) NOT IN {_HOST_DETAIL}))
     GROUP BY ALL ORDER BY ALL"""
 
 
@@ -159,6 +160,8 @@ def _category_notes(parsed: list[ParsedFile]) -> list[str]:
         for cat, device, n in part.categories:
             totals[(cat, device)] = totals.get((cat, device), 0) + n
     notes = []
+    if unphased := sum(p.unphased for p in parsed):
+        notes.append(f"{unphased:,} events left out: their ph is missing or no phase the Trace Event Format defines")
     for device, what in ((True, "read as device work (they ran on a device; classified by name)"),
                          (False, "left out: traceana does not read these categories")):
         counts = [f"{cat} {n:,}" for (cat, d), n in sorted(totals.items()) if d is device]

@@ -127,3 +127,30 @@ def test_nsys_launch_times_against_the_sqlite(tmp_path: Path) -> None:
         got = con.execute("SELECT start_ns, launch_ns FROM device_events WHERE launch_ns IS NOT NULL "
                           "ORDER BY ALL").fetchall()
     assert len(expected) > 1000 and got == expected
+
+
+def _cells(args: list[str], column: str) -> dict[str, str]:
+    """rank -> the text of ``column`` (its value, a share in parentheses cut off) in the command's table, printed on
+    a 250-column console (the module's console takes its width once, at import)."""
+    from unittest.mock import patch
+
+    from rich.console import Console
+
+    from traceana.render import console
+
+    with patch.object(console, "console", Console(width=250, color_system=None)):
+        result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = [[c.strip() for c in line.strip("│┃").split("│" if line.startswith("│") else "┃")]
+            for line in result.output.splitlines() if line.startswith(("│", "┃"))]
+    at = rows[0].index(column)
+    return {row[0]: row[at].split(" (")[0] for row in rows[1:]}
+
+
+@pytest.mark.parametrize("run", ["hostbound", "npu", "moe_skewed"])
+def test_idle_prints_the_idle_time_breakdown_prints(db: Path, run: str) -> None:
+    """Issue 35: idle printed 12,850 ms (4 significant figures) where breakdown printed 12,854.103 for the same
+    IDLE; one table printer (one decimals rule per column) prints the same value the same in both."""
+    idle = _cells(["idle", run, "--db", str(db)], "IDLE_ms")
+    breakdown = _cells(["breakdown", run, "--db", str(db)], "IDLE ms (%)")
+    assert idle and idle == breakdown

@@ -5,6 +5,7 @@ call the module that owns the concept, print."""
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from typing import Annotated
 
@@ -51,6 +52,12 @@ def main(argv: list[str] | None = None) -> None:
         typer.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from None
     except Exception as exc:
+        if _overflow(exc):  # only a store changed by hand holds such values: ingest bounds every time and size
+            args = list(sys.argv[1:] if argv is None else argv)
+            db = args[args.index("--db") + 1] if "--db" in args[:-1] else "traceana.duckdb"
+            typer.echo(f"error: {db}: a sum over the store's rows is past 2^63 (times or sizes no ingested trace "
+                       "holds: a store written or changed by other means?)", err=True)
+            raise SystemExit(2) from None
         if os.environ.get("TRACEANA_DEBUG", "") not in ("", "0"):
             traceback.print_exc()
         else:
@@ -58,3 +65,9 @@ def main(argv: list[str] | None = None) -> None:
             typer.echo(f"error: internal error: {type(exc).__name__}: {line} "
                        "(run again with TRACEANA_DEBUG=1 for the traceback)", err=True)
         raise SystemExit(1) from None
+
+
+def _overflow(exc: Exception) -> bool:
+    """DuckDB's integer overflow while reading the store (duckdb is not imported here: --help stays light)."""
+    return "duckdb" in type(exc).__module__ and type(exc).__name__ in ("ConversionException",
+                                                                               "OutOfRangeException")

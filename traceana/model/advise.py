@@ -265,7 +265,7 @@ def slow_groups(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Proposal]:
 
     slow = slow_links(matrix(con, run_id), by_group(con, run_id), SLOW_LINK_PCT).filter(pl.col("what") == "group")
     out: list[Proposal] = []
-    for row in slow.iter_rows(named=True):
+    for row in slow.filter(pl.col("who").is_not_null()).iter_rows(named=True):  # a group the store names
         pg = row["who"].split()[1]
         out.append((f"slow {row['dim']} group {pg}", f"comm slow links: {row['op']} on pg {pg} at "
                     f"{row['bandwidth_GBps']:.1f} GB/s busbw, {-row['vs_median_pct']:.0f}% below the median of its "

@@ -193,7 +193,8 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame) -> tuple[n
             host = dependency.capturable_host_edges(graph) if change.target else graph.kind == dependency.HOST
             weight[host] *= change.factor
         else:  # rank or stage to the median
-            factors = _to_median(change, measured)
+            factors = _to_median(change, measured).with_columns(  # a rank without compute has no median to reach
+                pl.when(pl.col("factor").is_finite()).then("factor").otherwise(1.0).alias("factor"))
             per_event = (ev.select("rank", "step").join(factors, on=["rank", "step"], how="left")
                          ["factor"].fill_null(1.0).to_numpy())
             scale(np.where(work, per_event, 1.0))

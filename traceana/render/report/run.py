@@ -197,6 +197,8 @@ def _stragglers(ctx: Context) -> str:
     late = ctx.stragglers.sort("COMP_excess_pct", descending=True, nulls_last=True)
     over = late.filter(pl.col("COMP_excess_pct") > STRAGGLER_PCT)
     stage = " of its stage" if ctx.has_stages else ""
+    if late["COMP_excess_pct"].drop_nulls().is_empty():
+        return "No straggler: no rank has compute to compare."
     if over.is_empty():
         top = late.row(0, named=True)
         said = (f"No straggler: every rank's COMP is within {STRAGGLER_PCT:g}% of the median{stage} (the most above "
