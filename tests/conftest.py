@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -60,6 +60,27 @@ def run_main(*args: object) -> tuple[int, str, str]:
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     return code, out.getvalue(), err.getvalue()
+
+
+def query(db: Path, sql: str, *params: object) -> list[tuple]:
+    """Rows of ``sql`` on the store at ``db``, opened read-only: the tests' second route to a stored number."""
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute(sql, list(params)).fetchall()
+
+
+def union_length(intervals: list[tuple[Any, Any]]) -> Any:
+    """Length of the union of [start, end) intervals (int ns or Decimal us, as the raw file gives them): the
+    hand calculation a breakdown's busy time is checked against."""
+    total, start, end = 0, None, None
+    for s, e in sorted(intervals):
+        if start is None or s > end:
+            total += (end - start) if start is not None else 0
+            start, end = s, e
+        else:
+            end = max(end, e)
+    return total + ((end - start) if start is not None else 0)
 
 
 def one_line(code: int, err: str, expected: int = 2) -> str:

@@ -16,7 +16,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from tests.conftest import SAMPLES, TRACES, run_cli
+from tests.conftest import SAMPLES, TRACES, query, run_cli
 from tests.ingest.test_kineto import SAMPLE_LAYOUTS
 from traceana.ingest.groups.matching import match_communicators
 from traceana.layout import Layout
@@ -65,11 +65,6 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         run = file.name.removesuffix(".json.gz")
         run_cli("ingest", file, "--db", path, *(("--layout", LAYOUTS[run]) if run in LAYOUTS else ()))
     return path
-
-
-def query(db: Path, sql: str, *params: object) -> list[tuple]:
-    with duckdb.connect(str(db), read_only=True) as con:
-        return con.execute(sql, list(params)).fetchall()
 
 
 def by_stream_op_dim(db: Path, run: str) -> Counter:

@@ -10,10 +10,9 @@ import re
 from collections import Counter
 from pathlib import Path
 
-import duckdb
 import pytest
 
-from tests.conftest import SAMPLES, TRACES, run_cli
+from tests.conftest import SAMPLES, TRACES, query, run_cli
 from traceana.ingest.ranks import rank_in_file_name
 
 KINETO = TRACES / "kineto"
@@ -31,11 +30,6 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for file in sorted(KINETO.glob("*.json.gz")):
         run_cli("ingest", file, "--db", path)
     return path
-
-
-def query(db: Path, sql: str, *params: object) -> list[tuple]:
-    with duckdb.connect(str(db), read_only=True) as con:
-        return con.execute(sql, list(params)).fetchall()
 
 
 def test_every_shared_trace_ingests(db: Path) -> None:

@@ -11,10 +11,9 @@ import re
 from decimal import Decimal
 from pathlib import Path
 
-import duckdb
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, query, run_cli, union_length
 
 DATA = ROOT / "tests" / "data" / "traces"
 TRACE_2021 = DATA / "worker0.1623212756351.pt.trace.json.gz"  # PyTorch 1.9-era tb_plugin sample, June 2021
@@ -28,29 +27,12 @@ def raw(path: Path) -> dict:
         return json.load(handle, parse_float=Decimal)
 
 
-def union_us(intervals: list[tuple[Decimal, Decimal]]) -> Decimal:
-    """Length of the union of [start, end) intervals."""
-    total, start, end = Decimal(0), None, None
-    for s, e in sorted(intervals):
-        if start is None or s > end:
-            total += (end - start) if start is not None else 0
-            start, end = s, e
-        else:
-            end = max(end, e)
-    return total + ((end - start) if start is not None else 0)
-
-
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("vintages") / "t.duckdb"
     for file in (TRACE_2021, MTIA_INFERENCE, MTIA_TRAINING, RANGE_PROFILER):
         run_cli("ingest", file, "--db", path)
     return path
-
-
-def query(db: Path, sql: str, *params: object) -> list[tuple]:
-    with duckdb.connect(str(db), read_only=True) as con:
-        return con.execute(sql, list(params)).fetchall()
 
 
 def run_id(path: Path) -> str:
@@ -100,7 +82,7 @@ def test_mtia_device_events_and_breakdown(db: Path, trace: Path) -> None:
     if steps == 0:  # the whole trace is one step: its span
         total = max(e for _, e in spans) - min(s for s, _ in spans)
         assert result["TOTAL_ms"] == pytest.approx(float(total) / 1e3, abs=1e-6)
-        assert result["COMP_ms"] == pytest.approx(float(union_us(work)) / 1e3, abs=1e-6)
+        assert result["COMP_ms"] == pytest.approx(float(union_length(work)) / 1e3, abs=1e-6)
     else:
         assert result["COMP_ms"] > 0
 
@@ -140,7 +122,7 @@ def test_range_profiler_kernels_are_device_events(db: Path) -> None:
         (77, sum(int(e["dur"]) * 1000 for e in ranges))]
     result = breakdown(db, run)
     assert result["COMP_ms"] == pytest.approx(
-        float(union_us([(e["ts"], e["ts"] + e["dur"]) for e in ranges])) / 1e3, abs=1e-6)
+        float(union_length([(e["ts"], e["ts"] + e["dur"]) for e in ranges])) / 1e3, abs=1e-6)
     assert "CUPTI range profiler" in query(db, "SELECT tool_version FROM runs WHERE run_id = ?", run)[0][0]
 
 

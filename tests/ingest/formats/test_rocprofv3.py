@@ -9,28 +9,11 @@ import gzip
 import json
 from pathlib import Path
 
-import duckdb
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, query, run_cli, union_length
 
 TRACE = ROOT / "tests" / "data" / "traces" / "rocprofv3_mi350x_908.json.gz"
-
-
-def union_ns(intervals: list[tuple[int, int]]) -> int:
-    total, start, end = 0, None, None
-    for s, e in sorted(intervals):
-        if start is None or s > end:
-            total += (end - start) if start is not None else 0
-            start, end = s, e
-        else:
-            end = max(end, e)
-    return total + ((end - start) if start is not None else 0)
-
-
-def query(db: Path, sql: str) -> list[tuple]:
-    with duckdb.connect(str(db), read_only=True) as con:
-        return con.execute(sql).fetchall()
 
 
 def test_real_trace_breakdown_equals_the_raw_records(tmp_path: Path) -> None:
@@ -48,9 +31,9 @@ def test_real_trace_breakdown_equals_the_raw_records(tmp_path: Path) -> None:
     assert query(db, "SELECT count(*), min(op) FROM collectives") == [(1310, "Unknown")]  # RCCL's Generic kernel
     got = json.loads(run_cli("breakdown", "--db", db, "--json").stdout)[0]
     total = max(e for _, e, _ in spans) - min(s for s, _, _ in spans)
-    busy = union_ns(comm + comp)
-    expected = {"TOTAL_ms": total, "COMP_ms": union_ns(comp), "OTHER_WAIT_ms": busy - union_ns(comp),
-                "IDLE_ms": total - busy, "OVERLAPPED_ms": union_ns(comm) + union_ns(comp) - busy}
+    busy = union_length(comm + comp)
+    expected = {"TOTAL_ms": total, "COMP_ms": union_length(comp), "OTHER_WAIT_ms": busy - union_length(comp),
+                "IDLE_ms": total - busy, "OVERLAPPED_ms": union_length(comm) + union_length(comp) - busy}
     assert {k: got[k] for k in expected} == pytest.approx({k: v / 1e6 for k, v in expected.items()}, abs=1e-6)
     (version, device, source) = query(db, "SELECT tool_version, device, source_format FROM runs")[0]
     assert (version, device, source) == ("rocprofv3 JSON (rocprofiler-sdk)", "AMD Instinct MI350X", "rocprofv3")
