@@ -212,8 +212,7 @@ def _ep_load(con: duckdb.DuckDBPyConnection, run_id: str, step: int, measured: p
         return ""
 
     def calls(sizes: pl.Series) -> str:
-        sizes = sizes.to_list()
-        counted = sorted({s: sizes.count(s) for s in sizes}.items())
+        counted = sorted(Counter(sizes.to_list()).items())
         return " + ".join(f"{k}×{_size(s)}" if k > 1 else _size(s) for s, k in counted)
 
     def names(ranks: list[int]) -> str:
@@ -294,7 +293,6 @@ def kernels(con: duckdb.DuckDBPyConnection, run_id: str, step: int, total_ns: fl
     least ``KERNEL_SHARE`` of the step are priced with ``kernel=*NAME*:roof_pct/target`` on each kernel only that op
     shape launches (every event the pattern matches is one of its calls'); one whose kernels all run for other
     ops too is named, not priced. The evidence also gives the step's kernel time the roofline cannot cost."""
-    import fnmatch
     import re
 
     from traceana.analyses import roofline
@@ -342,7 +340,7 @@ def kernels(con: duckdb.DuckDBPyConnection, run_id: str, step: int, total_ns: fl
             name = short.rsplit("::", 1)[-1]  # a short name drops '(anonymous namespace)::' the full one has
             if re.search(r"[][*?]", name):
                 continue
-            match = re.compile(fnmatch.translate(f"*{name}*"), re.IGNORECASE).match
+            match = whatif.kernel_pattern(f"*{name}*").match
             hit = work.filter(pl.col("name").is_in([n for n in work["name"].to_list() if match(n)]))
             if hit.height and hit.join(counts, on="name", how="left")["len"].eq_missing(hit["n"]).all():  # only its
                 patterns.append(f"kernel=*{name}*:{factor:.3f}")

@@ -142,19 +142,20 @@ UNCAPTURABLE = ("Optimizer.%", "enumerate(DataLoader%")
 
 
 def _uncapturable(con: duckdb.DuckDBPyConnection, run_id: str, events: pl.DataFrame) -> np.ndarray:
-    """Per event, whether its launch lies in a host annotation of :data:`UNCAPTURABLE` on its rank."""
-    like = " OR ".join(f"name LIKE '{p}'" for p in UNCAPTURABLE)
+    """Per event, whether its launch lies in a host annotation of :data:`UNCAPTURABLE` on its rank (one range join
+    in the store, not a pass over the events per annotation)."""
+    like = " OR ".join(f"a.name LIKE '{p}'" for p in UNCAPTURABLE)
     try:
-        spans = con.sql(f"SELECT rank, start_ns, end_ns FROM annotations WHERE run_id = $run AND domain = 'cpu' "
-                        f"AND kind = 'user_annotation' AND ({like})", params={"run": run_id}).pl()
+        inside = con.sql(f"""
+            SELECT DISTINCT e.rank, e.event_id FROM device_events e
+            JOIN annotations a ON a.run_id = e.run_id AND a.rank = e.rank
+                              AND e.launch_ns BETWEEN a.start_ns AND a.end_ns
+            WHERE e.run_id = $run AND a.domain = 'cpu' AND a.kind = 'user_annotation' AND ({like})""",
+                         params={"run": run_id}).pl()
     except duckdb.CatalogException:  # a store written before the annotations table
         return np.zeros(events.height, bool)
-    out = np.zeros(events.height, bool)
-    rank = events["rank"].to_numpy()
-    launch = events["launch_ns"].fill_null(-1).to_numpy()
-    for r, lo, hi in spans.iter_rows():
-        out |= (rank == r) & (launch >= lo) & (launch <= hi)
-    return out
+    key = pl.struct("rank", "event_id")
+    return events.select(key.is_in(inside.select(key)[:, 0].implode())).to_series().to_numpy()
 
 
 def capturable_host_edges(graph: Graph) -> np.ndarray:

@@ -104,6 +104,11 @@ def _factor(spec: str, text: str) -> float:
     return value
 
 
+def kernel_pattern(target: str) -> re.Pattern[str]:
+    """What ``kernel=TARGET`` matches: the kernel names fnmatch's pattern takes, in any case."""
+    return re.compile(fnmatch.translate(target), re.IGNORECASE)
+
+
 def selected(graph: Graph, change: Change) -> np.ndarray | None:
     """The events whose lengths ``change`` scales (a mask), or None for a change that is not a set of events
     (host, median changes, overlap)."""
@@ -118,7 +123,7 @@ def selected(graph: Graph, change: Change) -> np.ndarray | None:
     if change.key == "op":
         return comm & (ev["op"].fill_null("").str.to_lowercase() == change.target.lower()).to_numpy()
     if change.key == "kernel":
-        pattern = re.compile(fnmatch.translate(change.target), re.IGNORECASE)
+        pattern = kernel_pattern(change.target)
         names = [name for name in ev["name"].unique().to_list() if pattern.match(name)]  # once per name
         return ev["name"].is_in(names).to_numpy() & work
     if change.key == "rank" and change.factor is not None:
