@@ -141,8 +141,10 @@ def _members_agree(ops: pl.DataFrame, candidates: pl.DataFrame, first: pl.DataFr
     group's members agree. A group some of whose members ran no collectives here is not checked (a rank not
     ingested); with no agreeing assignment, or too many to search, the timing's choice stands."""
     signature: dict[tuple[int, int], Signature] = {}
-    for rank, stream, op, size in ops.select("rank", "stream", "op", "bytes").iter_rows():
-        signature.setdefault((rank, stream), Counter())[op, None if op == "AllToAll" else size] += 1
+    size = pl.when(pl.col("op").eq_missing("AllToAll")).then(None).otherwise(pl.col("bytes")).alias("size")
+    counted = ops.select("rank", "stream", "op", size).group_by("rank", "stream", "op", "size").len()  # per kind
+    for rank, stream, op, size, n in counted.iter_rows():
+        signature.setdefault((rank, stream), Counter())[op, size] += n
     chosen = {(rank, stream): pg for rank, stream, pg in assignment.iter_rows()}
     present = {rank for rank, _ in chosen}
     checked = {pg: tuple(ranks) for pg, ranks in candidates.select("pg", "ranks").iter_rows()
