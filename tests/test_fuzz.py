@@ -439,6 +439,7 @@ def _add_extra(folder: Path, fmt: str, extra: str) -> None:
         shutil.copy(sorted(other.iterdir())[0], folder)
 
 
+@pytest.mark.long
 @FUZZ
 @given(fmt=st.sampled_from(["kineto", "nsys"]), damaged=st.integers(0, 3),
        change=st.one_of(st.none(), st.tuples(st.integers(1, 60), st.integers(0, 1000), st.sampled_from(KINETO_FIELDS),

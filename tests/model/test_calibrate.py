@@ -91,6 +91,7 @@ def _measured_ms(store: Path, run: str) -> float:
     return float(row["ms"])
 
 
+@pytest.mark.long
 def test_calibration_on_one_trace_is_no_worse_on_the_other(store: Path, tmp_path: Path) -> None:
     """Each trace calibrates a profile; each profile predicts both traces. The prior misses by -2.7% (GPT) and
     -9.7% (host-bound); a profile calibrated on one trace is at least as close on the other, and within 5% on its

@@ -21,6 +21,7 @@ from traceana.model.compare import PEAK, estimated_quantities
 from traceana.model.sweep import get_path, read_csv
 
 
+@pytest.mark.long
 def test_vtrain_fit_on_half_is_scored_on_the_other_half() -> None:
     rows, _ = read_csv(VTRAIN[1], config.load(VTRAIN[0]))
     fitted = compare_fit.fit(rows)

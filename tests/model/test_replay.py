@@ -326,6 +326,7 @@ def _step_ms(frame: pl.DataFrame, column: str) -> dict[int, float]:
     return dict(frame.group_by("step").agg(pl.col(column).median()).sort("step").iter_rows())
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("run", "change", "truth"), [
     ("slow_rank", "rank=5:median", "base"), ("slow_stage", "stage=0:median", "stage_balanced"),
     ("base", "dim=TP:2", "tp_halved"), ("tp_halved", "dim=TP:0.5", "base"),
@@ -343,6 +344,7 @@ def test_whatif_predicts_the_run_synthesized_without_the_change(synthesized: Pat
         assert abs(predicted[step] - ms) <= 0.03 * ms, (step, measured[step], predicted[step], ms)  # ... and is seen
 
 
+@pytest.mark.long
 def test_synthesized_runs_replay_and_the_barrier_is_found(synthesized: Path) -> None:
     for run in SYNTH_RUNS:
         frame = _replayed(synthesized, run)
@@ -352,6 +354,7 @@ def test_synthesized_runs_replay_and_the_barrier_is_found(synthesized: Path) -> 
     assert g.counts["barrier"] == 2 and g.counts["host_wait"] == 48  # 3 steps: 2 boundaries; a sync per rank-step
 
 
+@pytest.mark.long
 def test_advise_names_the_slow_stage_of_a_synthesized_run_first(synthesized: Path) -> None:
     with store.connect(synthesized, read_only=True) as con:
         _, found = advise.findings(con, "slow_stage")
