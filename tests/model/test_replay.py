@@ -265,23 +265,26 @@ def test_advise_checks_a_slow_group_by_scaling_it_to_its_peers(db: Path) -> None
             row["bandwidth_GBps"] / row["median_GBps"], abs=1e-3)
 
 
-def test_advise_with_a_config_adds_what_only_the_estimator_predicts(db: Path) -> None:
-    """toy8 (pp=2, 1F1B) with its estimator config: schedule and layout candidates come predicted as the measured
-    step times the estimator's ratio, with the estimator's own miss on this run as their error bar, and rank below
-    the what-if findings whose error bars are the replay's."""
+def test_advise_with_a_config_prices_the_estimators_candidates_by_predict(db: Path) -> None:
+    """toy8 (pp=2, 1F1B) with its estimator config: schedule and layout candidates are priced by predict (the
+    estimator only screens them), so a schedule finding equals what `traceana predict --set` says for the same change,
+    scaled from predict's step (the stages' mean over the run) to advise's (the median rank of the step)."""
     from tests.conftest import ROOT
-    from traceana.estimator import config, estimate
 
     cfg = ROOT / "sample_traces" / "configs" / "toy8_tp2pp2dp2_1f1b.yaml"
     with store.connect(db, read_only=True) as con:
         _, found = advise.findings(con, "toy8_tp2pp2dp2_1f1b", config_path=str(cfg))
-    now = estimate.estimate(config.load(cfg)).step_s * 1e3
-    by_estimator = found.filter(pl.col("graph").str.starts_with("estimator"))
-    assert by_estimator.height >= 2
-    for row in by_estimator.iter_rows(named=True):
-        miss = abs(now - row["measured_step_ms"]) / row["measured_step_ms"]
-        assert row["error_bar_ms"] == pytest.approx(miss * row["predicted_step_ms"])
-        assert 0 < row["gain_ms"] < row["measured_step_ms"]
+    by_predict = found.filter(pl.col("graph").str.starts_with("predict"))
+    assert {"pipeline bubble: schedule zb-h1", "a faster layout"} <= set(by_predict["finding"])
+    row = by_predict.filter(pl.col("finding") == "pipeline bubble: schedule zb-h1").row(0, named=True)
+    code, out, _ = run_main("predict", "toy8_tp2pp2dp2_1f1b", "--config", cfg, "--set", "schedule.kind=zb-h1",
+                            "--json", "--db", db)
+    assert code == 0
+    (total,) = [r for r in json.loads(out)["step"] if r["dim"] == "TOTAL"]
+    scale = row["measured_step_ms"] / total["measured_A_ms"]
+    for ours, theirs in (("predicted_step_ms", "predicted_B_ms"), ("low", "low"), ("high", "high")):
+        assert row[ours] == pytest.approx(total[theirs] * scale, rel=1e-9)
+    assert (by_predict["gain_ms"] > 0).all()
     lower = found["gain_low_ms"].to_list()  # ranked by the lower end of the gain's interval
     assert lower == sorted(lower, reverse=True)
     assert (found["low"] <= found["predicted_step_ms"]).all() and (found["predicted_step_ms"] <= found["high"]).all()

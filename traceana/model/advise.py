@@ -29,7 +29,6 @@ where each rank's window is cut); a gain is measured minus predicted step, in ms
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import duckdb
@@ -38,7 +37,8 @@ import polars as pl
 
 from traceana.analyses import critical_path
 from traceana.analyses.breakdown import check_step
-from traceana.model import whatif
+from traceana.estimator import config
+from traceana.model import predict, whatif
 from traceana.model.graph import Graph
 from traceana.model.intervals import Interval
 
@@ -65,7 +65,6 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
     check_step(con, run_id, step)
     cfg = None
     if config_path is not None:  # refuse a config that does not describe the run before any search
-        from traceana.estimator import config
         from traceana.model.compare import check_matches
 
         cfg = config.load(config_path)
@@ -90,12 +89,12 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
             rows.append({"finding": finding, "evidence": evidence, "change": " ".join(changes),
                          "measured_step_ms": total / 1e6, **_row(total / 1e6, interval),
                          "error_bar_ms": float(frame["error_bar_ms"].max()), "graph": _graph_note(g)})
-    if config_path is not None:
+    if cfg is not None:
         stage_comp = {int(k): v / 1e6 for k, v in zip(stages["pp"], stages["COMP_ns"], strict=True)}
         peak = con.execute("SELECT max(greatest(allocated_bytes, coalesce(reserved_bytes, 0))) FROM memory "
                            "WHERE run_id = ?", [run_id]).fetchall()[0][0]
-        rows += estimator_findings(config_path, total / 1e6, stage_comp,
-                                   mean["PP_WAIT_ns"] / mean["TOTAL_ns"] if mean["TOTAL_ns"] else 0, peak, platform)
+        rows += estimator_findings(con, run_id, cfg, total / 1e6, stage_comp,
+                                   mean["PP_WAIT_ns"] / mean["TOTAL_ns"] if mean["TOTAL_ns"] else 0, peak)
     frame = pl.DataFrame(rows, schema={"finding": pl.String, "evidence": pl.String, "change": pl.String,
                                        "measured_step_ms": pl.Float64, "predicted_step_ms": pl.Float64,
                                        "low": pl.Float64, "high": pl.Float64, "level": pl.Float64,
@@ -399,22 +398,21 @@ def _graph_note(g: Graph) -> str:
             f"{g.counts.get('unexplained', 0)} unexplained holds")
 
 
-def estimator_findings(config_path: str, measured_step_ms: float, stage_comp_ms: dict[int, float],
-                       pp_wait_share: float, peak_bytes: int | None = None, platform: str = "other") -> list[dict]:
+def estimator_findings(con: duckdb.DuckDBPyConnection, run_id: str, cfg: config.Config, measured_step_ms: float,
+                       stage_comp_ms: dict[int, float], pp_wait_share: float,
+                       peak_bytes: int | None = None) -> list[dict]:
     """What the graph cannot predict, from the estimator: each candidate that changes the graph itself (layers
     rebalanced between stages with seed 003's PPB, more and smaller micro-batches, another schedule, with memory to
-    spare less recompute or larger micro-batches, the fastest layout `search` finds that fits), predicted as the
-    measured step times the estimator's ratio new / now. The error bar is the estimator's own miss on this run
-    (|estimate - measured| / measured), scaled to the prediction."""
+    spare less recompute or larger micro-batches, the fastest layout `search` finds that fits). The estimator only
+    screens (a candidate it says is no faster, or that does not fit, is dropped); each kept one is priced by
+    :func:`predict.predict` from this run, so its interval is predict's (calibrated per kind of change), scaled from
+    predict's step (the stages' mean over the run) to this step's median rank."""
     from dataclasses import replace
 
     from traceana.errors import TraceanaError
-    from traceana.estimator import config, estimate, search
-    from traceana.model import intervals
+    from traceana.estimator import estimate, search
 
-    cfg = config.load(config_path)
     now = estimate.estimate(cfg)
-    miss = abs(now.step_s * 1e3 - measured_step_ms) / measured_step_ms
     rows: list[dict] = []
 
     def consider(finding: str, evidence: str, change: str, candidate: config.Config) -> None:
@@ -425,14 +423,14 @@ def estimator_findings(config_path: str, measured_step_ms: float, stage_comp_ms:
             return
         if not new.fits or new.step_s >= now.step_s:
             return
-        step_ms = measured_step_ms * new.step_s / now.step_s
-        interval = intervals.around(step_ms, {"estimator_miss_on_run": abs(math.log1p(miss)) if miss < 1 else miss,
-                                              "change": abs(math.log(new.step_s / now.step_s))},
-                                    platform, f"advise:{finding}", "predict")
+        total = predict.predict(con, run_id, cfg, candidate).step.filter(pl.col("dim") == "TOTAL").row(0, named=True)
+        scale = measured_step_ms / total["measured_A_ms"]
+        interval = Interval(total["predicted_B_ms"] * scale, total["low"] * scale, total["high"] * scale,
+                            total["level"], {"predict": f"{cfg.source} -> {change}, x{scale:.3f} to this step"})
         rows.append({"finding": finding, "evidence": f"{evidence}; estimator {now.step_s * 1e3:.2f} -> "
                      f"{new.step_s * 1e3:.2f} ms", "change": change, "measured_step_ms": measured_step_ms,
-                     **_row(measured_step_ms, interval), "error_bar_ms": miss * step_ms,
-                     "graph": f"estimator ratio (its miss on this run: {100 * miss:.0f}%)"})
+                     **_row(measured_step_ms, interval), "error_bar_ms": (interval.high - interval.low) / 2,
+                     "graph": f"predict ({predict.kind_of(cfg, candidate)} change)"})
 
     p, s = cfg.parallel, cfg.schedule
     if p.pp > 1 and len(stage_comp_ms) > 1 and s.stage_layers != "ppb":
