@@ -225,11 +225,28 @@ def test_advise_names_the_hot_expert_ranks_behind_the_ep_wait(db: Path) -> None:
     ("rank=*:0.5", "':median'"), ("stage=0:2", "':median'"), ("rank=5:0.5", "has no rank 5"),
     ("overlap=QQ", "overlap takes a dim"), ("kernel=gemm", "TARGET:FACTOR"),
     ("rank=99:median", "has no rank 99"), ("host=foo:0", "host=capturable:FACTOR"), ("stage=3:median", "stages 0..0"),
-    ("pg=nope:0.5", "no process group"),
+    ("pg=nope:0.5", "no process group"), ("link=1-1:2", "two different ranks"), ("link=0-9:2", "has no rank 9"),
+    ("link=0:2", "two different ranks"),
 ])
 def test_bad_changes_are_one_line_errors(db: Path, spec: str, says: str) -> None:
     code, _, err = run_main("whatif", "moe_skewed", "--change", spec, "--db", db)
     assert code == 2 and says in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("link", "group"), [("0-4", "9"), ("4-0", "9"), ("0-1", "1")])
+def test_a_link_change_is_its_pair_or_the_one_group_holding_both(db: Path, link: str, group: str) -> None:
+    """On toy8 (tp2 pp2 dp2) ranks 0 and 4 exchange only their PP messages, in group 9 = [0, 4]; ranks 0 and 1 share
+    only TP group 1: a link at half speed must predict what that group at half speed does, rank-step by rank-step."""
+    run = "toy8_tp2pp2dp2_1f1b"
+    by_link = _whatif(db, run, None, f"link={link}:2").sort("rank", "step")
+    by_group = _whatif(db, run, None, f"pg={group}:2").sort("rank", "step")
+    assert by_link["predicted_TOTAL_ms"].to_list() == by_group["predicted_TOTAL_ms"].to_list()
+    assert (by_link["predicted_TOTAL_ms"] > by_link["TOTAL_ms"]).any()  # the change matters
+
+
+def test_a_link_without_traffic_names_what_would_have_it(db: Path) -> None:
+    code, _, err = run_main("whatif", "toy8_tp2pp2dp2_1f1b", "--change", "link=0-7:2", "--db", db)
+    assert code == 2 and "no message between ranks 0 and 7" in err and err.count("\n") == 1
 
 
 def test_commands_print_json(db: Path) -> None:
@@ -263,6 +280,22 @@ def test_advise_checks_a_slow_group_by_scaling_it_to_its_peers(db: Path) -> None
         assert proposed.height == 1
         assert float(proposed["change"][0].split(":")[1]) == pytest.approx(
             row["bandwidth_GBps"] / row["median_GBps"], abs=1e-3)
+
+
+def test_advise_checks_a_slow_rank_pair_by_its_link(db: Path) -> None:
+    """toy8: the PP messages 4 -> 0 run more than 20% below the median of the PP pairs (comm_matrix, read here by
+    SQL): advise proposes link=0-4 at the peers' speed, and its gain is the what-if of that link change."""
+    run = "toy8_tp2pp2dp2_1f1b"
+    with store.connect(db, read_only=True) as con:
+        step, found = advise.findings(con, run)
+        pairs = con.execute("SELECT src, dst, GBps, median(GBps) OVER () FROM comm_matrix WHERE run_id = ? "
+                            "AND dim = 'PP' ORDER BY GBps", [run]).fetchall()
+    src, dst, slowest, median = pairs[0]
+    assert slowest < 0.8 * median and {src, dst} == {0, 4}
+    (row,) = found.filter(pl.col("finding") == "slow link 0-4").iter_rows(named=True)
+    assert row["change"] == f"link=0-4:{slowest / median:.3f}"
+    predicted = _step_ms(_whatif(db, run, step, row["change"]), "predicted_TOTAL_ms")
+    assert row["predicted_step_ms"] == pytest.approx(predicted[step], rel=1e-6)
 
 
 def test_advise_with_a_config_prices_the_estimators_candidates_by_predict(db: Path) -> None:

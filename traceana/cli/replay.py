@@ -50,7 +50,7 @@ def replay(
 def whatif(
     run: RunArgument = None,
     change: Annotated[list[str], typer.Option("--change", help="KEY=TARGET[:FACTOR]: dim=TP:0.5, op=AllToAll:0.7, "
-                                              "pg=ID:0.5, kernel=*flash*:0.8, host=0, host=capturable:0, "
+                                              "pg=ID:0.5, link=0-4:2, kernel=*flash*:0.8, host=0, host=capturable:0, "
                                               "rank=5:median, rank=5:1.4, rank=*:median, stage=0:median, "
                                               "overlap=DP. Repeat to compose.")] = ...,
     step: OneStepOption = None,

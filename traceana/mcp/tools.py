@@ -300,6 +300,7 @@ class Tools:
     def whatif(self, changes: Annotated[list[str], Field(min_length=1, description=(
                    "Changes to the step's dependency graph, KEY=TARGET[:FACTOR], applied in order: dim=TP:0.5 "
                    "(TP transfers 0.5x as long), op=AllToAll:0.7, pg=ID:0.5 (a process group from info), "
+                   "link=0-4:2 (the link between ranks 0 and 4 at half speed), "
                    "kernel=*flash*:0.8 (fnmatch), host=0 (no host time between launches), rank=5:median, "
                    "rank=5:1.4, rank=*:median, stage=0:median, overlap=DP (DP no longer waited for)."))],
                run_id: RunId = None, step: Step = None, top: Top("ranks (the largest gain kept)") = 16) -> str:

@@ -16,7 +16,8 @@ Findings looked for, on one step (the second, or the only one), one function eac
   ranks it waits for;
 - straggler ranks (:func:`stragglers`): stragglers view, COMP above the group's median -> each such rank (and all of
   them) to the median;
-- slow process groups (:func:`slow_groups`): comm slow links -> the group at its peers' bandwidth;
+- slow process groups and links (:func:`slow_links`): comm slow links -> the group at its peers' bandwidth
+  (``pg=``); a rank pair's messages -> that link at its peers' (``link=A-B``);
 - straggler stage (:func:`straggler_stage`): the stage with the largest mean COMP -> ``stage=P:median``;
 - kernels below their roof (:func:`kernels`): the roofline's op shapes ranked by the time bringing them to
   ``ROOF_TARGET`` of their roof would save (their time x (1 - achieved / target)); the first ``KERNEL_TOP`` worth at
@@ -76,7 +77,7 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
     mean = measured.select(pl.exclude("run_id", "rank", "tp", "cp", "ep", "dp", "pp", "step").mean()).row(0, named=True)
     stages = measured.group_by("pp").agg(pl.col("COMP_ns").mean()).drop_nulls("pp").sort("COMP_ns", descending=True)
     proposed = [*host_bound(con, run_id, mean), *exposed(con, run_id, step, measured, mean),
-                *stragglers(con, run_id), *slow_groups(con, run_id), *straggler_stage(stages),
+                *stragglers(con, run_id), *slow_links(con, run_id), *straggler_stage(stages),
                 *kernels(con, run_id, step, total)]
     rows: list[dict] = []
     if proposed:
@@ -257,18 +258,33 @@ def stragglers(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Proposal]:
     return out
 
 
-def slow_groups(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Proposal]:
-    """Process groups over ``SLOW_LINK_PCT`` below their peers' median busbw (comm slow links): at their peers'."""
-    from traceana.analyses.comm import by_group, matrix, slow_links
+def slow_links(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Proposal]:
+    """Process groups (comm slow links, per dim and op) and rank pairs (their recorded point-to-point messages, per
+    dim) over ``SLOW_LINK_PCT`` below their peers' median bandwidth: the group at its peers' (``pg=``), the pair's
+    link at its peers' (``link=A-B``)."""
+    from traceana.analyses.comm import by_group, matrix
+    from traceana.analyses.comm import slow_links as below_peers
 
-    slow = slow_links(matrix(con, run_id), by_group(con, run_id), SLOW_LINK_PCT).filter(pl.col("what") == "group")
+    pairs = matrix(con, run_id).filter(pl.col("assumed_bytes") < pl.col("bytes"))  # messages, not an even split
+    slow = below_peers(pairs, by_group(con, run_id), SLOW_LINK_PCT).filter(pl.col("who").is_not_null())
     out: list[Proposal] = []
-    for row in slow.filter(pl.col("who").is_not_null()).iter_rows(named=True):  # a group the store names
-        pg = row["who"].split()[1]
-        out.append((f"slow {row['dim']} group {pg}", f"comm slow links: {row['op']} on pg {pg} at "
-                    f"{row['bandwidth_GBps']:.1f} GB/s busbw, {-row['vs_median_pct']:.0f}% below the median of its "
-                    f"{row['dim']} peers ({row['median_GBps']:.1f} GB/s): check its links",
-                    [f"pg={pg}:{row['bandwidth_GBps'] / row['median_GBps']:.3f}"]))
+    groups = slow.filter(pl.col("what") == "group")["who"]  # 'pg 2 [2, 3]'
+    seen = {"-".join(who.split(" ", 2)[2].strip("[]").split(", ")) for who in groups}  # a two-rank group's pair
+    for row in slow.iter_rows(named=True):
+        factor = row["bandwidth_GBps"] / row["median_GBps"]
+        below = (f"{row['bandwidth_GBps']:.1f} GB/s{' busbw' if row['what'] == 'group' else ''}, "
+                 f"{-row['vs_median_pct']:.0f}% below the median of its {row['dim']} peers ({row['median_GBps']:.1f} "
+                 "GB/s)")
+        if row["what"] == "group":  # a group the store names
+            pg = row["who"].split()[1]
+            out.append((f"slow {row['dim']} group {pg}", f"comm slow links: {row['op']} on pg {pg} at {below}: "
+                        "check its links", [f"pg={pg}:{factor:.3f}"]))
+            continue
+        link = "-".join(sorted(row["who"].split(" -> "), key=int))
+        if link not in seen:  # one finding a pair, its slower direction first
+            seen.add(link)
+            out.append((f"slow link {link}", f"comm_matrix: {row['who']} messages at {below}: check that link",
+                        [f"link={link}:{factor:.3f}"]))
     return out
 
 

@@ -57,12 +57,13 @@ EVENTS_SQL = """
 WITH first AS (SELECT rank, min(start_ns) AS first_ns, arg_min(step, start_ns) AS first_step
                FROM step_windows WHERE run_id = $run GROUP BY rank)
 SELECT e.rank, e.event_id, e.stream, e.start_ns, e.end_ns, e.name, e.category, e.launch_ns,
-       c.op, c.dim, c.pg, c.instance, coalesce(w.step, f.first_step) AS step
+       c.op, c.dim, c.pg, c.instance, c.peer, g.ranks AS pg_ranks, coalesce(w.step, f.first_step) AS step
 FROM device_events e
 JOIN first f ON f.rank = e.rank
 LEFT JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns >= w.start_ns
                          AND e.start_ns < w.end_ns
 LEFT JOIN collectives c ON c.run_id = e.run_id AND c.rank = e.rank AND c.event_id = e.event_id
+LEFT JOIN process_groups g ON g.run_id = c.run_id AND g.pg = c.pg
 WHERE e.run_id = $run AND (w.step IS NOT NULL OR (e.start_ns < f.first_ns AND e.end_ns >= f.first_ns))
 ORDER BY e.rank, e.stream, e.start_ns, e.end_ns, e.event_id
 """

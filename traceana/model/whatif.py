@@ -5,6 +5,9 @@ A change is ``KEY=TARGET[:FACTOR]``; several compose, applied in the order given
 - ``dim=TP:0.5``       the transfers of TP collectives take 0.5x as long (what 2x bandwidth would do)
 - ``op=AllToAll:0.7``  the transfers of one collective op
 - ``pg=3:0.5``         the transfers of one process group's collectives (its id in `traceana info`)
+- ``link=0-4:2``       the link between ranks 0 and 4 at half its speed: their point-to-point messages, and the
+                       collectives of every group holding both (a ring runs at its slowest link's pace, so the whole
+                       collective stretches: the bound for a ring that crosses that link)
 - ``kernel=*flash*:0.8`` compute / memcpy / memset events whose name matches the pattern (fnmatch, any case)
 - ``host=0``           host time between launches scaled (0: every launch at once, the bound no launch mechanism
                        passes)
@@ -39,7 +42,7 @@ from traceana.model import graph as dependency
 from traceana.model.graph import Graph
 from traceana.model.intervals import Interval
 
-KEYS = ("dim", "op", "pg", "kernel", "host", "rank", "stage", "overlap")
+KEYS = ("dim", "op", "pg", "link", "kernel", "host", "rank", "stage", "overlap")
 WORK = ("compute", "memcpy", "memset")
 DIMS = ("TP", "CP", "EP", "DP", "PP", "UNKNOWN")
 FACTORS = (1e-6, 1e6)  # the range a factor (other than 0) may take
@@ -86,6 +89,12 @@ def parse(spec: str) -> Change:
         if not (target == "*" and key == "rank") and not re.fullmatch(r"\d+", target):
             raise TraceanaError(f"--change {spec!r}: {key} must be a number{' or *' if key == 'rank' else ''}")
         return Change(key, target, None if median else _factor(spec, amount))
+    if key == "link":
+        ends = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", target)
+        if not ends or ends[1] == ends[2]:
+            raise TraceanaError(f"--change {spec!r}: link takes two different ranks, link=A-B:FACTOR")
+        a, b = sorted((int(ends[1]), int(ends[2])))
+        return Change(key, f"{a}-{b}", _factor(spec, amount))
     if key == "dim" and target.upper() not in DIMS:
         raise TraceanaError(f"--change {spec!r}: dim is one of {', '.join(DIMS)}")
     return Change(key, target.upper() if key == "dim" else target, _factor(spec, amount))
@@ -120,6 +129,12 @@ def selected(graph: Graph, change: Change) -> np.ndarray | None:
         return comm & (_dims(graph) == change.target)
     if change.key == "pg":
         return comm & (ev["pg"].cast(pl.String).fill_null("") == change.target).to_numpy()
+    if change.key == "link":
+        a, b = map(int, change.target.split("-"))
+        rank, peer = ev["rank"], ev["peer"]
+        p2p = ((rank == a) & (peer == b)) | ((rank == b) & (peer == a))  # a message: its two ends alone
+        both = peer.is_null() & ev["pg_ranks"].list.contains(a) & ev["pg_ranks"].list.contains(b)
+        return comm & (p2p | both).fill_null(False).to_numpy()
     if change.key == "op":
         return comm & (ev["op"].fill_null("").str.to_lowercase() == change.target.lower()).to_numpy()
     if change.key == "kernel":
@@ -158,6 +173,9 @@ def check_matches(graph: Graph, changes: list[Change]) -> None:
             has = f"collective ops {', '.join(sorted(comm['op'].drop_nulls().unique().to_list())) or 'none'}"
         elif change.key == "pg":
             has = "no communication on it"
+        elif change.key == "link":
+            has = (f"no message between ranks {change.target.replace('-', ' and ')} and no process group holding "
+                   "both (`traceana comm --matrix` shows who talks to whom)")
         elif change.key == "kernel":
             import difflib
 
@@ -235,6 +253,10 @@ def check_targets(changes: list[Change], ranks: list[int], stages: set[int | Non
         if change.key == "pg" and groups is not None and change.target not in groups:
             raise TraceanaError(f"--change {change}: run {run_id!r} has no process group {change.target!r} "
                                 "(`traceana info` lists them)")
+        for r in map(int, change.target.split("-")) if change.key == "link" else ():
+            if r not in ranks:
+                raise TraceanaError(f"--change {change}: run {run_id!r} has no rank {r} (ranks "
+                                    f"{min(ranks)}..{max(ranks)})")
         if change.key == "rank" and change.target != "*" and int(change.target) not in ranks:
             raise TraceanaError(f"--change {change}: run {run_id!r} has no rank {change.target} (ranks "
                                 f"{min(ranks)}..{max(ranks)})")
