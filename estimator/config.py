@@ -295,6 +295,11 @@ def load_with(path: str | Path, changes: list[str]) -> Config:
     before validation, as if the file said so: `predict --set` targets without a second YAML."""
     raw = read_yaml(path)
     raw.pop("runs", None)
+    return with_changes(raw, changes, str(path), Path(path).parent)
+
+
+def with_changes(raw: dict[str, Any], changes: list[str], source: str, where: Path = Path(".")) -> Config:
+    """The config ``raw`` (as YAML gives it; changed in place) with ``changes`` made, as :func:`load_with`."""
     for change in changes:
         key, sep, text = change.partition("=")
         names = key.strip().split(".")
@@ -307,10 +312,10 @@ def load_with(path: str | Path, changes: list[str]) -> Config:
         node = raw
         for name in names[:-1]:
             if not isinstance(node.get(name, {}), dict):
-                raise TraceanaError(f"--set {change!r}: {name} is not a section of {path}")
+                raise TraceanaError(f"--set {change!r}: {name} is not a section of {source}")
             node = node.setdefault(name, {})
         node[names[-1]] = value
-    return from_dict(raw, f"{path} with {', '.join(changes)}", Path(path).parent)
+    return from_dict(raw, f"{source} with {', '.join(changes)}" if changes else source, where)
 
 
 def load_runs(path: str | Path) -> list[Run]:

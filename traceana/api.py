@@ -187,16 +187,26 @@ class Traces:
 
         return self.read(run, one)
 
-    def predict(self, config: str | Path, to: str | Path, run: str | None = None) -> Prediction:
-        """Another configuration ``to`` (estimator YAML) of the job that ran, predicted from the run, which ``config``
-        describes, as `traceana predict --json`: ``.step`` and ``.stages`` (per dim measured_A_ms, ratio,
-        predicted_B_ms, error_bar_ms, estimated_B_ms, source; the TOTAL row's low, high, level), ``.memory``,
-        ``.schedule`` and ``.notes`` (what the trace could not inform, how the interval was built)."""
-        from traceana.estimator.config import load
+    def predict(self, config: str | Path | None = None, to: str | Path | None = None, run: str | None = None,
+                changes: list[str] | None = None) -> Prediction:
+        """Another configuration of the job that ran (``to``, an estimator YAML, and / or ``changes``,
+        "parallel.micro_batch=1" as `--set` takes them), predicted from the run, which ``config`` describes (None:
+        inferred from the trace), as `traceana predict --json`: ``.step`` and ``.stages`` (per dim measured_A_ms,
+        ratio, predicted_B_ms, error_bar_ms, estimated_B_ms, source; the TOTAL row's low, high, level), ``.memory``,
+        ``.schedule`` and ``.notes`` (what was inferred, what the trace could not inform, how the interval was
+        built)."""
+        from dataclasses import replace
+
+        from traceana.analyses.job import configs
         from traceana.model.predict import predict
 
-        source, target = load(config), load(to)
-        return self.read(run, lambda con, rid: predict(con, rid, source, target))
+        def run_predict(con: duckdb.DuckDBPyConnection, rid: str) -> Prediction:
+            source, target, notes = configs(con, rid, Path(config) if config else None, Path(to) if to else None,
+                                            changes or [])
+            result = predict(con, rid, source, target)
+            return replace(result, notes=notes + result.notes)
+
+        return self.read(run, run_predict)
 
     def advise(self, step: int | str | None = None, run: str | None = None) -> pl.DataFrame:
         """Findings of ``step`` (None: the second; "median": the median step) ranked by the lower end of their

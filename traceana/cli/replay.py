@@ -144,8 +144,10 @@ def advise(
 
 def predict(
     run: RunArgument = None,
-    config: Annotated[Path, typer.Option("--config", help="The estimator YAML that describes RUN (its layout, "
-                                         "micro-batches, schedule).")] = ...,
+    config: Annotated[Path | None, typer.Option("--config", help="The estimator YAML that describes RUN (its "
+                                                "layout, micro-batches, schedule); default: inferred from the trace "
+                                                "(layout, device, model from the recorded shapes), said in the "
+                                                "notes.")] = None,
     to: Annotated[Path | None, typer.Option("--to", help="The estimator YAML of the configuration to predict.")]
     = None,
     changes: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE: predict --config with this key "
@@ -159,23 +161,25 @@ def predict(
     and the estimator alone, with notes on what the trace could not inform."""
     import polars as pl
 
-    from traceana.estimator.config import load, load_with
+    from traceana.analyses.job import configs
     from traceana.model import predict as model
     from traceana.model.compare import NOISE_MS
 
     if to is None and not changes:
-        raise TraceanaError("predict needs the target: --to CFG_B, or --set KEY=VALUE changes to --config")
-    source, target = load(config), load_with(to or config, changes or [])
-    to = to or Path(f"{config.name} with {', '.join(changes or [])}")
+        raise TraceanaError("predict needs the target: --to CFG_B, or --set KEY=VALUE changes to the run's config")
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
+        source, target, inferred = configs(con, rid, config, to, changes or [])
         with progress(None, "predicting") as advance:
             result = model.predict(con, rid, source, target)
             advance("done")
+    notes = inferred + result.notes
+    config = config or Path(f"{rid}'s inferred config")
+    to = to or Path(f"{config.name} with {', '.join(changes or [])}")
     if json:
         emit_json({"run_id": rid, "config": str(config), "target": str(to), "step": result.step.to_dicts(),
                    "stages": result.stages.to_dicts(), "memory": result.memory, "schedule": result.schedule,
-                   "notes": result.notes})
+                   "notes": notes})
         return
     numbers = ("measured_A_ms", "predicted_B_ms", "estimated_B_ms")
     shown = (pl.col("dim").is_in(("COMP", "TOTAL"))
@@ -191,5 +195,5 @@ def predict(
     if mem["predicted_B_MiB"] is not None:
         alone = f", estimator {mem['estimated_B_MiB']:,.1f} MiB" if mem["estimated_B_MiB"] is not None else ""
         typer.echo(f"peak memory: predicted {mem['predicted_B_MiB']:,.1f}{bar} MiB ({mem['source']}){alone}")
-    for line in result.notes:
+    for line in notes:
         typer.echo(f"note: {line}")
