@@ -259,12 +259,13 @@ def _optimizer_seconds(cfg: Config, states: memory.StageMemory) -> float:
     """Adam reads the gradient and reads and writes its state, memory-bound. With an fp32 master copy in that
     state (optimizer_bytes above the two moments at the weights' width: Megatron's 12) it then writes the bf16
     weight; without one (PyTorch's AdamW on bf16 weights: two bf16 moments, 4 bytes) it reads and writes the weight
-    itself: 14 bytes a parameter, as torch._fused_adamw_'s four tensor lists (weights, gradients, moments) are."""
+    itself: 14 bytes a parameter, as torch._fused_adamw_'s four tensor lists (weights, gradients, moments) are.
+    Without state (optimizer_bytes 0: plain SGD) it updates every weight the device holds from its gradient."""
     hbm = cfg.hardware.hbm_bandwidth_gb_per_s
     if hbm is None:
         return 0.0
     prec = cfg.precision
-    updated = states.optimizer / prec.optimizer_bytes
+    updated = states.optimizer / prec.optimizer_bytes if prec.optimizer_bytes else states.params / prec.param_bytes
     weights = 1 if prec.optimizer_bytes > 2 * prec.param_bytes else 2  # written; read too without a master copy
     touched = updated * (2 * prec.optimizer_bytes + prec.grad_bytes + weights * prec.param_bytes)
     cal = cfg.calibration

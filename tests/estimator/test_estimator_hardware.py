@@ -212,6 +212,12 @@ def test_fused_adamw_from_the_published_rate_against_the_trace_kernels() -> None
                                                                       optimizer_bytes=12))
     assert estimate(megatron).optimizer[0] == pytest.approx(30 * params / (cfg.calibration.optimizer_efficiency
                                                                            * 4800e9), rel=1e-9)
+    # no optimizer state (plain SGD, the CPU samples' optimizer_bytes 0): every weight updated from its gradient,
+    # read + read and written weight = 2 + 2 x 2 bytes; it divided by zero before
+    sgd = estimate(dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, optimizer_bytes=0)))
+    held = sgd.stages[0].memory.params / 2
+    assert held == pytest.approx(params, rel=1e-3)  # the same parameters, counted from the weights
+    assert sgd.optimizer[0] == pytest.approx(6 * held / (cfg.calibration.optimizer_efficiency * 4800e9), rel=1e-9)
 
 
 def test_the_leave_one_out_host_terms_leave_the_trace_they_came_from_alone() -> None:

@@ -207,3 +207,27 @@ def test_unknown_runs_are_errors(db: Path, tmp_path: Path) -> None:
     assert "unknown run 'nosuch'" in one_line_error("--estimate", sweep, "--db", db)
     assert "no entry 'nosuch'" in one_line_error("--estimate", SWEEP, "nosuch", "--db", db)
     assert "not both" in one_line_error("--estimate", CONFIGS / "pp2_mb8.yaml", "pp2_mb8", "--measured", sweep)
+
+
+def test_the_estimated_step_carries_its_profiles_interval(db: Path, tmp_path: Path) -> None:
+    """On a hardware profile with published measured runs (a100: the vTrain set) the step's interval is the
+    estimate times exp of the conformal quantiles intervals.json ships, read here from the file, with the measured
+    step inside or not; on one without (the CPU sample's own hardware), no interval and the reason."""
+    import yaml
+
+    name = "toy8_tp2pp2dp2_1f1b"
+    raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+    raw["hardware"] = {"profile": "a100", "devices": 8}
+    (tmp_path / "a100.yaml").write_text(yaml.safe_dump(raw))
+    step = compare_json("--estimate", tmp_path / "a100.yaml", name, "--db", db)["step"]
+    shipped = json.loads((ROOT / "traceana" / "model" / "intervals.json").read_text())["estimate"]["a100"]["0.8"]
+    estimated = estimate(config.load(tmp_path / "a100.yaml")).step_s * 1e3
+    assert step["estimated_ms"] == pytest.approx(estimated)
+    assert step["low"] == pytest.approx(estimated * np.exp(shipped["q_lo"]))
+    assert step["high"] == pytest.approx(estimated * np.exp(shipped["q_hi"]))
+    (measured,) = sql_rows(db, "SELECT avg(TOTAL_ns) / 1e6 FROM rank_step_breakdown WHERE run_id = ? AND step = ("
+                               "SELECT min(step) + 1 FROM rank_step_breakdown WHERE run_id = ?)", name, name)[0]
+    assert step["measured_ms"] == pytest.approx(measured, rel=1e-6)
+    assert step["inside"] == (step["low"] <= measured <= step["high"])
+    plain = compare_json("--estimate", CONFIGS / f"{name}.yaml", name, "--db", db)["step"]
+    assert "low" not in plain and plain["interval"].startswith("none: the estimator is unvalidated on")

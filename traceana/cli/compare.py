@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # imported where used: the CLI's fixed cost stays small (`tra
     import polars as pl
 
     from traceana.estimator import config
+    from traceana.estimator.estimate import Estimate
     from traceana.model import compare_fit, sweep
     from traceana.model.compare import RunComparison
 
@@ -111,7 +112,7 @@ def _one_run(cfg: config.Config, cfg_path: Path, run: str | None, db: Path, plot
         which = bd.which_step(con, run_id, None)
         fitted = _fit(sweep.traced_rows(con, [config.Run(run_id, cfg, {})])) if fit else None
         after = compare_run(con, run_id, run_estimate(compare_fit.apply(fitted.values, cfg))) if fitted else None
-    _show_run(result, cfg_path, "config", which, plot, json, fitted, after)
+    _show_run(result, cfg_path, "config", which, plot, json, fitted, after, _step(est, result))
     _finish(fitted, write_calibration, cfg, f"run {run_id}", plot)
 
 
@@ -138,9 +139,29 @@ def _predicted(path: Path, runs: list[str] | None, db: Path, plot: Path | None, 
         _finish(None, None, None, f"run {run_id}", plot)
 
 
+def _step(est: Estimate, result: RunComparison) -> dict[str, Any]:
+    """The estimated step with its interval (the estimator's own error on the published runs of the config's
+    hardware profile) and whether the run's measured step (TOTAL, mean over ranks) lies inside; without such runs,
+    why there is none."""
+    import polars as pl
+
+    from traceana.model.intervals import UNVALIDATED, from_scratch
+
+    cfg = est.config
+    measured = float(result.by_dimension.filter(pl.col("dim") == "TOTAL")["measured_ms"][0])
+    interval = from_scratch(est.step_s * 1e3, cfg.profile.name if cfg.profile else None)
+    if interval is None:
+        return {"estimated_ms": est.step_s * 1e3, "measured_ms": measured,
+                "interval": UNVALIDATED.format(device=cfg.hardware.device)}
+    return {"estimated_ms": interval.value, "low": interval.low, "high": interval.high, "level": interval.level,
+            "measured_ms": measured, "inside": interval.low <= measured <= interval.high, "sources": interval.sources}
+
+
 def _show_run(result: RunComparison, source: Path, key: str, which: str, plot: Path | None, json: bool,
-              fitted: compare_fit.Fit | None = None, after: RunComparison | None = None) -> None:
-    """One run's comparison with the estimate of ``source`` (named under ``key`` in --json): tables, plot, JSON."""
+              fitted: compare_fit.Fit | None = None, after: RunComparison | None = None,
+              step: dict[str, Any] | None = None) -> None:
+    """One run's comparison with the estimate of ``source`` (named under ``key`` in --json): tables, plot, JSON;
+    ``step``: traceana's estimate's step interval (:func:`_step`)."""
     import polars as pl
 
     from traceana.model import diagnose
@@ -155,10 +176,18 @@ def _show_run(result: RunComparison, source: Path, key: str, which: str, plot: P
         row=pl.lit(result.run_id), quantity=pl.col("dim") + "_ms", measured="measured_ms", estimated="estimated_ms",
         est_over_measured="est_over_measured", error_pct="error_pct"))
     if json:
-        emit_json({"run_id": result.run_id, key: str(source), **_frames(result), "notes": result.notes,
-                   "diagnosis": diagnosis.to_dicts(), **({"fit": _fit_json(fitted)} if fitted else {})})
+        emit_json({"run_id": result.run_id, key: str(source), **({"step": step} if step else {}), **_frames(result),
+                   "notes": result.notes, "diagnosis": diagnosis.to_dicts(),
+                   **({"fit": _fit_json(fitted)} if fitted else {})})
     else:
         _print_run(result, source, which)
+        if step and "low" in step:
+            typer.echo(f"step: estimated {step['estimated_ms']:,.3f} ms [{step['low']:,.3f}, {step['high']:,.3f}] "
+                       f"({100 * step['level']:.0f}%, the estimator's error on {step['sources']['set_by']}), measured "
+                       f"{step['measured_ms']:,.3f} ms: {'inside' if step['inside'] else 'OUTSIDE'}")
+        elif step:
+            typer.echo(f"step: estimated {step['estimated_ms']:,.3f} ms, measured {step['measured_ms']:,.3f} ms; "
+                       f"interval {step['interval']}")
         _print_diagnosis(diagnosis)
         if fitted:
             _print_fit(fitted)

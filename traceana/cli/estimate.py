@@ -20,7 +20,7 @@ ConfigArgument = Annotated[Path, typer.Argument(help="Job YAML (model, parallel,
 def _summary(est: Estimate) -> dict[str, object]:
     from traceana.estimator import memory
     from traceana.estimator.estimate import model_flops, utilization
-    from traceana.model.intervals import from_scratch
+    from traceana.model.intervals import UNVALIDATED, from_scratch
 
     cfg = est.config
     worst = max(est.stages, key=lambda s: s.memory.peak)
@@ -29,8 +29,7 @@ def _summary(est: Estimate) -> dict[str, object]:
     return {
         "step_ms": est.step_s * 1e3,
         **({"low": interval.low, "high": interval.high, "level": interval.level, "sources": interval.sources}
-           if interval else {"interval": f"none: the estimator is unvalidated on {cfg.hardware.device} (no published "
-                                         "measured runs of its profile in the calibration)"}),
+           if interval else {"interval": UNVALIDATED.format(device=cfg.hardware.device)}),
         "mfu": model_flops(cfg) / (est.step_s * cfg.parallel.world_size * cfg.hardware.peak_tflops_bf16 * 1e12),
         "utilization": utilization(est),
         "hardware_profile": None if cfg.profile is None else {"name": cfg.profile.name, "source": cfg.profile.source},

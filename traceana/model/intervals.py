@@ -95,6 +95,10 @@ def quantiles(platform: str, kind: str, family: str, level: float = LEVEL) -> tu
     return None
 
 
+UNVALIDATED = ("none: the estimator is unvalidated on {device} (no published measured runs of its profile in the "
+               "calibration)")
+
+
 def from_scratch(step_ms: float, profile: str | None, level: float = LEVEL) -> Interval | None:
     """The estimator's step with the interval its own error sets on the published measured runs of its hardware
     profile (``estimate`` in intervals.json: plain split conformal on log(measured / estimated)); None where the
