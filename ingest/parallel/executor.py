@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -116,23 +117,31 @@ def _call(parse: Callable[[Path], T], file: Path) -> T:
     return parse(file)
 
 
-def _connect(ray: ModuleType, cluster: RayCluster) -> None:
-    """``ray.init`` for the cluster, waited for at most ``cluster.timeout_s``: Ray retries an address that does not
-    answer for a minute or more, so the call runs in a daemon thread and the ingest gives up on it with one line."""
+@contextmanager
+def _connected(ray: ModuleType, cluster: RayCluster) -> Iterator[None]:
+    """``ray.init`` for the cluster, waited for at most ``cluster.timeout_s``, and ``ray.shutdown`` after the body.
+    Ray retries an address that does not answer for a minute or more, so the call runs in a daemon thread and the
+    ingest gives up on it with one line. That thread lives until the shutdown: the GCS and raylet that ``ray.init``
+    starts where no Ray runs are its children with PR_SET_PDEATHSIG, which Linux sends when the *thread* that
+    started them ends, so a thread that returned would kill them (the first task then waits 60 s for a GCS that is
+    gone, and Ray ends the process)."""
     where = cluster.address or os.environ.get("RAY_ADDRESS")
     at = f" at {where}" if where else ""
     failed: list[BaseException] = []
+    ready, done = threading.Event(), threading.Event()
 
     def init() -> None:
         try:
             ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
         except BaseException as exc:  # handed to the waiting thread
             failed.append(exc)
+            return
+        finally:
+            ready.set()
+        done.wait()
 
-    thread = threading.Thread(target=init, name="ray-init", daemon=True)
-    thread.start()
-    thread.join(cluster.timeout_s)
-    if thread.is_alive():
+    threading.Thread(target=init, name="ray-init", daemon=True).start()
+    if not ready.wait(cluster.timeout_s):
         raise TraceanaError(f"cannot reach Ray{at} within {cluster.timeout_s:g} s (--ray-timeout)")
     if failed:
         exc = failed[0]
@@ -140,6 +149,11 @@ def _connect(ray: ModuleType, cluster: RayCluster) -> None:
             raise exc
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TraceanaError(f"cannot start or reach Ray{at} ({first[:200]})") from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        done.set()
 
 
 def _map_ray(parse: Callable[[Path], T], files: list[Path], cluster: RayCluster) -> Iterator[T]:
@@ -149,9 +163,12 @@ def _map_ray(parse: Callable[[Path], T], files: list[Path], cluster: RayCluster)
         import ray
     except ModuleNotFoundError:
         raise TraceanaError("--executor ray needs Ray, which is not installed: pip install 'traceana[ray]'") from None
-    started = not ray.is_initialized()
-    if started:
-        _connect(ray, cluster)
+    with nullcontext() if ray.is_initialized() else _connected(ray, cluster):
+        yield from _run_tasks(ray, parse, files)
+
+
+def _run_tasks(ray: ModuleType, parse: Callable[[Path], T], files: list[Path]) -> Iterator[T]:
+    """One task per file on the Ray this process is connected to; a failed task is that file's one line."""
     task = ray.remote(_call)
     refs = [task.remote(parse, file) for file in files]
     try:
@@ -172,9 +189,6 @@ def _map_ray(parse: Callable[[Path], T], files: list[Path], cluster: RayCluster)
             ray.cancel(ref)
         ray.wait(pending, num_returns=len(pending))
         raise
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def to_ipc(batches: pa.RecordBatchReader) -> bytes:
