@@ -21,11 +21,12 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
@@ -40,15 +41,16 @@ T = TypeVar("T")
 WORKER_MIN_BYTES = 64 << 20
 
 
-@dataclass(frozen=True)
+@dataclass
 class RayCluster:
     """Parse each file as a Ray task (`--executor ray`) on the cluster at ``address`` (as ``ray.init`` takes it;
     None: RAY_ADDRESS, else the Ray running on this machine, else one started for this ingest). Every node needs
     this traceana installed and the input files at the same paths (shared storage); the results come back to this
-    process."""
+    process, and ``tasks_per_node`` counts where they ran (the command's note: whether the cluster was used)."""
 
     address: str | None = None
     timeout_s: float = 30.0  # how long to wait for the cluster to answer (`--ray-timeout`)
+    tasks_per_node: Counter[str] = field(default_factory=Counter)  # Ray node id -> tasks whose result came from it
 
 
 def worker_count(jobs: int | RayCluster | None, files: list[Path]) -> int | RayCluster:
@@ -112,9 +114,12 @@ def _watch_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _call(parse: Callable[[Path], T], file: Path) -> T:
-    """The Ray task: one file's parse (module level, so that workers import it rather than unpickle code)."""
-    return parse(file)
+def _call(parse: Callable[[Path], T], file: Path) -> tuple[T, str]:
+    """The Ray task: one file's parse, and the id of the node that ran it (module level, so that workers import it
+    rather than unpickle code)."""
+    import ray
+
+    return parse(file), ray.get_runtime_context().get_node_id()
 
 
 @contextmanager
@@ -164,22 +169,25 @@ def _map_ray(parse: Callable[[Path], T], files: list[Path], cluster: RayCluster)
     except ModuleNotFoundError:
         raise TraceanaError("--executor ray needs Ray, which is not installed: pip install 'traceana[ray]'") from None
     with nullcontext() if ray.is_initialized() else _connected(ray, cluster):
-        yield from _run_tasks(ray, parse, files)
+        yield from _run_tasks(ray, parse, files, cluster.tasks_per_node)
 
 
-def _run_tasks(ray: ModuleType, parse: Callable[[Path], T], files: list[Path]) -> Iterator[T]:
-    """One task per file on the Ray this process is connected to; a failed task is that file's one line."""
+def _run_tasks(ray: ModuleType, parse: Callable[[Path], T], files: list[Path], nodes: Counter[str]) -> Iterator[T]:
+    """One task per file on the Ray this process is connected to, each counted in ``nodes`` under the node that
+    ran it; a failed task is that file's one line."""
     task = ray.remote(_call)
     refs = [task.remote(parse, file) for file in files]
     try:
         for file, ref in zip(files, refs, strict=True):
             try:
-                yield ray.get(ref)
+                result, node = ray.get(ref)
             except ray.exceptions.RayTaskError as exc:  # the parse raised: its own exception, as a local worker's
                 raise exc.cause from None
             except ray.exceptions.RayError as exc:  # the task's worker or node died, or its result was lost
                 raise TraceanaError(f"{file}: the Ray task reading it failed ({type(exc).__name__}: "
                                     f"{str(exc).strip().splitlines()[0][:160]})") from None
+            nodes[node] += 1
+            yield result
     except BaseException:
         # Only tasks not yet finished are cancelled, and only when the ingest ends early: cancelling a task whose
         # reply is being processed trips a check in Ray (2.60: "Tried to complete task that was not pending") that

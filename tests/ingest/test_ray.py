@@ -144,6 +144,7 @@ def test_with_no_ray_running_the_command_starts_one_and_ends_it(tmp_path: Path,
         assert ingest(*RUNS["toy8"], "--db", local, "--jobs", "1")[0] == 0
         result = run_cli("ingest", *RUNS["toy8"], "--db", dataset, "--executor", "ray")
         assert f"-> {dataset}" in result.stdout and "error" not in result.stderr.lower()
+        assert "\n  Ray: 8 tasks ran on 1 node(s) (8 tasks)\n" in result.stdout
         assert store_rows(dataset) == store_rows(local)
         assert processes_with(f"RAY_TMPDIR={ray_tmp}") == []
     finally:
