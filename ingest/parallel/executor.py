@@ -21,10 +21,12 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
@@ -39,15 +41,16 @@ T = TypeVar("T")
 WORKER_MIN_BYTES = 64 << 20
 
 
-@dataclass(frozen=True)
+@dataclass
 class RayCluster:
     """Parse each file as a Ray task (`--executor ray`) on the cluster at ``address`` (as ``ray.init`` takes it;
     None: RAY_ADDRESS, else the Ray running on this machine, else one started for this ingest). Every node needs
     this traceana installed and the input files at the same paths (shared storage); the results come back to this
-    process."""
+    process, and ``tasks_per_node`` counts where they ran (the command's note: whether the cluster was used)."""
 
     address: str | None = None
     timeout_s: float = 30.0  # how long to wait for the cluster to answer (`--ray-timeout`)
+    tasks_per_node: Counter[str] = field(default_factory=Counter)  # Ray node id -> tasks whose result came from it
 
 
 def worker_count(jobs: int | RayCluster | None, files: list[Path]) -> int | RayCluster:
@@ -111,28 +114,39 @@ def _watch_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _call(parse: Callable[[Path], T], file: Path) -> T:
-    """The Ray task: one file's parse (module level, so that workers import it rather than unpickle code)."""
-    return parse(file)
+def _call(parse: Callable[[Path], T], file: Path) -> tuple[T, str]:
+    """The Ray task: one file's parse, and the id of the node that ran it (module level, so that workers import it
+    rather than unpickle code)."""
+    import ray
+
+    return parse(file), ray.get_runtime_context().get_node_id()
 
 
-def _connect(ray: ModuleType, cluster: RayCluster) -> None:
-    """``ray.init`` for the cluster, waited for at most ``cluster.timeout_s``: Ray retries an address that does not
-    answer for a minute or more, so the call runs in a daemon thread and the ingest gives up on it with one line."""
+@contextmanager
+def _connected(ray: ModuleType, cluster: RayCluster) -> Iterator[None]:
+    """``ray.init`` for the cluster, waited for at most ``cluster.timeout_s``, and ``ray.shutdown`` after the body.
+    Ray retries an address that does not answer for a minute or more, so the call runs in a daemon thread and the
+    ingest gives up on it with one line. That thread lives until the shutdown: the GCS and raylet that ``ray.init``
+    starts where no Ray runs are its children with PR_SET_PDEATHSIG, which Linux sends when the *thread* that
+    started them ends, so a thread that returned would kill them (the first task then waits 60 s for a GCS that is
+    gone, and Ray ends the process)."""
     where = cluster.address or os.environ.get("RAY_ADDRESS")
     at = f" at {where}" if where else ""
     failed: list[BaseException] = []
+    ready, done = threading.Event(), threading.Event()
 
     def init() -> None:
         try:
             ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
         except BaseException as exc:  # handed to the waiting thread
             failed.append(exc)
+            return
+        finally:
+            ready.set()
+        done.wait()
 
-    thread = threading.Thread(target=init, name="ray-init", daemon=True)
-    thread.start()
-    thread.join(cluster.timeout_s)
-    if thread.is_alive():
+    threading.Thread(target=init, name="ray-init", daemon=True).start()
+    if not ready.wait(cluster.timeout_s):
         raise TraceanaError(f"cannot reach Ray{at} within {cluster.timeout_s:g} s (--ray-timeout)")
     if failed:
         exc = failed[0]
@@ -140,6 +154,11 @@ def _connect(ray: ModuleType, cluster: RayCluster) -> None:
             raise exc
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TraceanaError(f"cannot start or reach Ray{at} ({first[:200]})") from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        done.set()
 
 
 def _map_ray(parse: Callable[[Path], T], files: list[Path], cluster: RayCluster) -> Iterator[T]:
@@ -149,20 +168,26 @@ def _map_ray(parse: Callable[[Path], T], files: list[Path], cluster: RayCluster)
         import ray
     except ModuleNotFoundError:
         raise TraceanaError("--executor ray needs Ray, which is not installed: pip install 'traceana[ray]'") from None
-    started = not ray.is_initialized()
-    if started:
-        _connect(ray, cluster)
+    with nullcontext() if ray.is_initialized() else _connected(ray, cluster):
+        yield from _run_tasks(ray, parse, files, cluster.tasks_per_node)
+
+
+def _run_tasks(ray: ModuleType, parse: Callable[[Path], T], files: list[Path], nodes: Counter[str]) -> Iterator[T]:
+    """One task per file on the Ray this process is connected to, each counted in ``nodes`` under the node that
+    ran it; a failed task is that file's one line."""
     task = ray.remote(_call)
     refs = [task.remote(parse, file) for file in files]
     try:
         for file, ref in zip(files, refs, strict=True):
             try:
-                yield ray.get(ref)
+                result, node = ray.get(ref)
             except ray.exceptions.RayTaskError as exc:  # the parse raised: its own exception, as a local worker's
                 raise exc.cause from None
             except ray.exceptions.RayError as exc:  # the task's worker or node died, or its result was lost
                 raise TraceanaError(f"{file}: the Ray task reading it failed ({type(exc).__name__}: "
                                     f"{str(exc).strip().splitlines()[0][:160]})") from None
+            nodes[node] += 1
+            yield result
     except BaseException:
         # Only tasks not yet finished are cancelled, and only when the ingest ends early: cancelling a task whose
         # reply is being processed trips a check in Ray (2.60: "Tried to complete task that was not pending") that
@@ -172,9 +197,6 @@ def _map_ray(parse: Callable[[Path], T], files: list[Path], cluster: RayCluster)
             ray.cancel(ref)
         ray.wait(pending, num_returns=len(pending))
         raise
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def to_ipc(batches: pa.RecordBatchReader) -> bytes:

@@ -49,14 +49,18 @@ class Spill:
 
 
 def spill_part(folder: Path, table: str, key: str, frame: pl.DataFrame) -> None:
-    """One file's rows of ``table`` (store columns; ``rank`` comes from the parts) as part ``key`` of a Spill. A
-    full disk is the store's one line (the spill is beside it), as when the store's own write fills it."""
+    """One file's rows of ``table`` (store columns; ``rank`` comes from the parts) as part ``key`` of a Spill,
+    written under another name and renamed: a Ray task killed mid-write (its node lost; Ray runs it again under a new
+    key) leaves no cut-short part for the store's read of ``*.parquet`` to fail on. A full disk is the store's one
+    line (the spill is beside it), as when the store's own write fills it."""
     if frame.is_empty():
         return
     try:
         (folder / table).mkdir(parents=True, exist_ok=True)
-        conform(table, frame).drop("rank").write_parquet(folder / table / f"{key}.parquet", compression="lz4",
-                                                         statistics=False)
+        part = folder / table / f"{key}.parquet"
+        writing = part.with_suffix(".writing")
+        conform(table, frame).drop("rank").write_parquet(writing, compression="lz4", statistics=False)
+        writing.replace(part)
     except (OSError, pl.exceptions.ComputeError) as exc:
         if "No space left on device" not in str(exc):
             raise

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,39 @@ def test_a_cluster_that_does_not_answer_is_given_up_after_ray_timeout(tmp_path: 
     assert result.stderr.strip().splitlines()[-1] == ("error: cannot reach Ray at 127.0.0.1:1 within 2 s "
                                                       "(--ray-timeout)")
     assert list(tmp_path.iterdir()) == []
+
+
+def processes_with(variable: str) -> list[int]:
+    """Other processes whose environment holds ``variable`` (NAME=value): what a command started, however its
+    processes renamed themselves (Ray's workers and agents do)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # ended, or not ours to read
+            continue
+        if variable.encode() in environ and int(pid) != os.getpid():
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="looks for leftover processes in /proc")
+def test_with_no_ray_running_the_command_starts_one_and_ends_it(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a user runs it: a fresh process, no ray.init before it, no RAY_ADDRESS, and a Ray temp folder of its own
+    (RAY_TMPDIR, short: Ray's socket paths must fit 107 bytes) where no `ray start` left an address. The Ray it
+    starts gives the local path's tables, and nothing of it outlives the command."""
+    pytest.importorskip("ray")
+    ray_tmp = tempfile.mkdtemp(prefix="ray-")
+    monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    try:
+        local, dataset = tmp_path / "local.duckdb", tmp_path / "ray.parquet"
+        assert ingest(*RUNS["toy8"], "--db", local, "--jobs", "1")[0] == 0
+        result = run_cli("ingest", *RUNS["toy8"], "--db", dataset, "--executor", "ray")
+        assert f"-> {dataset}" in result.stdout and "error" not in result.stderr.lower()
+        assert "\n  Ray: 8 tasks ran on 1 node(s) (8 tasks)\n" in result.stdout
+        assert store_rows(dataset) == store_rows(local)
+        assert processes_with(f"RAY_TMPDIR={ray_tmp}") == []
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -17,6 +17,7 @@ from tests.conftest import TRACES, run_main
 from traceana import store
 from traceana.errors import TraceanaError
 from traceana.ingest.dispatch import IngestOptions, read_run
+from traceana.ingest.parallel.spill import Spill, spill_part
 from traceana.ingest.run_data import RunData
 from traceana.ingest.validate import Dropped, check, validate
 
@@ -71,6 +72,24 @@ def test_the_spill_folder_goes_when_the_store_write_fails(tmp_path: Path, monkey
     code, _, err = run_main("ingest", *SAMPLED, "--db", tmp_path / "s.duckdb")
     assert code != 0 and "disk full (simulated)" in err
     assert seen and not seen[0].exists() and spill_folders(tmp_path) == []
+
+
+def test_a_part_cut_short_leaves_nothing_the_store_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ray task killed while it writes a part (its node lost) runs again elsewhere under a new key; the half it
+    wrote must not be a ``*.parquet`` of the spill, or the store's read of them all fails ("No magic bytes")."""
+
+    class Killed(BaseException):
+        pass
+
+    def cut_short(frame: pl.DataFrame, path: Path, **_: object) -> None:
+        Path(path).write_bytes(b"PAR1, then nothing")
+        raise Killed
+
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", cut_short)
+    spill = Spill(tmp_path / "spill")
+    with pytest.raises(Killed):
+        spill_part(spill.folder, "device_events", "key", pl.DataFrame({"rank": [0], "name": ["k"]}))
+    assert spill.glob("device_events") is None
 
 
 def test_files_validated_apart_add_up_to_the_whole_runs_notes() -> None:

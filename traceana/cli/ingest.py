@@ -92,3 +92,6 @@ def ingest(
                f"{counts[2]} collectives, {steps} -> {db}")
     for note in data.notes:
         typer.echo(f"  note: {note}")
+    if isinstance(workers, RayCluster) and (nodes := workers.tasks_per_node):  # where, not what: not a stored note
+        spread = ", ".join(map(str, sorted(nodes.values(), reverse=True)))
+        typer.echo(f"  Ray: {nodes.total()} tasks ran on {len(nodes)} node(s) ({spread} tasks)")
