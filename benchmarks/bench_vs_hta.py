@@ -2,7 +2,7 @@
 
 The files: 16 copies of ../shared/traces/kineto/hta_rank0of16_a2a_rs_ag.json.gz, decompressed, each with its
 distributedInfo rank set (0..15) through a JSON load and dump, written to a temporary folder. Rows:
-  traceana ingest   `traceana ingest DIR` (CLI defaults: every core once the input passes 64 MiB)
+  traceana ingest   `traceana ingest DIR` (CLI defaults: every core once the files hold 64 MiB to parse)
   HTA load          `TraceAnalysis(trace_dir=DIR)`, which parses every rank's trace into DataFrames
   orjson, 1 / 2      read + orjson.loads of every file, in one process and in a 2-process pool: parsing alone
 Each row is best of --repeats, run as its own process, timed wall-clock with its imports (as a user meets them),
@@ -76,6 +76,8 @@ def main() -> None:
         return parse_all(Path(args.parse_floor[1]), int(args.parse_floor[0]))
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}; load average {os.getloadavg()[0]:.1f} at start")
+    if args.workdir:
+        args.workdir.mkdir(parents=True, exist_ok=True)  # the temporary folder goes inside it
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         folder, db = Path(tmp) / "traces", Path(tmp) / "bench.duckdb"
         folder.mkdir()

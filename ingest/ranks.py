@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from traceana.errors import TraceanaError
@@ -34,16 +35,32 @@ def require_unique_ranks(ranks: list[int], sources: list[str]) -> None:
 def require_distinct(files: list[Path]) -> None:
     """One trace given twice (the same path, or a copy under another name) would store every event twice as two
     ranks, wherever the trace states no rank that would clash: a user error, named with both files. Only files of
-    equal size are read to compare them."""
-    by_size: dict[int, list[Path]] = {}
+    equal size and equal first MiB (where ranks' traces of one job differ: their metadata) are read whole."""
+    for same_size in _groups(files, lambda file: file.stat().st_size):
+        for same_head in _groups(same_size, lambda file: _digest(file, _HEAD)):
+            seen: dict[str, Path] = {}
+            for file in same_head:
+                digest = _digest(file)
+                if digest in seen:
+                    raise TraceanaError(f"{file}: the same trace as {seen[digest]} (an input given twice); "
+                                        "give each rank's trace once")
+                seen[digest] = file
+
+
+_HEAD = 1 << 20
+
+
+def _groups(files: list[Path], key: Callable[[Path], object]) -> list[list[Path]]:
+    """The files that share ``key`` with another, in groups."""
+    by_key: dict[object, list[Path]] = {}
     for file in files:
-        by_size.setdefault(file.stat().st_size, []).append(file)
-    for same in (group for group in by_size.values() if len(group) > 1):
-        seen: dict[str, Path] = {}
-        for file in same:
-            with file.open("rb") as handle:
-                digest = hashlib.file_digest(handle, "sha256").hexdigest()
-            if digest in seen:
-                raise TraceanaError(f"{file}: the same trace as {seen[digest]} (an input given twice); "
-                                    "give each rank's trace once")
-            seen[digest] = file
+        by_key.setdefault(key(file), []).append(file)
+    return [group for group in by_key.values() if len(group) > 1]
+
+
+def _digest(file: Path, size: int | None = None) -> str:
+    """SHA-256 of the file, or of its first ``size`` bytes."""
+    with file.open("rb") as handle:
+        if size is not None:
+            return hashlib.sha256(handle.read(size)).hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()

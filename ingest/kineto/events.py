@@ -19,15 +19,17 @@ STEP = r"^ProfilerStep#(\d+)$"  # the profiler's step ranges; the number is the 
 # Elements of an op's first input tensor (Input Dims [[65536, 384], ...]): the payload when args lack msg nelems.
 FIRST_INPUT_NELEMS = "list_reduce(TRY_CAST(input_dims->0 AS BIGINT[]), lambda x, y: x * y, 1)"
 
-# Only the fields traceana reads; DuckDB ignores the rest. JSON-typed where traces disagree on the type.
+# Only the fields traceana reads; DuckDB ignores the rest. JSON-typed where traces disagree on the type and the
+# value is kept as text; VARCHAR where it is only read as a number (TRY_CAST): DuckDB writes any JSON value as text
+# there, which casts as the JSON's own text would, without parsing that text again per row.
 _EVENT = (
     "STRUCT(ph VARCHAR, cat VARCHAR, name VARCHAR, pid JSON, tid JSON, ts DECIMAL(24,3), dur DECIMAL(24,3), "
-    'args STRUCT("External id" JSON, correlation JSON, stream JSON, "Collective name" VARCHAR, '
-    '"In msg nelems" JSON, "Out msg nelems" JSON, dtype VARCHAR, "Process Group Name" VARCHAR, '
-    '"Process Group Ranks" JSON, "Process Group Description" VARCHAR, "Seq" JSON, "Input Dims" JSON, '
-    '"Input type" JSON, "Concrete Inputs" JSON, "dst rank" JSON, "src rank" JSON, "Total Allocated" JSON, '
-    '"Total Reserved" JSON, "Device Type" JSON, "Group size" JSON, wait_on_stream JSON, '
-    'wait_on_cuda_event_record_corr_id JSON, cuda_sync_kind VARCHAR, labels VARCHAR))[]'
+    'args STRUCT("External id" VARCHAR, correlation VARCHAR, stream VARCHAR, "Collective name" VARCHAR, '
+    '"In msg nelems" VARCHAR, dtype VARCHAR, "Process Group Name" VARCHAR, "Process Group Ranks" JSON, '
+    '"Process Group Description" VARCHAR, "Seq" VARCHAR, "Input Dims" JSON, "Input type" JSON, '
+    '"Concrete Inputs" JSON, "dst rank" VARCHAR, "src rank" VARCHAR, "Total Allocated" VARCHAR, '
+    '"Total Reserved" VARCHAR, "Device Type" VARCHAR, "Group size" VARCHAR, wait_on_stream VARCHAR, '
+    'wait_on_cuda_event_record_corr_id VARCHAR, cuda_sync_kind VARCHAR, labels VARCHAR))[]'
 )
 
 # Kineto's category of every vintage and accelerator, spelled as CUDA traces have since 2022: the 2021 names
@@ -154,25 +156,25 @@ _INSERT = """INSERT INTO ev
         SELECT {index} AS f, e.ph, """ + _CATEGORY + """ AS cat, e.name, e.pid->>'$' AS pid, e.tid->>'$' AS tid,
             TRY_CAST({base}::HUGEINT + e.ts * 1000 AS BIGINT) AS start_ns,
             TRY_CAST({base}::HUGEINT + e.ts * 1000 + coalesce(e.dur, 0) * 1000 AS BIGINT) AS end_ns,
-            TRY_CAST(e.args."External id"->>'$' AS BIGINT) AS ext_id,
-            TRY_CAST(e.args.correlation->>'$' AS BIGINT) AS corr,
-            TRY_CAST(e.args.stream->>'$' AS BIGINT) AS stream,
+            TRY_CAST(e.args."External id" AS BIGINT) AS ext_id,
+            TRY_CAST(e.args.correlation AS BIGINT) AS corr,
+            TRY_CAST(e.args.stream AS BIGINT) AS stream,
             e.args."Collective name" AS coll_name,
-            TRY_CAST(e.args."In msg nelems"->>'$' AS BIGINT) AS in_nelems,
+            TRY_CAST(e.args."In msg nelems" AS BIGINT) AS in_nelems,
             e.args.dtype AS dtype,
             e.args."Process Group Name" AS pg_name,
             e.args."Process Group Ranks"->>'$' AS pg_ranks,
             e.args."Process Group Description" AS pg_desc,
-            TRY_CAST(e.args."Seq"->>'$' AS BIGINT) AS seq,
+            TRY_CAST(e.args."Seq" AS BIGINT) AS seq,
             e.args."Input Dims" AS input_dims, e.args."Input type" AS input_type,
             e.args."Concrete Inputs" AS concrete,
-            TRY_CAST(coalesce(e.args."dst rank", e.args."src rank")->>'$' AS INTEGER) AS peer,
-            TRY_CAST(e.args."Total Allocated"->>'$' AS BIGINT) AS mem_allocated,
-            TRY_CAST(e.args."Total Reserved"->>'$' AS BIGINT) AS mem_reserved,
-            TRY_CAST(e.args."Device Type"->>'$' AS INTEGER) AS mem_device_type,
-            TRY_CAST(e.args."Group size"->>'$' AS INTEGER) AS group_size,
-            TRY_CAST(e.args.wait_on_stream->>'$' AS BIGINT) AS wait_stream,
-            TRY_CAST(e.args.wait_on_cuda_event_record_corr_id->>'$' AS BIGINT) AS record_corr,
+            TRY_CAST(coalesce(e.args."dst rank", e.args."src rank") AS INTEGER) AS peer,
+            TRY_CAST(e.args."Total Allocated" AS BIGINT) AS mem_allocated,
+            TRY_CAST(e.args."Total Reserved" AS BIGINT) AS mem_reserved,
+            TRY_CAST(e.args."Device Type" AS INTEGER) AS mem_device_type,
+            TRY_CAST(e.args."Group size" AS INTEGER) AS group_size,
+            TRY_CAST(e.args.wait_on_stream AS BIGINT) AS wait_stream,
+            TRY_CAST(e.args.wait_on_cuda_event_record_corr_id AS BIGINT) AS record_corr,
             e.args.cuda_sync_kind AS sync_kind, e.cat AS kineto_cat
         FROM raw WHERE e.ph = 'X' OR e.name = '[memory]' OR e.ph IS NULL OR e.ph NOT IN """ + str(PHASES)
 

@@ -37,8 +37,12 @@ from traceana.errors import TraceanaError
 
 T = TypeVar("T")
 
-# Starting a worker costs its imports (~0.5 s of CPU): below this much input, reading in-process is faster.
+# Starting a worker costs its imports (~0.5 s of CPU): below this much work (bytes to parse, gunzipped), reading
+# in-process is faster.
 WORKER_MIN_BYTES = 64 << 20
+# What a .gz file is taken to expand by when its trailer cannot tell (several members, or 4 GiB and more): the low
+# end of the shared Kineto traces' 13-20x, so that a large run is not mistaken for a small one.
+GZIP_RATIO = 10
 
 
 @dataclass
@@ -54,16 +58,31 @@ class RayCluster:
 
 
 def worker_count(jobs: int | RayCluster | None, files: list[Path]) -> int | RayCluster:
-    """Processes to use: ``jobs`` as asked (1 = in this process), or, unset, every core once the input is large
-    enough to pay for starting them; never more than one per file. A Ray cluster sizes itself."""
+    """Processes to use: ``jobs`` as asked (1 = in this process), or, unset, every core once the work (the bytes
+    to parse: :func:`parse_bytes`) is large enough to pay for starting them; never more than one per file. A Ray
+    cluster sizes itself."""
     if isinstance(jobs, RayCluster):
         return jobs
     if jobs is None:
-        large = sum(f.stat().st_size for f in files) >= WORKER_MIN_BYTES
+        large = sum(map(parse_bytes, files)) >= WORKER_MIN_BYTES
         jobs = (os.cpu_count() or 1) if large else 1
     if jobs < 1:
         raise TraceanaError(f"--jobs {jobs}: must be at least 1")
     return min(jobs, max(len(files), 1))
+
+
+def parse_bytes(file: Path) -> int:
+    """The bytes a file's parse reads: its size, or a .gz file's uncompressed size, which gzip's trailer states
+    (ISIZE, the last 4 bytes: the size modulo 2**32, of the last member only) at the cost of one seek. A stated
+    size below the compressed size cannot be the whole (JSON gzips to a fraction of itself): several members, or
+    4 GiB and more, estimated at GZIP_RATIO times the compressed size."""
+    size = file.stat().st_size
+    if not file.name.endswith(".gz") or size < 18:  # header 10 + trailer 8: no gzip member at all
+        return size
+    with file.open("rb") as handle:
+        handle.seek(-4, os.SEEK_END)
+        stated = int.from_bytes(handle.read(4), "little")
+    return stated if stated >= size else size * GZIP_RATIO
 
 
 def threads_per_task(jobs: int | RayCluster) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from tests.conftest import TRACES, run_main
 from traceana import store
 from traceana.errors import TraceanaError
 from traceana.ingest.dispatch import IngestOptions, read_run
+from traceana.ingest.parallel.executor import GZIP_RATIO, parse_bytes, worker_count
 from traceana.ingest.parallel.spill import Spill, spill_part
 from traceana.ingest.run_data import RunData
 from traceana.ingest.validate import Dropped, check, validate
@@ -181,3 +183,21 @@ def test_the_no_launch_records_note_names_the_file_s_rank_not_its_position(tmp_p
     data.discard()
     assert data.table("ranks")["rank"].to_list() == [3]
     assert "no launch records on rank(s) 3: steps there are the step markers' CPU ranges" in data.notes
+
+
+def test_the_default_worker_count_weighs_a_gzipped_file_by_what_it_holds(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37: two gzipped copies of a real 35 MB trace are 3.5 MB on disk but 70 MB to parse, which pays for
+    workers (one a file); one copy is read in-process."""
+    source = TRACES / "kineto" / "hta_rank3of8_6steps.json.gz"
+    copies = [tmp_path / f"rank{rank}.json.gz" for rank in range(2)]
+    for copy in copies:
+        shutil.copyfile(source, copy)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert parse_bytes(copies[0]) == len(gzip.decompress(source.read_bytes()))
+    assert worker_count(None, copies) == 2
+    assert worker_count(None, copies[:1]) == 1
+    # two gzip members: the trailer states only the last one's size, below the file's own, so the size is estimated
+    joined = tmp_path / "joined.json.gz"
+    joined.write_bytes(source.read_bytes() + gzip.compress(b"{}"))
+    assert parse_bytes(joined) == joined.stat().st_size * GZIP_RATIO

@@ -34,7 +34,8 @@ def ingest(
     step_marker: Annotated[str | None, typer.Option(help="Regex over annotation names that marks steps.")] = None,
     rules: Annotated[Path | None, typer.Option(help="Extra classification rules CSV (pattern,category,op).")] = None,
     jobs: Annotated[int | None, typer.Option(
-        help="Worker processes parsing files (1: this process; default: every core for runs over 64 MiB).")] = None,
+        help="Worker processes parsing files (1: this process; default: every core once the files hold 64 MiB to "
+             "parse, a .json.gz counted uncompressed).")] = None,
     executor: Annotated[str, typer.Option(help="local (worker processes here) or ray (one Ray task per file; "
                                           "needs the ray extra).")] = "local",
     ray_address: Annotated[str | None, typer.Option(help="With --executor ray: the cluster (default: RAY_ADDRESS, "
