@@ -37,11 +37,20 @@ exposed AS (  -- the breakdown's exposed pieces, one row per dim running in them
     UNPIVOT (active FOR lane IN (tp AS 'TP', cp AS 'CP', ep AS 'EP', dp AS 'DP', pp AS 'PP', other AS 'OTHER'))
     WHERE active
 ),
-claimed AS (  -- a piece lies inside one owned interval of its dim (pieces are cut at every event boundary)
-    SELECT x.run_id, x.rank, x.step, x.lane, x.dims, x.n_dims, x.place, o.event_id, sum(x.len) AS len
-    FROM exposed x
-    ASOF JOIN (SELECT * FROM owned WHERE lane <> 'COMP' AND end_ns > own_start) o
-        ON o.run_id = x.run_id AND o.rank = x.rank AND o.step = x.step AND o.lane = x.lane AND o.own_start <= x.start_ns
+marks AS (  -- the owned intervals of each comm lane and its exposed pieces, on one line per lane
+    SELECT run_id, rank, step, lane, own_start AS t, event_id, NULL AS len, NULL AS n_dims, NULL AS dims, NULL AS place
+    FROM owned WHERE lane <> 'COMP' AND end_ns > own_start
+    UNION ALL
+    SELECT run_id, rank, step, lane, start_ns, NULL, len, n_dims, dims, place FROM exposed
+),
+claimed AS (  -- a piece lies inside one owned interval of its dim (pieces are cut at every event boundary): the
+              -- last one to start at or before it (a window, not an ASOF join: DuckDB plans that as a nested loop
+              -- when it underestimates the pieces, quadratic in a rank's events)
+    SELECT run_id, rank, step, lane, dims, n_dims, place, owner AS event_id, sum(len) AS len
+    FROM (SELECT *, last_value(event_id IGNORE NULLS) OVER (PARTITION BY run_id, rank, step, lane
+                                                             ORDER BY t, event_id IS NULL ROWS UNBOUNDED PRECEDING) AS owner
+          FROM marks)
+    WHERE event_id IS NULL
     GROUP BY ALL
 ),
 charged AS (  -- 1/n of each owner's time in a set of dims; the set's remainder as the breakdown splits it
