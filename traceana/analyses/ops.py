@@ -53,6 +53,22 @@ def _query(con: duckdb.DuckDBPyConnection, sql: str, params: dict) -> list[tuple
         raise TraceanaError(f"{store.OUTDATED} (traceana ops reads event_scopes)") from None
 
 
+# the mean over the rank-steps covered, in ms, of each part an event owns; and those rank-steps' count and length
+_PARTS = ", ".join(f"sum({p}_ns) / rank_steps / 1e6 AS {p}_ms" for p in ("COMP", *WAITS))
+_WINDOWS = ("(SELECT count(*) AS rank_steps, sum(end_ns - start_ns) AS total FROM step_windows "
+            "WHERE run_id = $run AND {where})")
+
+
+def _steps(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None) -> tuple[str, dict, list[int] | None]:
+    """The condition on op_time's step for one step (checked), or for the typical step's steps (all after the
+    first), its parameters, and the run's steps where they were read."""
+    if step is not None:
+        bd.check_step(con, run_id, step)
+        return "step = $step", {"run": run_id, "step": step}, None
+    known = bd.steps(con, run_id)
+    return "step >= $first", {"run": run_id, "first": bd.first_analysed_step(con, run_id, known)}, known
+
+
 def attribute(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "op", step: int | str | None = None,
               top: int | None = None) -> Ops:
     """The rows of ``by``, largest first: ``top`` of them, then the rest as one row, then "(none)". One pass over
@@ -60,22 +76,14 @@ def attribute(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "op", step:
     if by not in LEVELS:
         raise TraceanaError(f"--by {by!r}: choose one of {', '.join(LEVELS)}")
     asked, step = step, bd.resolve_step(con, run_id, step)
-    known = None
-    if step is not None:
-        bd.check_step(con, run_id, step)
-        where, params = "step = $step", {"run": run_id, "step": step}
-    else:
-        known = bd.steps(con, run_id)
-        where, params = "step >= $first", {"run": run_id, "first": bd.first_analysed_step(con, run_id, known)}
-    parts = ", ".join(f"sum({p}_ns) / rank_steps / 1e6 AS {p}_ms" for p in ("COMP", *WAITS))
+    where, params, known = _steps(con, run_id, step)
     owned = " + ".join(f"{p}_ns" for p in ("COMP", *WAITS))
     rows = _query(con, f"""
-        SELECT coalesce({by}, '{NONE}') AS level, count(*) / rank_steps AS kernels, {parts},
+        SELECT coalesce({by}, '{NONE}') AS level, count(*) / rank_steps AS kernels, {_PARTS},
                100 * ({' + '.join(f'sum({p}_ns)' for p in ('COMP', *WAITS))}) / total AS step_pct,
                arg_max(kernel, ({owned}, kernel)) AS top_kernel,  -- ties: the last name, not the first found
                rank_steps, {', '.join(f'sum(count({level})) OVER ()' for level in LEVELS)}
-        FROM op_time, (SELECT count(*) AS rank_steps, sum(end_ns - start_ns) AS total FROM step_windows
-                       WHERE run_id = $run AND {where})
+        FROM op_time, {_WINDOWS.format(where=where)}
         WHERE run_id = $run AND {where} GROUP BY level, rank_steps, total
         ORDER BY level = '{NONE}', COMP_ms + {' + '.join(f'{w}_ms' for w in WAITS)} DESC, level""", params)
     schema = {by: pl.String, "kernels": pl.Float64, **{f"{p}_ms": pl.Float64 for p in ("COMP", *WAITS)},
@@ -91,6 +99,21 @@ def attribute(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "op", step:
     if (none := frame.filter(pl.col(by) == NONE)).height:
         notes.append(f"{NONE}: device time launched outside any {by} ({none['step_pct'][0]:.1f}% of the step)")
     return Ops(frame, by, bd.which_step(con, run_id, step, asked, known), rank_steps, have, notes)
+
+
+def tree(con: duckdb.DuckDBPyConnection, run_id: str, step: int | str | None = None) -> pl.DataFrame:
+    """The leaves of the report's icicle: device time by where it was launched, one row per (path, op, kernel) in
+    ms per rank-step over the steps `attribute` covers, each part apart (COMP_ms, the waits), so the rows add up to
+    the same COMP and waits. path: the nn.Module path, else the NVTX path (elements joined by " / "); NULL where
+    the event has none, as op is."""
+    where, params, _ = _steps(con, run_id, bd.resolve_step(con, run_id, step))
+    rows = _query(con, f"""
+        SELECT coalesce(module, nvtx) AS path, op, kernel, count(*) / rank_steps AS kernels, {_PARTS}
+        FROM op_time, {_WINDOWS.format(where=where)}
+        WHERE run_id = $run AND {where} GROUP BY path, op, kernel, rank_steps""", params)
+    schema = {"path": pl.String, "op": pl.String, "kernel": pl.String, "kernels": pl.Float64,
+              **{f"{p}_ms": pl.Float64 for p in ("COMP", *WAITS)}}
+    return pl.DataFrame([r[:len(schema)] for r in rows], schema=schema, orient="row")
 
 
 def _top(frame: pl.DataFrame, by: str, top: int | None) -> pl.DataFrame:
