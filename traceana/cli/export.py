@@ -63,6 +63,9 @@ def export(
                f"host tracks, {done.launches} kernels linked to their launching CPU op)")
     if done.outside:  # before the first window or after the last one (the step windows tile the rest)
         typer.echo(f"note: {done.outside:,} device events outside the exported step windows are not in the file")
+    if done.host_cap is None:
+        typer.echo("note: no host threads: this store was ingested before traceana kept the host's ranges with "
+                   "their thread; ingest the run again to see its CPU ops above the device")
     if done.host_capped:
         typer.echo(f"note: {done.host_capped:,} host ranges are not in the file: a rank keeps its {done.host_cap:,} "
                    "shallowest (the top levels of each thread's tree, then the earliest); export fewer --steps to "

@@ -60,7 +60,7 @@ class Exported:
     host_slices: int   # host ranges (CPU ops, NVTX ...) on the exported ranks' thread tracks
     host_tracks: int
     host_capped: int   # host ranges in the exported windows that the per-rank cap left out, counted
-    host_cap: int      # host ranges a rank keeps at most, shallowest first
+    host_cap: int | None  # host ranges a rank keeps at most, shallowest first; None: the store has none (too old)
     launches: int      # arrows from a CPU op to a kernel it launched
 
 

@@ -23,10 +23,11 @@ HOST_BUDGET, HOST_FLOOR = 400_000, 2_000  # host ranges in a file, and the fewes
 MAX_NEST_TRACKS = 16  # tracks of one kind per thread; the last takes whatever still does not nest
 
 
-def select(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
+def select(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
     """x_host: the host ranges of the exported ranks (x_windows) that overlap their windows, the shallowest ``cap``
     of each rank ``kept``, each with its track (tid); x_launches: the arrows from a kept CPU op to the exported
-    events (x_events) it launched. Returns the cap. A store ingested before annotations had threads has none."""
+    events (x_events) it launched. Returns the cap, or None for a store ingested before annotations had threads,
+    which has no host ranges (both tables empty)."""
     ranks = con.execute("SELECT count(DISTINCT rank) FROM x_windows").fetchall()[0][0]
     cap = max(HOST_FLOOR, HOST_BUDGET // max(ranks, 1))
     span = "(SELECT rank, min(start_ns) AS lo, max(end_ns) AS hi FROM x_windows GROUP BY rank)"
@@ -37,11 +38,15 @@ def select(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
                    row_number() OVER (PARTITION BY h.rank ORDER BY h.depth, h.start_ns, h.thread) <= $cap AS kept
             FROM host_ranges h JOIN {span} s ON s.rank = h.rank AND h.end_ns > s.lo AND h.start_ns < s.hi
             WHERE h.run_id = $r""", {"r": run_id, "cap": cap})
-    except duckdb.CatalogException:  # annotations without a thread column: no view host_ranges
+    except duckdb.CatalogException:  # annotations without a thread column: no views host_ranges, event_launchers
         con.execute("CREATE OR REPLACE TEMP TABLE x_host AS SELECT NULL::INTEGER AS rank, NULL::BIGINT AS thread, "
                     "NULL::BIGINT AS start_ns, NULL::BIGINT AS end_ns, NULL AS name, NULL AS kind, NULL AS domain, "
                     "NULL::BIGINT AS op_id, NULL::INTEGER AS depth, NULL::BIGINT AS hid, FALSE AS ops, 0 AS nest, "
                     "NULL::BIGINT AS tid, FALSE AS kept WHERE FALSE")
+        con.execute("CREATE OR REPLACE TEMP TABLE x_launches AS SELECT NULL::BIGINT AS id, NULL::INTEGER AS rank, "
+                    "NULL::BIGINT AS launch_ns, NULL::BIGINT AS host_tid, NULL::BIGINT AS tid, "
+                    "NULL::BIGINT AS start_ns WHERE FALSE")
+        return None
     _nest(con)
     con.execute(f"""
         UPDATE x_host SET tid = t.tid FROM (
