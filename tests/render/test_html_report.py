@@ -381,3 +381,12 @@ def test_the_icicle_zooms_into_the_node_clicked(h200_report: Path, tmp_path: Pat
         page.screenshot(tmp_path / "icicle.png")
         page.click(*page.point(title, zoomed[1] / 2, 0.5))
         assert page.driver.execute_script(ranges, title)[:2] == [start, end]
+
+
+def test_the_timeline_has_host_lanes_and_launch_lines(h200_report: Path) -> None:
+    """Item 2 of issue 34 in the report: the H200 timeline draws the host threads' ranges above the rank's lane and
+    lines from the ops that launched its longest kernels (their names in the chart's data, for the hover)."""
+    text = html.unescape(h200_report.read_text(encoding="utf-8"))
+    assert "Above each rank's lane, the top 3 levels of its host threads' range trees" in text
+    assert "a line from the CPU op that launched each of its 12 longest kernels" in text
+    assert "launch of a rank's longest kernels, from its CPU op" in text and "aten::mm" in text
