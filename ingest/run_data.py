@@ -41,6 +41,7 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     "annotations": {
         "rank": pl.Int32(), "start_ns": pl.Int64(), "end_ns": pl.Int64(), "name": pl.String(),
         "domain": pl.String(), "kind": pl.String(), "args": pl.String(),
+        "thread": pl.Int64(),
     },
     "steps": {"rank": pl.Int32(), "step": pl.Int32(), "start_ns": pl.Int64(), "end_ns": pl.Int64()},
     "memory": {"rank": pl.Int32(), "ts_ns": pl.Int64(), "allocated_bytes": pl.Int64(), "reserved_bytes": pl.Int64()},

@@ -26,22 +26,39 @@ owned AS (  -- the part of each event no earlier-started event of its lane cover
     WINDOW w AS (PARTITION BY run_id, rank, step, lane ORDER BY start_ns, end_ns DESC, event_id
                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
 ),
-exposed AS (  -- the breakdown's exposed pieces, one row per dim running in them, with the dim's place in the order
-    SELECT run_id, rank, step, start_ns, len, lane, n_dims, dims,
-           bit_count(dims & ((1 << CASE lane WHEN 'TP' THEN 0 WHEN 'CP' THEN 1 WHEN 'EP' THEN 2 WHEN 'DP' THEN 3
-                                             WHEN 'PP' THEN 4 ELSE 5 END) - 1)) AS place
-    FROM (SELECT *, end_ns - start_ns AS len,
-                 tp::INT + cp::INT + ep::INT + dp::INT + pp::INT + other::INT AS n_dims,
-                 tp::INT + 2 * cp::INT + 4 * ep::INT + 8 * dp::INT + 16 * pp::INT + 32 * other::INT AS dims
-          FROM step_segments WHERE NOT busy)
-    UNPIVOT (active FOR lane IN (tp AS 'TP', cp AS 'CP', ep AS 'EP', dp AS 'DP', pp AS 'PP', other AS 'OTHER'))
-    WHERE active
+points AS (  -- the owned intervals' edges, one bit per lane (COMP lowest): a lane's owned intervals never overlap
+    SELECT run_id, rank, step, unnest([own_start, end_ns]) AS t, unnest([bit, -bit]) AS delta
+    FROM (SELECT *, 1 << CASE lane WHEN 'COMP' THEN 0 WHEN 'TP' THEN 1 WHEN 'CP' THEN 2 WHEN 'EP' THEN 3
+                                   WHEN 'DP' THEN 4 WHEN 'PP' THEN 5 ELSE 6 END AS bit
+          FROM owned WHERE end_ns > own_start)
 ),
-claimed AS (  -- a piece lies inside one owned interval of its dim (pieces are cut at every event boundary)
-    SELECT x.run_id, x.rank, x.step, x.lane, x.dims, x.n_dims, x.place, o.event_id, sum(x.len) AS len
-    FROM exposed x
-    ASOF JOIN (SELECT * FROM owned WHERE lane <> 'COMP' AND end_ns > own_start) o
-        ON o.run_id = x.run_id AND o.rank = x.rank AND o.step = x.step AND o.lane = x.lane AND o.own_start <= x.start_ns
+pieces AS (  -- the sweep over them: which lanes run in each piece (the breakdown's step_segments, up to where the
+             -- pieces are cut); points sharing a time make zero-length pieces, all but the last
+    SELECT run_id, rank, step, t AS start_ns, lead(t) OVER w - t AS len, (sum(delta) OVER w)::INTEGER AS state
+    FROM points
+    WINDOW w AS (PARTITION BY run_id, rank, step ORDER BY t ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+),
+exposed AS (  -- the exposed pieces (no COMP, some dim), one row per dim running in them, with the dim's place in the
+              -- order TP, CP, EP, DP, PP, OTHER among them (dims: a bit per dim, TP lowest)
+    SELECT run_id, rank, step, start_ns, len, ['TP', 'CP', 'EP', 'DP', 'PP', 'OTHER'][i + 1] AS lane,
+           bit_count(state) AS n_dims, state >> 1 AS dims, bit_count((state >> 1) & ((1 << i) - 1)) AS place
+    FROM pieces, range(6) AS r(i)
+    WHERE len > 0 AND state & 1 = 0 AND (state >> (i + 1)) & 1 = 1
+),
+marks AS (  -- the owned intervals of each comm lane and its exposed pieces, on one line per lane
+    SELECT run_id, rank, step, lane, own_start AS t, event_id, NULL AS len, NULL AS n_dims, NULL AS dims, NULL AS place
+    FROM owned WHERE lane <> 'COMP' AND end_ns > own_start
+    UNION ALL
+    SELECT run_id, rank, step, lane, start_ns, NULL, len, n_dims, dims, place FROM exposed
+),
+claimed AS (  -- a piece lies inside one owned interval of its dim (pieces are cut at every event boundary): the
+              -- last one to start at or before it (a window, not an ASOF join: DuckDB plans that as a nested loop
+              -- when it underestimates the pieces, quadratic in a rank's events)
+    SELECT run_id, rank, step, lane, dims, n_dims, place, owner AS event_id, sum(len) AS len
+    FROM (SELECT *, last_value(event_id IGNORE NULLS) OVER (PARTITION BY run_id, rank, step, lane
+                                                             ORDER BY t, event_id IS NULL ROWS UNBOUNDED PRECEDING) AS owner
+          FROM marks)
+    WHERE event_id IS NULL
     GROUP BY ALL
 ),
 charged AS (  -- 1/n of each owner's time in a set of dims; the set's remainder as the breakdown splits it

@@ -18,18 +18,21 @@ CREATE OR REPLACE VIEW op_time AS
 WITH paths AS (
     SELECT DISTINCT run_id, coalesce(module, nvtx) AS path FROM event_scopes WHERE coalesce(module, nvtx) IS NOT NULL
 ),
-parts AS (  -- each path's elements, outermost first, with the stem and index of those that end in a number
-    SELECT run_id, path, part, place, regexp_extract(part, '^(\D*?)[._ ](\d+)', 1) AS stem,
-           regexp_extract(part, '^(\D*?)[._ ](\d+)', 2) AS idx, regexp_extract(part, '^\D*?[._ ]\d+') AS label
+elements AS MATERIALIZED (  -- each path's elements with their place (outermost 1), and the label, stem and index of
+                           -- one that ends in a number (matched once: a filter on the match would match again)
+    SELECT run_id, path, place, regexp_extract(part, '^((\D*?)[._ ](\d+))', ['label', 'stem', 'idx']) AS m
     FROM (SELECT run_id, path, unnest(string_split(path, ' / ')) AS part,
                  generate_subscripts(string_split(path, ' / '), 1) AS place FROM paths)
 ),
+parts AS (
+    SELECT run_id, path, place, m.label, m.stem, m.idx FROM elements WHERE m.idx <> ''
+),
 stems AS (  -- the stems that number several instances in a run: layers, not one-off modules (GPT_0)
-    SELECT run_id, stem FROM parts WHERE idx <> '' GROUP BY ALL HAVING count(DISTINCT idx) >= 2
+    SELECT run_id, stem FROM parts GROUP BY ALL HAVING count(DISTINCT idx) >= 2
 ),
 layers AS (
     SELECT p.run_id, p.path, arg_min(p.label, p.place) AS layer
-    FROM parts p JOIN stems s ON s.run_id = p.run_id AND s.stem = p.stem AND p.idx <> ''
+    FROM parts p JOIN stems s ON s.run_id = p.run_id AND s.stem = p.stem
     GROUP BY ALL
 )
 SELECT t.run_id, t.rank, t.step, t.event_id, n.short_name AS kernel,

@@ -58,8 +58,17 @@ def matches(path: Path) -> bool:
 
 
 _DEVICE = "cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"
-# Host-side detail Kineto writes that no analysis needs (python frames, CUPTI overhead, the profiler's own span).
+# Host-side detail Kineto writes that is no device work, so no note counts it (python frames, of which the
+# nn.Module ranges are kept, CUPTI overhead, the profiler's own span).
 _HOST_DETAIL = ("python_function", "cpu_instant_event", "overhead", "trace")
+# The annotations: the host's ranges (CPU ops, user ranges, the Python tracer's nn.Module ranges) on their thread,
+# so exports can draw each thread's op tree; a CPU op with its External id (args op_id: event_ops.op_id of the
+# kernels it launched). gpu_user_annotation ranges lie on a device stream: no thread.
+_HOST_RANGES_SQL = """SELECT f, start_ns, end_ns, name, 'cpu' AS domain, cat AS kind,
+    CASE WHEN cat = 'cpu_op' AND ext_id IS NOT NULL THEN json_object('op_id', ext_id)::VARCHAR END AS args,
+    CASE WHEN cat <> 'gpu_user_annotation' THEN TRY_CAST(tid AS BIGINT) END AS thread
+FROM ev WHERE cat IN ('user_annotation', 'gpu_user_annotation', 'cpu_op')
+    OR (cat = 'python_function' AND starts_with(name, 'nn.Module: '))"""
 
 
 @dataclass
@@ -105,8 +114,7 @@ def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) 
         "device_events": events.rename({"f": "rank"}), "steps": steps.rename({"f": "rank"}), "syncs": syncs,
         "memory": con.sql("SELECT 0 AS rank, start_ns AS ts_ns, mem_allocated AS allocated_bytes, mem_reserved AS "
                           "reserved_bytes FROM ev WHERE name = '[memory]' AND mem_device_type = 1").pl(),
-        "annotations": con.sql("SELECT 0 AS rank, start_ns, end_ns, name, 'cpu' AS domain, cat AS kind FROM ev "
-                               "WHERE cat IN ('user_annotation', 'gpu_user_annotation')").pl(),
+        "annotations": con.sql(_HOST_RANGES_SQL).pl().rename({"f": "rank"}),
         "event_ops": events.filter(pl.col("op_id").is_not_null() & pl.col("launch_op").is_not_null()).select(
             pl.col("f").alias("rank"), "event_id", "op_id", pl.col("launch_op").alias("op"), "input_dims",
             "input_types", "concrete_inputs"),
@@ -363,10 +371,7 @@ def _cpu_run(parsed: list[ParsedFile], file_rank: pl.DataFrame, offsets: list[in
             "collectives": comm,
             "steps": steps.join(file_rank, on="f") if not steps.is_empty() else steps,
             "memory": memory.join(file_rank, on="f"),
-            "annotations": con.sql(
-                "SELECT f, start_ns, end_ns, name, 'cpu' AS domain, cat AS kind FROM ev "
-                "WHERE cat IN ('user_annotation', 'gpu_user_annotation')"
-            ).pl().join(file_rank, on="f"),
+            "annotations": con.sql(_HOST_RANGES_SQL).pl().join(file_rank, on="f"),
         },
     )
 

@@ -171,7 +171,8 @@ def parse_report(source: Path, *, cache_dir: Path, rules: list[Rule], marker: st
     owners = keys.select("pid", "rank")
     annotations = report.ranges.join(owners, on="pid", nulls_equal=True)  # a multi-GPU process: every rank
     unowned = report.ranges.join(owners, on="pid", how="anti", nulls_equal=True).height
-    annotations = annotations.with_columns(pl.lit("nvtx").alias("kind")).sort("rank", "start_ns")
+    annotations = annotations.with_columns(pl.lit("nvtx").alias("kind"), pl.col("tid").alias("thread")).sort(
+        "rank", "start_ns")
     span = pl.concat([f.select("start_ns", "end_ns") for f in (device, annotations)]).select(
         pl.col("start_ns").min(), pl.col("end_ns").max()).row(0)
     steps, links = step_windows_of(device, marker_steps(annotations, marker))

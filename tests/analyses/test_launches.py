@@ -204,3 +204,33 @@ def test_a_store_written_before_launch_records_asks_for_an_ingest(db: Path, tmp_
         assert "ingest the run again" in one_line(*run_main("kernels", "gpt", *args, "--db", old)[::2])
     with pytest.raises(TraceanaError, match="ingest the run again"):
         Traces(old, run="gpt").queue_length(by="time")
+
+
+def test_a_timelines_host_lanes_and_the_ops_that_launched_its_longest_kernels(db: Path) -> None:
+    """host_lanes, what the report's timeline draws above a rank: its host ranges in the step down to three levels
+    of each thread's tree, and its 12 longest kernels, each with the CPU op whose External id the raw JSON gives
+    the kernel, the launch inside that op."""
+    from traceana import store
+    from traceana.analyses.launches import HOST_LEVELS, LONGEST, host_lanes
+
+    with store.connect(db, read_only=True) as con:
+        host, launches = host_lanes(con, "gpt", 2, [0])
+        lo, hi = con.execute("SELECT start_ns, end_ns FROM step_windows WHERE run_id = 'gpt' AND step = 2"
+                             ).fetchall()[0]
+        longest = [r[0] for r in con.execute(
+            "SELECT start_ns FROM device_events WHERE run_id = 'gpt' AND end_ns > ? AND start_ns < ? "
+            "ORDER BY end_ns - start_ns DESC, event_id LIMIT ?", [lo, hi, LONGEST]).fetchall()]
+    assert host["depth"].max() == HOST_LEVELS and host.height > 1000
+    assert (host["end_ns"] > lo).all() and (host["start_ns"] < hi).all()
+    with gzip.open(GPT) as handle:
+        raw = json.load(handle)
+    base = int(raw["baseTimeNanoseconds"])
+    ns = lambda us: base + round(us * 1000)  # noqa: E731
+    ops = {e["args"]["External id"]: (e["name"], ns(e["ts"]), ns(e["ts"]) + round(e["dur"] * 1000))
+           for e in raw["traceEvents"] if e.get("cat") == "cpu_op"}
+    by_start = {ns(e["ts"]): ops[e["args"]["External id"]] for e in raw["traceEvents"]
+                if e.get("cat") == "kernel" and ns(e["ts"]) in longest}
+    assert sorted(launches["start_ns"]) == sorted(longest) and len(by_start) == LONGEST
+    for launch in launches.iter_rows(named=True):
+        name, start, end = by_start[launch["start_ns"]]
+        assert launch["op"] == name and start <= launch["launch_ns"] <= end

@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import duckdb
+import polars as pl
 import pytest
 
 from tests.conftest import SAMPLES, TRACES, ingested, one_line, run_cli, run_main
@@ -183,3 +184,20 @@ def test_report_section_per_level(db: Path, tmp_path: Path) -> None:
     page = (tmp_path / "b200.html").read_text()
     assert all(f"device time by {level}" in page for level in ("layer", "module", "op"))
     assert "device time by nvtx" not in page and "TransformerBlock_3 / MLPBlock_3" in page
+
+
+def test_the_icicle_leaves_add_up_to_the_rows(con: duckdb.DuckDBPyConnection) -> None:
+    """`tree`, what the report's icicle splits: its leaves hold the same time per part as `ops` rows (each event
+    once), its paths are the module paths (B200) or NVTX paths (nsys), and its ops and kernels are op_time's."""
+    from traceana.analyses.ops import attribute, tree
+
+    for run, by, path in (("b200", "module", "module"), ("h100", "nvtx", "nvtx"), ("h200", "op", None)):
+        leaves, rows = tree(con, run), attribute(con, run, by).frame
+        for part in ("kernels", "COMP_ms", *(f"{w}_ms" for w in WAITS)):
+            assert leaves[part].sum() == pytest.approx(rows[part].sum(), abs=1e-9), (run, part)
+        if path is not None:
+            shown = set(rows.filter(pl.col(by) != "(none)")[by])
+            assert set(leaves["path"].drop_nulls()) == shown
+    ops = tree(con, "h200").group_by("op").agg(pl.col("COMP_ms").sum())
+    assert dict(ops.iter_rows()) == pytest.approx(dict(attribute(con, "h200", "op").frame.select(
+        pl.col("op").replace("(none)", None), "COMP_ms").iter_rows()))

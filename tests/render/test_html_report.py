@@ -354,3 +354,39 @@ def test_an_interval_comes_from_low_and_high_when_a_result_carries_them() -> Non
     bounded = plain.with_columns(low=pl.lit(88.0), high=pl.lit(95.0), level=pl.lit(0.8))
     row = with_intervals(bounded).row(0, named=True)
     assert (row["gain_low_ms"], row["gain_high_ms"], row["interval"]) == (5.0, 12.0, "10.000 ms [5.000, 12.000] (80%)")
+
+
+@browser
+def test_the_icicle_zooms_into_the_node_clicked(h200_report: Path, tmp_path: Path) -> None:
+    """The ops section's icicle: a click on a node zooms the chart to that node (its kernels fill the width, their
+    labels less cut), a click on the top row zooms out; a hover names the node's path and time."""
+    ranges = """for (const doc of Bokeh.documents) for (const m of doc.all_models)
+        if (m.type === "Figure" && m.title && m.title.text === arguments[0]) {
+          const source = m.renderers[0].data_source;
+          const d = source.data, first = d.x1[d.level.indexOf(1)];  // the first op's kernels: their labels' length
+          const kernels = d.text.filter((t, i) => d.level[i] === 2 && d.x1[i] <= first + 1e-9);
+          return [m.x_range.start, m.x_range.end, kernels.join("").length];
+        }"""
+    with chromium(tmp_path) as page:
+        page.open(h200_report)
+        title = next(t for t in page.plots() if t.startswith("device time by where it was launched"))
+        assert page.plots()[title] > 0.05 and page.console() == []
+        start, end, labels = page.driver.execute_script(ranges, title)
+        page.hover(*page.point(title, end * 0.001, 1.5))
+        tips = page.tooltips()
+        assert tips[:3] == ["autograd::engine::evaluate_function: AddmmBackward0", "time:", "9.001 ms per rank-step"]
+        page.click(*page.point(title, end * 0.001, 1.5))  # the largest op, the leftmost node of its row
+        zoomed = page.driver.execute_script(ranges, title)
+        assert zoomed[0] == start == 0 and 0 < zoomed[1] < end and zoomed[2] > labels
+        page.screenshot(tmp_path / "icicle.png")
+        page.click(*page.point(title, zoomed[1] / 2, 0.5))
+        assert page.driver.execute_script(ranges, title)[:2] == [start, end]
+
+
+def test_the_timeline_has_host_lanes_and_launch_lines(h200_report: Path) -> None:
+    """Item 2 of issue 34 in the report: the H200 timeline draws the host threads' ranges above the rank's lane and
+    lines from the ops that launched its longest kernels (their names in the chart's data, for the hover)."""
+    text = html.unescape(h200_report.read_text(encoding="utf-8"))
+    assert "Above each rank's lane, the top 3 levels of its host threads' range trees" in text
+    assert "a line from the CPU op that launched each of its 12 longest kernels" in text
+    assert "launch of a rank's longest kernels, from its CPU op" in text and "aten::mm" in text

@@ -31,21 +31,23 @@ def steps(con: duckdb.DuckDBPyConnection, run_id: str) -> list[int]:
     return [r[0] for r in rows]
 
 
-def first_analysed_step(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
-    """The first step the typical step averages: the second one (the first is warm-up), or the only one."""
-    known = steps(con, run_id)
+def first_analysed_step(con: duckdb.DuckDBPyConnection, run_id: str, known: list[int] | None = None) -> int:
+    """The first step the typical step averages: the second one (the first is warm-up), or the only one. ``known``:
+    :func:`steps`, where the caller has them already."""
+    known = steps(con, run_id) if known is None else known
     if not known:
         raise TraceanaError(f"run {run_id!r} has no device events, so no breakdown")
     return known[1] if len(known) > 1 else known[0]
 
 
-def which_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None, asked: int | str | None = None) -> str:
+def which_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None, asked: int | str | None = None,
+               known: list[int] | None = None) -> str:
     """How a title names the step(s) a report covers: one step (``asked``: the --step given, so that a step
     'median' chose says so), the typical step (mean over steps after the first), or the run's only step, which is
-    then all there is to average."""
+    then all there is to average. ``known`` as for :func:`first_analysed_step`."""
     if step is not None:
         return named_step(step, asked)
-    known = steps(con, run_id)
+    known = steps(con, run_id) if known is None else known
     if len(known) > 1:
         return "typical step (mean over steps after the first)"
     markers = con.execute("SELECT count(*) FROM steps WHERE run_id = ?", [run_id]).fetchall()[0][0]

@@ -144,3 +144,32 @@ def notes(con: duckdb.DuckDBPyConnection, run_id: str) -> list[str]:
         found.append(f"{early:,} events start before their launch call (the host and device clocks disagree): "
                      "their delay is read as 0")
     return found
+
+
+HOST_LEVELS, LONGEST = 3, 12  # the host tree's levels a timeline draws; the kernels per rank it traces to their op
+
+
+def host_lanes(con: duckdb.DuckDBPyConnection, run_id: str, step: int,
+               ranks: list[int]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """For a timeline of step ``step``: the host ranges of ``ranks`` in the step's window, down to HOST_LEVELS
+    levels of each thread's tree (rank, thread, depth, start_ns, end_ns, name, kind: view host_ranges), and the
+    LONGEST device events of each rank in it with the CPU op that launched them (rank, launch_ns: in the op,
+    start_ns, end_ns, kernel: its short name, op, depth: the op's; view event_launchers). Empty for a store
+    ingested before annotations had threads."""
+    params = {"run": run_id, "step": step, "ranks": ranks}
+    window = ("JOIN step_windows w ON w.run_id = x.run_id AND w.rank = x.rank AND w.step = $step "
+              "AND x.end_ns > w.start_ns AND x.start_ns < w.end_ns")
+    try:
+        host = con.sql(f"""SELECT x.rank, x.thread, x.depth, x.start_ns, x.end_ns, x.name, x.kind
+            FROM host_ranges x {window}
+            WHERE x.run_id = $run AND x.depth <= {HOST_LEVELS} AND list_contains($ranks, x.rank)""",
+                       params=params).pl()
+        launches = con.sql(f"""SELECT x.rank, l.launch_ns, x.start_ns, x.end_ns, k.short_name AS kernel, l.op, l.depth
+            FROM event_launchers l JOIN device_events x USING (run_id, rank, event_id) {window}
+            LEFT JOIN kernel_names k ON k.run_id = x.run_id AND k.name = x.name
+            WHERE l.run_id = $run AND list_contains($ranks, x.rank)
+            QUALIFY row_number() OVER (PARTITION BY x.rank ORDER BY x.end_ns - x.start_ns DESC, x.event_id)
+                    <= {LONGEST}""", params=params).pl()
+    except duckdb.CatalogException:  # annotations without a thread column: no host_ranges view
+        return pl.DataFrame(), pl.DataFrame()
+    return host, launches

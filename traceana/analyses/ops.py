@@ -39,51 +39,81 @@ class Ops:
 
 def levels(con: duckdb.DuckDBPyConnection, run_id: str) -> list[str]:
     """The levels this run's events carry (some event of its steps has a value for it)."""
-    return _levels(_events(con, run_id, "TRUE", {"run": run_id}))
+    counts = _query(con, f"SELECT {', '.join(f'count({level})' for level in LEVELS)} FROM op_time WHERE run_id = $run",
+                    {"run": run_id})[0]
+    return [level for level, n in zip(LEVELS, counts, strict=True) if n]
 
 
-def _events(con: duckdb.DuckDBPyConnection, run_id: str, where: str, params: dict) -> pl.DataFrame:
-    """op_time's rows for the steps ``where`` picks, read once (the view repeats the breakdown's sweep)."""
+def _query(con: duckdb.DuckDBPyConnection, sql: str, params: dict) -> list[tuple]:
+    """The rows of one statement over op_time. `execute`, not `sql`: a relation binds its statement a second time,
+    and planning the views is most of the cost on one rank."""
     try:
-        return con.sql(f"SELECT * FROM op_time WHERE run_id = $run AND {where}", params=params).pl()
+        return con.execute(sql, params).fetchall()
     except duckdb.CatalogException:  # a store written before event_scopes existed has no op_time view
         raise TraceanaError(f"{store.OUTDATED} (traceana ops reads event_scopes)") from None
 
 
-def _levels(events: pl.DataFrame) -> list[str]:
-    return [level for level in LEVELS if events[level].null_count() < events.height]
+# the mean over the rank-steps covered, in ms, of each part an event owns; and those rank-steps' count and length
+_PARTS = ", ".join(f"sum({p}_ns) / rank_steps / 1e6 AS {p}_ms" for p in ("COMP", *WAITS))
+_WINDOWS = ("(SELECT count(*) AS rank_steps, sum(end_ns - start_ns) AS total FROM step_windows "
+            "WHERE run_id = $run AND {where})")
+
+
+def _steps(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None) -> tuple[str, dict, list[int] | None]:
+    """The condition on op_time's step for one step (checked), or for the typical step's steps (all after the
+    first), its parameters, and the run's steps where they were read."""
+    if step is not None:
+        bd.check_step(con, run_id, step)
+        return "step = $step", {"run": run_id, "step": step}, None
+    known = bd.steps(con, run_id)
+    return "step >= $first", {"run": run_id, "first": bd.first_analysed_step(con, run_id, known)}, known
 
 
 def attribute(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "op", step: int | str | None = None,
               top: int | None = None) -> Ops:
-    """The rows of ``by``, largest first: ``top`` of them, then the rest as one row, then "(none)"."""
+    """The rows of ``by``, largest first: ``top`` of them, then the rest as one row, then "(none)". One pass over
+    op_time groups by ``by`` and counts the other levels on the way."""
     if by not in LEVELS:
         raise TraceanaError(f"--by {by!r}: choose one of {', '.join(LEVELS)}")
     asked, step = step, bd.resolve_step(con, run_id, step)
-    if step is not None:
-        bd.check_step(con, run_id, step)
-    where = "step = $step" if step is not None else "step >= $first"
-    params = ({"run": run_id, "step": step} if step is not None
-              else {"run": run_id, "first": bd.first_analysed_step(con, run_id)})
-    events = _events(con, run_id, where, params)
-    have = _levels(events)
+    where, params, known = _steps(con, run_id, step)
+    owned = " + ".join(f"{p}_ns" for p in ("COMP", *WAITS))
+    rows = _query(con, f"""
+        SELECT coalesce({by}, '{NONE}') AS level, count(*) / rank_steps AS kernels, {_PARTS},
+               100 * ({' + '.join(f'sum({p}_ns)' for p in ('COMP', *WAITS))}) / total AS step_pct,
+               arg_max(kernel, ({owned}, kernel)) AS top_kernel,  -- ties: the last name, not the first found
+               rank_steps, {', '.join(f'sum(count({level})) OVER ()' for level in LEVELS)}
+        FROM op_time, {_WINDOWS.format(where=where)}
+        WHERE run_id = $run AND {where} GROUP BY level, rank_steps, total
+        ORDER BY level = '{NONE}', COMP_ms + {' + '.join(f'{w}_ms' for w in WAITS)} DESC, level""", params)
+    schema = {by: pl.String, "kernels": pl.Float64, **{f"{p}_ms": pl.Float64 for p in ("COMP", *WAITS)},
+              "step_pct": pl.Float64, "top_kernel": pl.String}
+    rank_steps, *counts = rows[0][len(schema):] if rows else (0, *(0 for _ in LEVELS))
+    have = [level for level, n in zip(LEVELS, counts, strict=True) if n]
     if by not in have:
         raise TraceanaError(f"--by {by}: run {run_id!r} has no {NEEDS[by]}; it supports --by "
                             f"{'|'.join(have) if have else '(nothing: no event has an op, module or range)'}")
-    rank_steps, total = con.execute(f"SELECT count(*), sum(end_ns - start_ns) FROM step_windows "
-                                    f"WHERE run_id = $run AND {where}", params).fetchall()[0]
-    parts = ", ".join(f"sum({p}_ns) / {rank_steps} / 1e6 AS {p}_ms" for p in ("COMP", *WAITS))
-    frame = con.sql(f"""
-        SELECT coalesce({by}, '{NONE}') AS level, count(*) / {rank_steps} AS kernels, {parts},
-               100 * (sum(COMP_ns) + {' + '.join(f'sum({w}_ns)' for w in WAITS)}) / {total} AS step_pct,
-               arg_max(kernel, COMP_ns + {' + '.join(f'{w}_ns' for w in WAITS)}) AS top_kernel
-        FROM events GROUP BY 1
-        ORDER BY level = '{NONE}', COMP_ms + {' + '.join(f'{w}_ms' for w in WAITS)} DESC, level""").pl()
-    frame = _top(frame.rename({"level": by}), by, top)
+    frame = pl.DataFrame([r[:len(schema)] for r in rows], schema=schema, orient="row")
+    frame = _top(frame, by, top)
     notes = [f"no {NEEDS[level]}: --by {level} is not available" for level in LEVELS if level not in have]
     if (none := frame.filter(pl.col(by) == NONE)).height:
         notes.append(f"{NONE}: device time launched outside any {by} ({none['step_pct'][0]:.1f}% of the step)")
-    return Ops(frame, by, bd.which_step(con, run_id, step, asked), rank_steps, have, notes)
+    return Ops(frame, by, bd.which_step(con, run_id, step, asked, known), rank_steps, have, notes)
+
+
+def tree(con: duckdb.DuckDBPyConnection, run_id: str, step: int | str | None = None) -> pl.DataFrame:
+    """The leaves of the report's icicle: device time by where it was launched, one row per (path, op, kernel) in
+    ms per rank-step over the steps `attribute` covers, each part apart (COMP_ms, the waits), so the rows add up to
+    the same COMP and waits. path: the nn.Module path, else the NVTX path (elements joined by " / "); NULL where
+    the event has none, as op is."""
+    where, params, _ = _steps(con, run_id, bd.resolve_step(con, run_id, step))
+    rows = _query(con, f"""
+        SELECT coalesce(module, nvtx) AS path, op, kernel, count(*) / rank_steps AS kernels, {_PARTS}
+        FROM op_time, {_WINDOWS.format(where=where)}
+        WHERE run_id = $run AND {where} GROUP BY path, op, kernel, rank_steps""", params)
+    schema = {"path": pl.String, "op": pl.String, "kernel": pl.String, "kernels": pl.Float64,
+              **{f"{p}_ms": pl.Float64 for p in ("COMP", *WAITS)}}
+    return pl.DataFrame([r[:len(schema)] for r in rows], schema=schema, orient="row")
 
 
 def _top(frame: pl.DataFrame, by: str, top: int | None) -> pl.DataFrame:

@@ -38,9 +38,10 @@ def export(
     replace: Annotated[bool, typer.Option("--replace", help="With --parquet: overwrite an existing folder.")] = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
-    """Export a measured run for Perfetto (every rank on the aligned clock, named by its coordinates, its streams and
-    communication tracks coloured by dim, step windows, arrows linking each collective's members), or the whole
-    store as Parquet (all or nothing: a hidden folder renamed into place)."""
+    """Export a measured run for Perfetto (every rank on the aligned clock, named by its coordinates, its step
+    windows, each host thread's tree of CPU ops and NVTX ranges, its streams and communication tracks coloured by
+    dim, arrows from each kernel's launching CPU op to the kernel and between each collective's members), or the
+    whole store as Parquet (all or nothing: a hidden folder renamed into place)."""
     if (perfetto is None) == (parquet is None):
         raise TraceanaError("choose what to write: --perfetto OUT.json[.gz] (one run) or --parquet DIR (the store)")
     if parquet is not None:
@@ -58,9 +59,17 @@ def export(
         done = write_perfetto(con, rid, perfetto, window)
     typer.echo(f"wrote {done.path} ({rid}: {done.ranks} ranks, {done.slices} slices on {done.tracks} tracks, "
                f"{done.step_slices} step windows, {done.flows} collective members linked, "
-               f"{done.path_slices} critical path segments)")
+               f"{done.path_slices} critical path segments, {done.host_slices} host ranges on {done.host_tracks} "
+               f"host tracks, {done.launches} kernels linked to their launching CPU op)")
     if done.outside:  # before the first window or after the last one (the step windows tile the rest)
         typer.echo(f"note: {done.outside:,} device events outside the exported step windows are not in the file")
+    if done.host_cap is None:
+        typer.echo("note: no host threads: this store was ingested before traceana kept the host's ranges with "
+                   "their thread; ingest the run again to see its CPU ops above the device")
+    if done.host_capped:
+        typer.echo(f"note: {done.host_capped:,} host ranges are not in the file: a rank keeps its {done.host_cap:,} "
+                   "shallowest (the top levels of each thread's tree, then the earliest); export fewer --steps to "
+                   "see deeper ones")
 
 
 def _parquet(db: Path, folder: Path, replace: bool) -> None:

@@ -16,6 +16,9 @@ PART_COLORS = {"COMP": COMP_COLOR, **dict(zip(WAITS, DIM_COLORS.values(), strict
 # tab: pink, cyan, olive; gold; grey 0.8
 IDLE_CAUSE_COLORS = dict(zip(CAUSES, ["#e377c2", "#17becf", "#bcbd22", "#ffd700", "#cccccc"], strict=True))
 CRITICAL_PATH_COLOR = "#000000"
+# host ranges over a timeline's device lanes: CPU ops, other ranges (nn.Module, user, NVTX); the launch lines
+HOST_COLORS = {"cpu_op": "#b3b3b3", "range": "#d9d9d9"}  # grey 0.7, 0.85
+LAUNCH_COLOR = "#404040"  # grey 0.25
 # the roofline's op families (tab: blue, purple, orange, green, red, brown; grey 0.5), and any other family
 FAMILY_COLORS = {"gemm": "#1f77b4", "attention": "#9467bd", "elementwise": "#ff7f0e", "normalization": "#2ca02c",
                  "softmax": "#d62728", "reduction": "#8c564b", "copy": "#808080"}

@@ -1,11 +1,14 @@
 """A measured run as Trace Event Format JSON for ui.perfetto.dev and chrome://tracing.
 
-One process per rank, named with its coordinates ("rank 5 · tp1 dp2 pp1"); a track of step windows on top, then
-each stream's compute work, then communication on one track per (dim, stream); flow arrows link the members of
-each collective instance in order of arrival. Above the ranks, a process "critical path" holds the run's critical
-path (traceana/analyses/critical_path.py): one track per exported step (consecutive steps' paths may overlap where
-ranks' windows do), one slice per path segment, named by its rank and kind. Times are µs (ns precision) since the first
-exported event, on the run's aligned clock.
+One process per rank, named with its coordinates ("rank 5 · tp1 dp2 pp1"); a track of step windows on top, then the
+host: one track per thread holding its tree of ranges (CPU ops, user and nn.Module ranges, NVTX; view host_ranges),
+then each stream's compute work, then communication on one track per (dim, stream). Flow arrows link the members of
+each collective instance in order of arrival, and each kernel to the CPU op that launched it (view event_launchers),
+from the launch call's time inside the op. The host trees are capped per rank, shallowest levels first (a budget over
+all ranks, so a 1,024-rank export stays light); what the cap leaves out is counted. Above the ranks, a process
+"critical path" holds the run's critical path (traceana/analyses/critical_path.py): one track per exported step
+(consecutive steps' paths may overlap where ranks' windows do), one slice per path segment, named by its rank and
+kind. Times are µs (ns precision) since the first exported event, on the run's aligned clock.
 
 Colours: chrome://tracing honours ``cname`` (the nearest of its reserved colours to the plots' dim colours);
 Perfetto deliberately ignores it and colours by name, so communication slices are named "<dim> <op>"
@@ -31,6 +34,7 @@ import duckdb
 
 from traceana.analyses.breakdown import COORDS, DIM_LANES
 from traceana.errors import TraceanaError
+from traceana.render import perfetto_host as host
 
 # chrome://tracing reserved colours closest to colours.DIM_COLORS (tab:blue, purple, orange, green, red, brown) and
 # to COMP's grey.
@@ -53,16 +57,22 @@ class Exported:
     tracks: int
     path_slices: int   # critical path segments, all exported steps
     outside: int       # device events of the exported ranks outside every exported window: left out, counted
+    host_slices: int   # host ranges (CPU ops, NVTX ...) on the exported ranks' thread tracks
+    host_tracks: int
+    host_capped: int   # host ranges in the exported windows that the per-rank cap left out, counted
+    host_cap: int | None  # host ranges a rank keeps at most, shallowest first; None: the store has none (too old)
+    launches: int      # arrows from a CPU op to a kernel it launched
 
 
 def export(con: duckdb.DuckDBPyConnection, run_id: str, out: Path, steps: tuple[int, int] | None = None) -> Exported:
     """Write run ``run_id`` (its steps ``steps[0]..steps[1]`` only, when given) to ``out``."""
     _select(con, run_id, steps)
     _assign_tracks(con)
+    host_cap = host.select(con, run_id)
     _critical_path(con, run_id)
-    t0 = con.execute("SELECT least((SELECT min(start_ns) FROM x_events), (SELECT min(start_ns) FROM x_windows))"
-                     ).fetchall()[0][0]
-    metadata = _metadata(con, run_id) + _path_metadata(con)
+    t0 = con.execute("SELECT least((SELECT min(start_ns) FROM x_events), (SELECT min(start_ns) FROM x_windows), "
+                     "(SELECT min(start_ns) FROM x_host WHERE kept))").fetchall()[0][0]
+    metadata = _metadata(con, run_id) + host.metadata(con) + _path_metadata(con)
     try:
         scratch = tempfile.TemporaryDirectory(dir=out.resolve().parent)
     except OSError as exc:  # a folder that cannot be written (read-only, /proc)
@@ -85,7 +95,10 @@ def export(con: duckdb.DuckDBPyConnection, run_id: str, out: Path, steps: tuple[
                          "(SELECT count(*) FROM x_windows), (SELECT count(*) FROM x_flows), "
                          "(SELECT count(DISTINCT (rank, tid)) FROM x_events), (SELECT count(*) FROM x_path), "
                          "(SELECT count(*) FROM device_events WHERE run_id = $r AND rank IN (SELECT rank FROM "
-                         "x_windows)) - (SELECT count(*) FROM x_events)", {"r": run_id}).fetchall()[0]
+                         "x_windows)) - (SELECT count(*) FROM x_events), (SELECT count(*) FROM x_host WHERE kept), "
+                         "(SELECT count(DISTINCT (rank, tid)) FROM x_host WHERE kept), "
+                         "(SELECT count(*) FROM x_host WHERE NOT kept), $cap, (SELECT count(*) FROM x_launches)",
+                         {"r": run_id, "cap": host_cap}).fetchall()[0]
     return Exported(out, *counts)
 
 
@@ -199,7 +212,9 @@ def _metadata(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
         events += [{"ph": "M", "name": "process_name", "pid": rank, "tid": STEP_TRACK, "args": {"name": name}},
                    {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": STEP_TRACK,
                     "args": {"sort_index": rank}},
-                   {"ph": "M", "name": "thread_name", "pid": rank, "tid": STEP_TRACK, "args": {"name": "steps"}}]
+                   {"ph": "M", "name": "thread_name", "pid": rank, "tid": STEP_TRACK, "args": {"name": "steps"}},
+                   {"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": STEP_TRACK,
+                    "args": {"sort_index": host.STEPS_SORT_INDEX}}]
     tracks = con.execute("SELECT DISTINCT rank, tid, lane, stream, sub FROM x_events ORDER BY rank, tid").fetchall()
     for rank, tid, lane, stream, sub in tracks:
         name = (f"{lane} communication" if lane else "compute") + (f" · stream {stream}" if stream is not None else "")
@@ -240,4 +255,6 @@ def _events_sql(t0: int) -> str:
                                   'bp', 'e', 'id', f.instance, 'pid', f.rank, 'tid', e.tid,
                                   'ts', round((f.start_ns - {t0}) / 1e3, 3), 'cat', 'collective',
                                   'name', 'collective')
-        FROM x_flows f JOIN x_events e USING (rank, event_id)"""
+        FROM x_flows f JOIN x_events e USING (rank, event_id)
+        UNION ALL
+        {host.events_sql(t0)}"""

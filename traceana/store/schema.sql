@@ -72,9 +72,13 @@ CREATE TABLE IF NOT EXISTS annotations (
     end_ns   BIGINT NOT NULL,
     name     VARCHAR NOT NULL,
     domain   VARCHAR,           -- NVTX domain, Ascend track, 'cpu'
-    kind     VARCHAR NOT NULL,  -- nvtx / cpu_op / user / hccl_task / ...
-    args     VARCHAR            -- JSON text of extra fields (src/dst rank, link type, size, bandwidth ...)
+    kind     VARCHAR NOT NULL,  -- nvtx / cpu_op / user_annotation / python_function (nn.Module) / hccl_task / ...
+    args     VARCHAR,           -- JSON text of extra fields (src/dst rank, link type, size, bandwidth; a Kineto CPU
+                                --   op's op_id: event_ops.op_id of the kernels it launched ...)
+    thread   BIGINT             -- the host thread it ran on (Kineto tid, nsys thread id), where ranges nest; NULL
+                                --   where the trace does not say, and for ranges on a device stream
 );
+ALTER TABLE annotations ADD COLUMN IF NOT EXISTS thread BIGINT;  -- stores written before the column existed
 CREATE TABLE IF NOT EXISTS steps (
     run_id   VARCHAR NOT NULL,
     rank     INTEGER NOT NULL,

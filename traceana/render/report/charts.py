@@ -17,12 +17,15 @@ from traceana.render.colours import (
     CRITICAL_PATH_COLOR,
     DIM_COLORS,
     FAMILY_COLORS,
+    HOST_COLORS,
+    LAUNCH_COLOR,
     OTHER_FAMILY_COLOR,
     PART_COLORS,
 )
 
 TOOLS = "xpan,xwheel_zoom,box_zoom,reset,save"
 TIMELINE_PIXELS = 2000  # intervals closer than the step's length / this are drawn as one
+HOST_BAND = 0.8  # a rank's host band over its lane (height 1), when the timeline draws host ranges
 
 
 def _compact(columns: dict[str, pl.Series]) -> dict[str, object]:
@@ -164,41 +167,48 @@ def bars(frame: pl.DataFrame, x: str, value: str, colors: list[str], title: str,
     return fig
 
 
-def decimate(intervals: pl.DataFrame, tolerance_ns: int) -> pl.DataFrame:
-    """Per rank and lane, intervals less than ``tolerance_ns`` apart merged into one (``merged``: how many)."""
+def decimate(intervals: pl.DataFrame, tolerance_ns: int, first: Sequence[str] = ()) -> pl.DataFrame:
+    """Per rank and lane, intervals less than ``tolerance_ns`` apart merged into one (``merged``: how many; the
+    ``first`` columns: the first interval's)."""
     return (intervals.sort("rank", "lane", "start_ns")
             .with_columns(pl.col("end_ns").cum_max().shift(1).over("rank", "lane").alias("reach"))
             .with_columns(((pl.col("start_ns") - pl.col("reach")) > tolerance_ns).fill_null(True)
                           .cum_sum().over("rank", "lane").alias("piece"))
             .group_by("rank", "lane", "piece")
-            .agg(pl.col("start_ns").min(), pl.col("end_ns").max(), pl.len().alias("merged"))
+            .agg(pl.col("start_ns").min(), pl.col("end_ns").max(), pl.len().alias("merged"),
+                 *(pl.col(c).first() for c in first))
             .drop("piece"))
 
 
-def timeline(windows: pl.DataFrame, intervals: pl.DataFrame, path: pl.DataFrame | None, title: str) -> figure:
+def timeline(windows: pl.DataFrame, intervals: pl.DataFrame, path: pl.DataFrame | None, title: str,
+             host: pl.DataFrame | None = None, launches: pl.DataFrame | None = None) -> figure:
     """One lane per rank over one step: COMP in grey on top, each dim's communication in its colour below, the
-    rank's step window outlined, the critical path (``path``: rank, kind, start_ns, end_ns) drawn through it."""
+    rank's step window outlined, the critical path (``path``: rank, kind, start_ns, end_ns) drawn through it. With
+    ``host`` (analyses/launches.py host_lanes: rank, depth, start_ns, end_ns, name, kind ...) a band above a rank's
+    lane holds the top levels of its host threads' range trees, and ``launches`` (rank, launch_ns, start_ns, end_ns,
+    kernel, op, depth) are lines from the launching op down to the kernel's start."""
     origin = windows["start_ns"].min()
     span = max(int(windows["end_ns"].max() - origin), 1)
-    rows = {rank: i for i, rank in enumerate(windows["rank"].to_list())}
+    band = HOST_BAND if host is not None and host.height else 0.0
+    lanes = {rank: i * (1 + band) + band for i, rank in enumerate(windows["rank"].to_list())}  # a device lane's top
     dims = [d for d in DIM_COLORS if d in set(intervals["lane"].to_list())]
-    band = 0.45 / max(len(dims), 1)
-    spans = {"COMP": (0.05, 0.4)} | {d: (0.5 + i * band, band) for i, d in enumerate(dims)}
+    height = 0.45 / max(len(dims), 1)
+    spans = {"COMP": (0.05, 0.4)} | {d: (0.5 + i * height, height) for i, d in enumerate(dims)}
     drawn = decimate(intervals, span // TIMELINE_PIXELS)
-    fig = figure(height=min(max(260, 22 * len(rows) + 120), 1400), title=title, sizing_mode="stretch_width",
-                 tools="xpan,xwheel_zoom,box_zoom,reset,save", toolbar_location="above",
-                 y_range=(len(rows), 0), x_range=(0, span / 1e6))
+    fig = figure(height=min(max(260, (60 if band else 22) * len(lanes) + 120), 1400), title=title,
+                 sizing_mode="stretch_width", tools="xpan,xwheel_zoom,box_zoom,reset,save", toolbar_location="above",
+                 y_range=(len(lanes) * (1 + band), 0), x_range=(0, span / 1e6))
     fig.quad(left=[(s - origin) / 1e6 for s in windows["start_ns"]], right=[(e - origin) / 1e6 for e in
                                                                             windows["end_ns"]],
-             top=[rows[r] + 0.02 for r in windows["rank"]], bottom=[rows[r] + 0.98 for r in windows["rank"]],
+             top=[lanes[r] + 0.02 for r in windows["rank"]], bottom=[lanes[r] + 0.98 for r in windows["rank"]],
              fill_color=None, line_color="#bbbbbb", legend_label="the rank's step window (blank inside: idle)")
     for lane in ("COMP", *dims):
         part = drawn.filter(pl.col("lane") == lane)
-        offset, height = spans[lane]
-        y = part["rank"].replace_strict(rows, return_dtype=pl.Float64)
+        offset, size = spans[lane]
+        y = part["rank"].replace_strict(lanes, return_dtype=pl.Float64)
         source = ColumnDataSource(_compact({
             "left": (part["start_ns"] - origin) / 1e6, "right": (part["end_ns"] - origin) / 1e6,
-            "top": y + offset, "bottom": y + offset + height, "rank": part["rank"],
+            "top": y + offset, "bottom": y + offset + size, "rank": part["rank"],
             "ms": (part["end_ns"] - part["start_ns"]) / 1e6, "merged": part["merged"]}))
         color = COMP_COLOR if lane == "COMP" else DIM_COLORS[lane]
         quads = fig.quad(left="left", right="right", top="top", bottom="bottom", source=source,
@@ -208,17 +218,52 @@ def timeline(windows: pl.DataFrame, intervals: pl.DataFrame, path: pl.DataFrame 
                                                              ("start (ms)", "@left{0,0.000}"),
                                                              ("length (ms)", "@ms{0,0.000}"),
                                                              ("intervals merged", "@merged")]))
+    if band:
+        _draw_host(fig, host, launches, lanes, origin, span // TIMELINE_PIXELS)
     if path is not None and path.height:
-        _draw_path(fig, path, rows, origin)
-    fig.yaxis.ticker = [i + 0.5 for i in list(rows.values())[:: max(1, len(rows) // 48)]]
-    fig.yaxis.major_label_overrides = {i + 0.5: f"rank {r}" for r, i in rows.items()}
+        _draw_path(fig, path, lanes, origin)
+    fig.yaxis.ticker = [y + 0.5 for y in list(lanes.values())[:: max(1, len(lanes) // 48)]]
+    fig.yaxis.major_label_overrides = {y + 0.5: f"rank {r}" for r, y in lanes.items()}
     fig.xaxis.axis_label = "time since the step's first start (ms)"
-    fig.yaxis.axis_label = "rank"
+    fig.yaxis.axis_label = "rank" + (" (above each: its host threads' ranges)" if band else "")
     fig.add_layout(fig.legend[0], "right")
     return fig
 
 
-def _draw_path(fig: figure, path: pl.DataFrame, rows: dict[int, int], origin: int) -> None:
+def _draw_host(fig: figure, host: pl.DataFrame, launches: pl.DataFrame | None, lanes: dict[int, float], origin: int,
+               tolerance_ns: int) -> None:
+    """Above each rank's lane, a row per level of its host threads' range trees (CPU ops darker than the other
+    ranges), ranges closer than a pixel merged; and a line from each traced kernel's launch in its op down to the
+    kernel's start."""
+    levels = int(host["depth"].max())
+    row = (HOST_BAND - 0.1) / levels
+    drawn = decimate(host.rename({"depth": "lane"}), tolerance_ns, ("name", "kind", "thread")).rename({"lane": "depth"})
+    y = drawn["rank"].replace_strict(lanes, return_dtype=pl.Float64) - HOST_BAND + 0.05 + (drawn["depth"] - 1) * row
+    source = ColumnDataSource(_compact({
+        "left": (drawn["start_ns"] - origin) / 1e6, "right": (drawn["end_ns"] - origin) / 1e6, "top": y,
+        "bottom": y + row * 0.9, "rank": drawn["rank"], "depth": drawn["depth"], "thread": drawn["thread"],
+        "ms": (drawn["end_ns"] - drawn["start_ns"]) / 1e6, "merged": drawn["merged"], "name": drawn["name"]})
+        | {"color": [HOST_COLORS.get(k, HOST_COLORS["range"]) for k in drawn["kind"]]})
+    quads = fig.quad(left="left", right="right", top="top", bottom="bottom", source=source, color="color",
+                     line_width=0, legend_label="host: CPU ops (darker), module, user and NVTX ranges")
+    fig.add_tools(HoverTool(renderers=[quads], tooltips=[
+        ("", "@name"), ("rank, thread", "@rank, @thread"), ("level", "@depth"), ("start (ms)", "@left{0,0.000}"),
+        ("length (ms)", "@ms{0,0.000}"), ("ranges merged", "@merged (the first named)")]))
+    if launches is None or not launches.height:
+        return
+    top = launches["rank"].replace_strict(lanes, return_dtype=pl.Float64)
+    source = ColumnDataSource(_compact({
+        "x0": (launches["launch_ns"] - origin) / 1e6, "x1": (launches["start_ns"] - origin) / 1e6,
+        "y0": top - HOST_BAND + 0.05 + (launches["depth"].clip(upper_bound=levels) - 0.5) * row, "y1": top + 0.05,
+        "rank": launches["rank"], "ms": (launches["end_ns"] - launches["start_ns"]) / 1e6,
+        "kernel": launches["kernel"], "op": launches["op"]}))
+    lines = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=source, line_color=LAUNCH_COLOR, line_width=1.2,
+                        legend_label="launch of a rank's longest kernels, from its CPU op")
+    fig.add_tools(HoverTool(renderers=[lines], tooltips=[("kernel", "@kernel"), ("launched by", "@op"),
+                                                         ("rank", "@rank"), ("kernel (ms)", "@ms{0,0.000}")]))
+
+
+def _draw_path(fig: figure, path: pl.DataFrame, rows: dict[int, float], origin: int) -> None:
     """The path through its lanes' middle: bold over work and communication, thin over idle, vertical at jumps.
     Consecutive segments of one kind on one rank are drawn as one."""
     runs = (path.with_columns(((pl.col("rank") != pl.col("rank").shift(1)) | (pl.col("kind") != pl.col("kind")

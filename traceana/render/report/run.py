@@ -277,6 +277,7 @@ def rank_steps(ctx: Context) -> str:
 
 
 TIMELINE_RANKS = 128  # lanes drawn at most: more would be under 11 px each; the tables keep every rank
+HOST_RANKS = 16  # the timeline draws each rank's host ranges over its lane where it draws at most this many ranks
 
 
 def _timeline_ranks(ranks: list[int], on_path: set[int]) -> list[int]:
@@ -293,6 +294,7 @@ def _timeline_ranks(ranks: list[int], on_path: set[int]) -> list[int]:
 def critical_path(ctx: Context) -> str | None:
     """A step's timeline across ranks with the critical path drawn through it, and the path's totals."""
     from traceana.analyses import critical_path as cp
+    from traceana.analyses.launches import HOST_LEVELS, LONGEST, host_lanes
 
     step, windows, intervals, segments = ctx.path
     drawn = _timeline_ranks(windows["rank"].to_list(), set(segments["rank"].to_list()))
@@ -301,11 +303,20 @@ def critical_path(ctx: Context) -> str | None:
     ranks = f"{windows.height} rank" + ("s" if windows.height > 1 else "")
     if len(drawn) < windows.height:
         ranks += f" ({len(drawn)} drawn: the path's and evenly spaced others)"
+    host, launches = (ctx.traces.read(ctx.run, lambda con, rid: host_lanes(con, rid, step, drawn))
+                      if len(drawn) <= HOST_RANKS else (None, None))
     chart = charts.timeline(windows.filter(pl.col("rank").is_in(drawn)), intervals.filter(pl.col("rank").is_in(drawn)),
                             segments, f"step {step} across {ranks}, critical path ({length_ms:,.3f} ms) in black; "
-                            "wheel to zoom, hover for each interval")
+                            "wheel to zoom, hover for each interval", host, launches)
+    arrows = (f", and a line from the CPU op that launched each of its {LONGEST} longest kernels to the kernel's "
+              "start" if launches is not None and launches.height else "")
+    said = (f" Above each rank's lane, the top {HOST_LEVELS} levels of its host threads' range trees (CPU ops "
+            f"darker; nn.Module, user and NVTX ranges lighter){arrows}: hover for their names; `traceana export "
+            "--perfetto` has every range and every launch." if host is not None and host.height else
+            f" Host ranges are drawn over the lanes of at most {HOST_RANKS} ranks: `traceana export --perfetto` "
+            "has them for every rank." if host is None else "")
     return (f"<p>Step {step}: {length_ms:,.3f} ms from the first rank's start to the last rank's end, "
-            f"{segments.height:,} segments on the path.</p>" + ctx.page.chart(chart)
+            f"{segments.height:,} segments on the path.{said}</p>" + ctx.page.chart(chart)
             + ctx.page.table(parts["by_rank"], "the path's time per rank", filtered_by=("stage", "rank"))
             + ctx.page.table(parts["by_kind"], "and per kind")
             + ctx.page.table(cp.hops(parts["segments"]), "hop by hop (consecutive segments on one rank)"))
