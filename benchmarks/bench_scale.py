@@ -7,6 +7,7 @@ for the ingest also the main process's own peak and the largest worker's (VmHWM,
 table. Run:
     .venv/bin/python benchmarks/bench_scale.py --ranks 16,64,256 [--steps 8 --kernel-us 3] [--workdir DIR]
     .venv/bin/python benchmarks/bench_scale.py --traces DIR [--workdir DIR]   (an existing synth folder's traces/)
+    .venv/bin/python benchmarks/bench_scale.py --ranks 4096 --parquet --jobs 2   (out of core: a Parquet dataset)
 The work folder (default: a temporary one) holds the traces and stores; it is removed unless --keep is given.
 """
 
@@ -90,6 +91,11 @@ def lines(folder: Path) -> tuple[int, int]:
     return size, events
 
 
+def disk(store: Path) -> int:
+    """Bytes a store takes on disk: its file, or every file of a Parquet dataset."""
+    return sum(p.stat().st_size for p in store.rglob("*") if p.is_file()) if store.is_dir() else store.stat().st_size
+
+
 def fixed_cost(db: Path, repeats: int = 5) -> list[tuple[str, float, float]]:
     out = []
     for label, args in (("traceana --help", ["--help"]), ("traceana runs", ["runs", "--db", db])):
@@ -106,19 +112,21 @@ def main() -> None:
     parser.add_argument("--traces", type=Path, help="ingest this folder of Kineto traces instead of synthesizing")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--parquet", action="store_true", help="ingest into a Parquet dataset, not a DuckDB file")
+    parser.add_argument("--jobs", type=int, help="ingest's --jobs (default: its own choice)")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="traceana-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}; load average {os.getloadavg()[0]:.1f} at start")
     header = (f"{'ranks':>6}{'GB':>7}{'events':>13}{'synth s':>9}{'synth MB/s':>11}{'ingest s':>10}"
-              f"{'MB/s':>7}{'events/s':>11}{'peak RSS MiB':>13}{'main MiB':>9}{'worker MiB':>11}{'breakdown s':>12}"
-              f"{'stragglers s':>13}")
+              f"{'MB/s':>7}{'events/s':>11}{'peak RSS MiB':>13}{'main MiB':>9}{'worker MiB':>11}{'store GB':>9}"
+              f"{'breakdown s':>12}{'MiB':>6}{'stragglers s':>13}{'MiB':>6}")
     rows = []
     try:
         for ranks in [len(list(args.traces.iterdir()))] if args.traces else map(int, args.ranks.split(",")):
-            out, db = work / f"r{ranks}", work / f"r{ranks}.duckdb"
-            db.unlink(missing_ok=True)
+            out, db = work / f"r{ranks}", work / f"r{ranks}.{'parquet' if args.parquet else 'duckdb'}"
+            shutil.rmtree(db, ignore_errors=True) if db.is_dir() else db.unlink(missing_ok=True)
             if args.traces:
                 traces, synth = args.traces, (float("nan"),) * 3
             else:
@@ -127,14 +135,15 @@ def main() -> None:
                             args.kernel_us)
                 traces = out / "traces"
             size, events = lines(traces)
+            jobs = ["--jobs", str(args.jobs)] if args.jobs else []
             ingest = measure_tree([*TRACEANA, "ingest", str(traces), "--db", str(db), "--layout",
-                                   f"tp=2,dp={ranks // 4},pp=2"])
+                                   f"tp=2,dp={ranks // 4},pp=2", *jobs])
             breakdown = run("breakdown", "--db", db, "--json")
             stragglers = run("stragglers", "--db", db, "--json")
             rows.append(f"{ranks:>6}{size / 1e9:>7.2f}{events:>13,}{synth[0]:>9.1f}{size / 1e6 / synth[0]:>11.0f}"
                         f"{ingest[0]:>10.1f}{size / 1e6 / ingest[0]:>7.1f}{events / ingest[0]:>11,.0f}"
-                        f"{ingest[2]:>13,.0f}{ingest[3]:>9,.0f}{ingest[4]:>11,.0f}{breakdown[0]:>12.1f}"
-                        f"{stragglers[0]:>13.1f}")
+                        f"{ingest[2]:>13,.0f}{ingest[3]:>9,.0f}{ingest[4]:>11,.0f}{disk(db) / 1e9:>9.2f}"
+                        f"{breakdown[0]:>12.1f}{breakdown[2]:>6,.0f}{stragglers[0]:>13.1f}{stragglers[2]:>6,.0f}")
             print(header if len(rows) == 1 else "", rows[-1], sep="\n" if len(rows) == 1 else "", flush=True)
             if not args.traces:
                 shutil.rmtree(out)
