@@ -40,6 +40,11 @@ def test_floats_are_rounded_and_nan_is_null() -> None:
 
 
 @pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"  # as the stdio server runs (tests/mcp/test_stdio.py); trio ran the same calls a second time
+
+
+@pytest.fixture(scope="module")
 def synth64(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A 64-rank synthesized run (TP2 x PP2 x DP16, two steps) in a store, and an --output-dir holding the
     estimator YAMLs that describe it (dp 16) and another layout (tp 4, dp 8) for predict."""
