@@ -157,3 +157,15 @@ def test_what_is_not_a_dataset_is_one_line(stores: tuple[Path, Path], tmp_path: 
 def test_the_dataset_rule() -> None:
     assert dataset.is_dataset(Path("runs.parquet")) and dataset.is_dataset(ROOT)
     assert not dataset.is_dataset(Path("runs.duckdb")) and not dataset.is_dataset(Path("runs"))
+
+
+def test_a_reader_spills_past_its_memory_limit_into_a_private_folder_removed_after(stores: tuple[Path, Path]) -> None:
+    # thousands of ranks read out of core: DuckDB's joins and sorts go to disk past READ_MEMORY instead of growing
+    from traceana import store
+
+    with store.connect(stores[1], read_only=True) as con:
+        limit, temp = con.execute("SELECT current_setting('memory_limit'), "
+                                  "current_setting('temp_directory')").fetchone()
+        assert Path(temp).is_dir() and Path(temp).name.startswith("traceana-read-")
+        assert con.execute("SELECT count(*) FROM rank_breakdown").fetchone()[0] > 0
+    assert limit == "1.0 GiB" and not Path(temp).exists()

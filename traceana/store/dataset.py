@@ -242,6 +242,11 @@ def connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.Du
         yield con
 
 
+# DuckDB's memory for a reader of a dataset (the out-of-core store): a breakdown of 1,024 synthesized ranks (16M
+# events) took 1.7 GiB with DuckDB's default (80% of RAM), 0.9 GiB at 600 MB, in the same 23.5 s.
+READ_MEMORY = "1GiB"
+
+
 @contextmanager
 def _connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.DuckDBPyConnection]:
     """The dataset at ``folder`` as a store. A reader gets an in-memory DuckDB whose tables are views over the
@@ -249,7 +254,8 @@ def _connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.D
     usual views on top. A writer gets an in-memory store holding the dataset's tables, empty: what it writes is
     added to the dataset when its work succeeds (:func:`merge`), and nothing is written when it fails. The writer's
     DuckDB offloads to a hidden buffer folder beside the dataset (removed after), so a large run written under
-    database.write_run's capped memory limit waits on disk, not in memory."""
+    database.write_run's capped memory limit waits on disk, not in memory; a reader's, past READ_MEMORY, in a private
+    temporary folder (removed after)."""
     import duckdb
 
     schema = folder / SCHEMA_FILE
@@ -265,6 +271,10 @@ def _connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.D
             folder.parent.mkdir(parents=True, exist_ok=True)
             spill = Path(tempfile.mkdtemp(prefix=f".{folder.name}.buffer-{os.getpid()}-", dir=folder.parent))
             con.execute("SET temp_directory = ?", [str(spill)])
+        else:  # a reader's joins and sorts over thousands of ranks spill to a private folder rather than grow
+            spill = Path(tempfile.mkdtemp(prefix="traceana-read-"))
+            con.execute("SET temp_directory = ?", [str(spill)])
+            con.execute(f"SET memory_limit = '{READ_MEMORY}'")
         if schema.is_file():
             try:
                 con.execute(schema.read_text())
