@@ -43,7 +43,7 @@ def run_cli(*args: object, check: bool = True) -> subprocess.CompletedProcess[st
         with chdir(ROOT):
             result = subprocess.CompletedProcess(["traceana", *argv], *run_main(*argv))
     if check and result.returncode != 0:
-        pytest.fail(f"traceana {' '.join(map(str, args))} exited {result.returncode}:\n{result.stderr}")
+        pytest.fail(f"traceana {' '.join(argv)} exited {result.returncode}:\n{result.stderr}")
     return result
 
 

@@ -267,14 +267,13 @@ def _connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.D
     con = duckdb.connect(":memory:", config=database.CONFIG)
     spill = None
     try:
-        if not read_only:  # the run's rows wait here, not in memory, beyond DuckDB's memory limit
+        if read_only:  # a reader's joins and sorts over thousands of ranks spill to a private folder, not grow
+            spill = Path(tempfile.mkdtemp(prefix="traceana-read-"))
+            con.execute(f"SET memory_limit = '{READ_MEMORY}'")
+        else:  # the run's rows wait here, not in memory, beyond DuckDB's memory limit
             folder.parent.mkdir(parents=True, exist_ok=True)
             spill = Path(tempfile.mkdtemp(prefix=f".{folder.name}.buffer-{os.getpid()}-", dir=folder.parent))
-            con.execute("SET temp_directory = ?", [str(spill)])
-        else:  # a reader's joins and sorts over thousands of ranks spill to a private folder rather than grow
-            spill = Path(tempfile.mkdtemp(prefix="traceana-read-"))
-            con.execute("SET temp_directory = ?", [str(spill)])
-            con.execute(f"SET memory_limit = '{READ_MEMORY}'")
+        con.execute("SET temp_directory = ?", [str(spill)])
         if schema.is_file():
             try:
                 con.execute(schema.read_text())

@@ -19,8 +19,6 @@ on; only DuckDB settings and file access are refused.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,25 +47,21 @@ def check_select(query: str) -> None:
                             f"{' + '.join(kinds)}")
 
 
-def confine(con: duckdb.DuckDBPyConnection, db: Path) -> Path | None:
-    """Let the database at ``con`` (the store ``db``) read only the store's own files from now on, for good. For a
-    dataset (in memory) the temp folder moves to a private one first, else DuckDB would allow ``./.tmp``: the
-    folder is returned for the caller to remove after the query. A `.duckdb` instance confined by an earlier
-    query (another connection to the file is still open) stays as it is."""
+def confine(con: duckdb.DuckDBPyConnection, db: Path) -> None:
+    """Let the database at ``con`` (the store ``db``, opened read-only) read only the store's own files from now on,
+    for good. A dataset's reader already spills into a private temp folder of its own (dataset._connect), not the
+    ``./.tmp`` DuckDB would otherwise allow. A `.duckdb` instance confined by an earlier query (another connection
+    to the file is still open) stays as it is."""
     from traceana.store.dataset import is_dataset
 
     (access, locked), = con.execute("SELECT current_setting('enable_external_access'), "
                                     "current_setting('lock_configuration')").fetchall()
     if locked and not access:
-        return None
-    private = None
+        return
     if is_dataset(db):
-        private = Path(tempfile.mkdtemp(prefix="traceana-sql-"))
-        con.execute("SET temp_directory = ?", [str(private)])
         con.execute("SET allowed_directories = ?", [[str(db.resolve())]])
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
-    return private
 
 
 def select(con: duckdb.DuckDBPyConnection, db: Path, query: str, *, limit: int | None = None) -> pl.DataFrame:
@@ -77,7 +71,7 @@ def select(con: duckdb.DuckDBPyConnection, db: Path, query: str, *, limit: int |
     import duckdb
 
     check_select(query)
-    private = confine(con, db)
+    confine(con, db)
     try:
         relation = con.sql(query)
         if limit is not None:
@@ -87,6 +81,3 @@ def select(con: duckdb.DuckDBPyConnection, db: Path, query: str, *, limit: int |
         raise TraceanaError(f"sql reads the store's own files only: {str(exc).splitlines()[0]}") from None
     except duckdb.Error as exc:
         raise TraceanaError(f"query failed: {str(exc).splitlines()[0]}") from None
-    finally:
-        if private is not None:
-            shutil.rmtree(private, ignore_errors=True)
