@@ -208,14 +208,16 @@ class Traces:
 
         return self.read(run, run_predict)
 
-    def advise(self, step: int | str | None = None, run: str | None = None) -> pl.DataFrame:
+    def advise(self, step: int | str | None = None, run: str | None = None,
+               roof_target: float | None = None) -> pl.DataFrame:
         """Findings of ``step`` (None: the second; "median": the median step) ranked by the lower end of their
-        gain, as `traceana advise --json`: finding, evidence, change,
+        gain, as `traceana advise --json` (``roof_target``: its --roof-target): finding, evidence, change,
         measured_step_ms, predicted_step_ms with low, high, level, gain_ms with gain_low_ms, gain_high_ms,
         sources, error_bar_ms, graph; those with gain_high_ms <= 0 are `advise`'s "checked, no gain"."""
         from traceana.model import advise
 
-        return self.read(run, lambda con, rid: advise.findings(con, rid, bd.resolve_step(con, rid, step))[1])
+        return self.read(run, lambda con, rid: advise.findings(con, rid, bd.resolve_step(con, rid, step),
+                                                               roof_target=roof_target)[1])
 
     def comm(self, run: str | None = None) -> pl.DataFrame:
         """Communication per op, dim and link (intra- / inter-node): instances, bytes, time (ms), algbw and busbw

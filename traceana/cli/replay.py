@@ -50,8 +50,9 @@ def replay(
 def whatif(
     run: RunArgument = None,
     change: Annotated[list[str], typer.Option("--change", help="KEY=TARGET[:FACTOR]: dim=TP:0.5, op=AllToAll:0.7, "
-                                              "pg=ID:0.5, link=0-4:2, kernel=*flash*:0.8, host=0, host=capturable:0, "
-                                              "rank=5:median, rank=5:1.4, rank=*:median, stage=0:median, "
+                                              "pg=ID:0.5, link=0-4:2, kernel=*flash*:0.8, kernel=*flash*:roof=60, "
+                                              "host=0, host=capturable:0, rank=5:median, rank=5:1.4, "
+                                              "rank=*:median, stage=0:median, "
                                               "overlap=DP. Repeat to compose.")] = ...,
     step: OneStepOption = None,
     plot: Annotated[Path | None, plot_option("measured vs predicted per rank, grouped by stage")] = None,
@@ -106,6 +107,9 @@ def advise(
     config: Annotated[Path | None, typer.Option("--config", help="The job's estimator YAML: add the changes only "
                                                 "the estimator predicts (rebalanced layers, micro-batches, schedule, "
                                                 "layout).")] = None,
+    roof_target: Annotated[float | None, typer.Option("--roof-target", help="Price kernels below their roof at "
+                                                      "this percent of it (default: what the run's best op of "
+                                                      "the same bound, compute or memory, reaches).")] = None,
     json: JsonOption = False,
     db: DbOption = Path(store.DEFAULT_DB),
 ) -> None:
@@ -118,7 +122,8 @@ def advise(
 
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
-        chosen, found = model.findings(con, rid, resolve_step(con, rid, step), str(config) if config else None)
+        chosen, found = model.findings(con, rid, resolve_step(con, rid, step), str(config) if config else None,
+                                       roof_target)
     which = named_step(chosen, step)
     frame, checked = model.split(found)
     if json:

@@ -19,10 +19,11 @@ Findings looked for, on one step (the second, or the only one), one function eac
 - slow process groups and links (:func:`slow_links`): comm slow links -> the group at its peers' bandwidth
   (``pg=``); a rank pair's messages -> that link at its peers' (``link=A-B``);
 - straggler stage (:func:`straggler_stage`): the stage with the largest mean COMP -> ``stage=P:median``;
-- kernels below their roof (:func:`kernels`): the roofline's op shapes ranked by the time bringing them to
-  ``ROOF_TARGET`` of their roof would save (their time x (1 - achieved / target)); the first ``KERNEL_TOP`` worth at
-  least ``KERNEL_SHARE`` of the step priced with ``kernel=PATTERN:achieved/target`` on the kernels only that op
-  shape launches.
+- kernels below their roof (:func:`kernels`): the roofline's op shapes ranked by the time bringing them to their
+  target share of the roof would save (their time x (1 - achieved / target)); the target is what this run's own best
+  op shape of the same bound (compute or memory) reaches (:func:`roof_targets`), or the user's ``--roof-target``;
+  the first ``KERNEL_TOP`` worth at least ``KERNEL_SHARE`` of the step priced with ``kernel=PATTERN:roof=TARGET``
+  on the kernels only that op shape launches.
 With the job's estimator config, also what only the estimator can predict (:func:`estimator_findings`). The step's
 length is the median rank's TOTAL (the ranks of one job start their steps together, so their TOTALs agree up to
 where each rank's window is cut); a gain is measured minus predicted step, in ms.
@@ -38,6 +39,7 @@ import polars as pl
 
 from traceana.analyses import critical_path
 from traceana.analyses.breakdown import check_step
+from traceana.errors import TraceanaError
 from traceana.estimator import config
 from traceana.model import predict, whatif
 from traceana.model.graph import Graph
@@ -49,19 +51,22 @@ STRAGGLER_PCT = 5.0   # COMP this far above the group's median (and a rank's EP 
 OVERLAPPABLE = 0.05   # the share of DP communication that already runs beside compute, for an overlap what-if
 SLOW_LINK_PCT = 20.0  # a process group this far below its peers' median bandwidth
 HEADROOM = 0.7        # a measured peak below this share of the device's memory leaves room
-ROOF_TARGET = 0.7     # the share of its roof a tuned kernel reaches (the H200 run's own GEMMs run at 76-94%)
-KERNEL_TOP = 3        # op shapes priced, by the time reaching ROOF_TARGET would save
-KERNEL_SHARE = 0.01   # ... each saving at least this share of the step
+KERNEL_TOP = 3        # op shapes priced, by the time reaching their target share of the roof would save
+KERNEL_SHARE = 0.01   # ... each saving at least this share of the step; an op shape sets its family's target with
+                      # at least this share of the run's costed kernel time
 
 Proposal = tuple[str, str, list[str]]  # (finding, evidence, changes), replayed together by :func:`findings`
 
 
 def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None,
-             config_path: str | None = None) -> tuple[int, pl.DataFrame]:
+             config_path: str | None = None, roof_target: float | None = None) -> tuple[int, pl.DataFrame]:
     """(step, findings by predicted gain less its error bar): finding, evidence, change, predicted step and gain in
-    ms, the error bar in ms; with ``config_path`` (the job's estimator YAML) also :func:`estimator_findings`."""
+    ms, the error bar in ms; with ``config_path`` (the job's estimator YAML) also :func:`estimator_findings`;
+    ``roof_target``: the percent of its roof every kernel is priced at (default: :func:`roof_targets`)."""
     from traceana.model.intervals import platform_of
 
+    if roof_target is not None and not 0 < roof_target <= 100:
+        raise TraceanaError(f"--roof-target {roof_target:g}: a percent of the roof, 0 < P <= 100")
     step = critical_path.default_step(con, run_id) if step is None else step
     check_step(con, run_id, step)
     cfg = None
@@ -78,7 +83,7 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
     stages = measured.group_by("pp").agg(pl.col("COMP_ns").mean()).drop_nulls("pp").sort("COMP_ns", descending=True)
     proposed = [*host_bound(con, run_id, mean), *exposed(con, run_id, step, measured, mean),
                 *stragglers(con, run_id), *slow_links(con, run_id), *straggler_stage(stages),
-                *kernels(con, run_id, step, total)]
+                *kernels(con, run_id, step, total, roof_target)]
     rows: list[dict] = []
     if proposed:
         base = whatif.baseline(con, run_id)
@@ -302,16 +307,28 @@ def straggler_stage(stages: pl.DataFrame) -> list[Proposal]:
              "layers", [f"stage={slow}:median"])]
 
 
-def kernels(con: duckdb.DuckDBPyConnection, run_id: str, step: int, total_ns: float) -> list[Proposal]:
-    """Op shapes below ``ROOF_TARGET`` of their roof (the roofline, `traceana kernels --roofline`), ranked by the
-    time reaching it would save in the step: time x (1 - roof_pct / target). The first ``KERNEL_TOP`` that save at
-    least ``KERNEL_SHARE`` of the step are priced with ``kernel=*NAME*:roof_pct/target`` on each kernel only that op
-    shape launches (every event the pattern matches is one of its calls'); one whose kernels all run for other
-    ops too is named, not priced. The evidence also gives the step's kernel time the roofline cannot cost."""
+def roof_targets(roof: pl.DataFrame) -> pl.DataFrame:
+    """Per bound (compute, memory), the share of its roof the run's own best op shape of that bound reaches: the
+    ceiling this device showed in this very run (bound, target_pct, by: the op shape that sets it). Only op shapes
+    with at least ``KERNEL_SHARE`` of the costed kernel time count (a few short calls time poorly), and none above
+    its roof (data a cache served). An upper bound on tuning: an op of another family or shape may not get there."""
+    return (roof.filter((pl.col("roof_pct") <= 100) & (pl.col("total_ms") >= KERNEL_SHARE * roof["total_ms"].sum()))
+            .sort("roof_pct", descending=True).group_by("bound", maintain_order=True).first()
+            .select("bound", pl.col("roof_pct").alias("target_pct"),
+                    pl.format("{} ({}) at {}%", "op", "shapes", pl.col("roof_pct").round(1)).alias("by")))
+
+
+def kernels(con: duckdb.DuckDBPyConnection, run_id: str, step: int, total_ns: float,
+            roof_target: float | None = None) -> list[Proposal]:
+    """Op shapes below their target share of the roof (the roofline, `traceana kernels --roofline`; the target
+    :func:`roof_targets`' for their bound, or ``roof_target`` percent for all), ranked by the time reaching it
+    would save in the step: time x (1 - roof_pct / target). The first ``KERNEL_TOP`` that save at least
+    ``KERNEL_SHARE`` of the step are priced with ``kernel=*NAME*:roof=TARGET`` on each kernel only that op shape
+    launches (every event the pattern matches is one of its calls'); one whose kernels all run for other ops too is
+    named, not priced. The evidence also gives the step's kernel time the roofline cannot cost."""
     import re
 
     from traceana.analyses import roofline
-    from traceana.errors import TraceanaError
 
     try:
         roof = roofline.measure(con, run_id)
@@ -325,9 +342,12 @@ def kernels(con: duckdb.DuckDBPyConnection, run_id: str, step: int, total_ns: fl
              AND k.start_ns >= w.start_ns AND k.start_ns < w.end_ns
         WHERE k.run_id = $run AND w.step = $step GROUP BY ALL""", params=params).pl()
     keys = ["op", "input_dims", "kernel"]
-    rows = (roof.frame.filter(pl.col("roof_pct") < 100 * ROOF_TARGET).join(in_step, on=keys, nulls_equal=True,
-                                                                             suffix="_step")
-            .with_columns((pl.col("ns") * (1 - pl.col("roof_pct") / (100 * ROOF_TARGET))).alias("saved"))
+    targets = (roof_targets(roof.frame) if roof_target is None else
+               pl.DataFrame({"bound": ["compute", "memory"], "target_pct": float(roof_target),
+                             "by": "--roof-target"}))
+    rows = (roof.frame.join(targets, on="bound").filter(pl.col("roof_pct") < pl.col("target_pct"))
+            .join(in_step, on=keys, nulls_equal=True, suffix="_step")
+            .with_columns((pl.col("ns") * (1 - pl.col("roof_pct") / pl.col("target_pct"))).alias("saved"))
             .filter(pl.col("saved") >= KERNEL_SHARE * total_ns).sort("saved", descending=True).head(KERNEL_TOP))
     if rows.is_empty():
         return []
@@ -349,7 +369,7 @@ def kernels(con: duckdb.DuckDBPyConnection, run_id: str, step: int, total_ns: fl
     for row in rows.iter_rows(named=True):
         mine = launched.filter(*(pl.col(k).eq_missing(row[k]) for k in keys))
         counts = mine.group_by("name").len()
-        factor = row["roof_pct"] / (100 * ROOF_TARGET)
+        target = row["target_pct"]
         patterns, covered = [], 0
         for short in sorted(mine["short_name"].unique().to_list()):
             name = short.rsplit("::", 1)[-1]  # a short name drops '(anonymous namespace)::' the full one has
@@ -358,7 +378,7 @@ def kernels(con: duckdb.DuckDBPyConnection, run_id: str, step: int, total_ns: fl
             match = whatif.kernel_pattern(f"*{name}*").match
             hit = work.filter(pl.col("name").is_in([n for n in work["name"].to_list() if match(n)]))
             if hit.height and hit.join(counts, on="name", how="left")["len"].eq_missing(hit["n"]).all():  # only its
-                patterns.append(f"kernel=*{name}*:{factor:.3f}")
+                patterns.append(f"kernel=*{name}*:roof={target:.1f}")
                 covered += int(mine.filter(pl.col("short_name") == short)["ns"].sum())
         what = f"{row['op']} ({row['shapes']})"
         measured = (f"roofline (kernels --roofline): {what} at {row['roof_pct']:.1f}% of its {row['bound']} roof, "
@@ -367,9 +387,12 @@ def kernels(con: duckdb.DuckDBPyConnection, run_id: str, step: int, total_ns: fl
         if not patterns:
             unpriced.append(f"{what} at {row['roof_pct']:.1f}%, {row['ns'] / 1e6:.3f} ms per step")
             continue
-        out.append((f"kernel below its roof: {row['op']}", f"{measured}; its kernels at {factor:.3f}x their time "
-                    f"bring it to {100 * ROOF_TARGET:.0f}% of the roof ({100 * covered / mine['ns'].sum():.0f}% of "
-                    "its kernel time; kernels other ops launch too are kept)", patterns))
+        reach = (f"{target:g}% of the roof (--roof-target)" if roof_target is not None else
+                 f"{target:.1f}% of the roof, what this run's best {row['bound']}-bound op reaches: {row['by']}")
+        share = 100 * covered / mine["ns"].sum()
+        out.append((f"kernel below its roof: {row['op']}", f"{measured}; its kernels at {row['roof_pct'] / target:.3f}x"
+                    f" their time bring it to {reach} ({share:.0f}% of its kernel time; kernels other ops launch too "
+                    "are kept)", patterns))
     if out:  # what the ranking could not see or price, once
         finding, evidence, changes = out[0]
         also = ("; also below the roof, not priced (their kernels run for other ops too): " + "; ".join(unpriced)
@@ -425,7 +448,6 @@ def estimator_findings(con: duckdb.DuckDBPyConnection, run_id: str, cfg: config.
     predict's step (the stages' mean over the run) to this step's median rank."""
     from dataclasses import replace
 
-    from traceana.errors import TraceanaError
     from traceana.estimator import estimate, search
 
     now = estimate.estimate(cfg)

@@ -9,6 +9,9 @@ A change is ``KEY=TARGET[:FACTOR]``; several compose, applied in the order given
                        collectives of every group holding both (a ring runs at its slowest link's pace, so the whole
                        collective stretches: the bound for a ring that crosses that link)
 - ``kernel=*flash*:0.8`` compute / memcpy / memset events whose name matches the pattern (fnmatch, any case)
+- ``kernel=*flash*:roof=60`` those of them the roofline costs (`traceana kernels --roofline`) brought to 60% of their
+                       roof: each event at its op shape's achieved share / 60% of its time (never slower); events
+                       the roofline cannot cost, or already above it, keep theirs
 - ``host=0``           host time between launches scaled (0: every launch at once, the bound no launch mechanism
                        passes)
 - ``host=capturable:0`` only the host time CUDA graphs of the steady forward / backward remove: between launches
@@ -52,9 +55,12 @@ FACTORS = (1e-6, 1e6)  # the range a factor (other than 0) may take
 class Change:
     key: str
     target: str
-    factor: float | None   # None: to the median
+    factor: float | None   # None: to the median (or, with roof, to that share of the roof)
+    roof: float | None = None  # kernel=PATTERN:roof=P: the percent of their roof the matched kernels reach
 
     def __str__(self) -> str:
+        if self.roof is not None:
+            return f"{self.key}={self.target}:roof={self.roof:g}"
         if self.key == "host":
             return f"host={self.target + ':' if self.target else ''}{self.factor:g}"
         if self.key == "overlap":
@@ -95,6 +101,14 @@ def parse(spec: str) -> Change:
             raise TraceanaError(f"--change {spec!r}: link takes two different ranks, link=A-B:FACTOR")
         a, b = sorted((int(ends[1]), int(ends[2])))
         return Change(key, f"{a}-{b}", _factor(spec, amount))
+    if key == "kernel" and amount.strip().lower().startswith("roof="):
+        try:
+            pct = float(amount.strip()[5:])
+        except ValueError:
+            pct = math.nan
+        if not 0 < pct <= 100:
+            raise TraceanaError(f"--change {spec!r}: roof=P takes a percent of the roof, 0 < P <= 100")
+        return Change(key, target, None, pct)
     if key == "dim" and target.upper() not in DIMS:
         raise TraceanaError(f"--change {spec!r}: dim is one of {', '.join(DIMS)}")
     return Change(key, target.upper() if key == "dim" else target, _factor(spec, amount))
@@ -118,9 +132,9 @@ def kernel_pattern(target: str) -> re.Pattern[str]:
     return re.compile(fnmatch.translate(target), re.IGNORECASE)
 
 
-def selected(graph: Graph, change: Change) -> np.ndarray | None:
+def selected(graph: Graph, change: Change, roofs: np.ndarray | None = None) -> np.ndarray | None:
     """The events whose lengths ``change`` scales (a mask), or None for a change that is not a set of events
-    (host, median changes, overlap)."""
+    (host, median changes, overlap); a ``roof=`` change only those below its roof (``roofs``: :func:`roof_shares`)."""
     ev = graph.events
     category = ev["category"].to_numpy()
     comm = category == "comm"
@@ -140,17 +154,38 @@ def selected(graph: Graph, change: Change) -> np.ndarray | None:
     if change.key == "kernel":
         pattern = kernel_pattern(change.target)
         names = [name for name in ev["name"].unique().to_list() if pattern.match(name)]  # once per name
-        return ev["name"].is_in(names).to_numpy() & work
+        mask = ev["name"].is_in(names).to_numpy() & work
+        if change.roof is not None:
+            mask &= np.nan_to_num(roofs, nan=np.inf) < change.roof if roofs is not None else False
+        return mask
     if change.key == "rank" and change.factor is not None:
         return work & (ev["rank"] == int(change.target)).to_numpy()
     return None
+
+
+def roof_shares(con: duckdb.DuckDBPyConnection, run_id: str, graph: Graph) -> np.ndarray:
+    """Per event of ``graph``, the percent of its roof its op shape reached (the roofline by shape: the op call
+    that launched it, by its op, input shapes and longest kernel; mean over the shape's rows weighted by time), NaN
+    where the roofline cannot cost it (the roofline's one-line error for a run without one)."""
+    from traceana.analyses import roofline
+
+    roof = roofline.measure(con, run_id).frame
+    keys = ["op", "input_dims", "kernel"]
+    shapes = roof.group_by(keys).agg(((pl.col("roof_pct") * pl.col("total_ms")).sum() / pl.col("total_ms").sum())
+                                     .alias("roof_pct"))
+    calls = con.sql("SELECT o.rank, o.event_id, k.op, k.input_dims, k.kernel FROM event_ops o JOIN op_kernels k "
+                    "USING (run_id, rank, op_id) WHERE o.run_id = ?", params=[run_id]).pl()
+    shares = calls.join(shapes, on=keys, nulls_equal=True).select("rank", "event_id", "roof_pct")
+    return (graph.events.select("rank", "event_id").join(shares, on=["rank", "event_id"], how="left",
+                                                         maintain_order="left")["roof_pct"]
+            .fill_null(np.nan).to_numpy())
 
 
 def _dims(graph: Graph) -> np.ndarray:
     return graph.events["dim"].fill_null("").str.split("-").list.first().fill_null("").to_numpy()
 
 
-def check_matches(graph: Graph, changes: list[Change]) -> None:
+def check_matches(graph: Graph, changes: list[Change], roofs: np.ndarray | None = None) -> None:
     """A one-line error for a change that matches nothing in the run, naming what the run has."""
     ev = graph.events
     for change in changes:
@@ -162,7 +197,7 @@ def check_matches(graph: Graph, changes: list[Change]) -> None:
                 raise TraceanaError(f"--change {change}: run {graph.run_id!r} has no host time between launches "
                                     "outside the optimizer and data loading")
             continue
-        mask = selected(graph, change)
+        mask = selected(graph, change, roofs)
         if mask is None or mask.any():
             continue
         comm = ev.filter(pl.col("category") == "comm")
@@ -183,14 +218,19 @@ def check_matches(graph: Graph, changes: list[Change]) -> None:
             like = difflib.get_close_matches(change.target.strip("*").lower(), [n.lower() for n in names], 3, 0.3)
             has = (f"no compute, copy or set kernel named so; the nearest: {', '.join(like)}" if like
                    else f"{len(names)} kernel names, none like it (`traceana kernels` lists them)")
+            if change.roof is not None and selected(graph, Change("kernel", change.target, 1.0)).any():
+                has = (f"no kernel so named below {change.roof:g}% of its roof that the roofline costs "
+                       "(`traceana kernels --roofline`)")
         else:
             has = f"no work on rank {change.target}"
         raise TraceanaError(f"--change {change}: matches nothing in run {graph.run_id!r}, which has {has}")
 
 
-def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame, roofs: np.ndarray | None = None
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(weights, kept edges, events that still end their window) after ``changes``. ``measured``: the run's
-    breakdown per rank and step (rank, pp, step, COMP_ns), for the median changes, which take each step's own."""
+    breakdown per rank and step (rank, pp, step, COMP_ns), for the median changes, which take each step's own;
+    ``roofs``: :func:`roof_shares`, for ``roof=`` changes."""
     weight = graph.weight.astype(np.float64)
     keep = np.ones(len(weight), bool)
     ends_window = np.ones(graph.n, bool)
@@ -204,8 +244,10 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame) -> tuple[n
         weight[hit] *= factor[length_of[hit]]
 
     for change in changes:
-        mask = selected(graph, change)
-        if change.key == "overlap":
+        mask = selected(graph, change, roofs)
+        if change.roof is not None:  # each event to the roof share: achieved / target of its time
+            scale(np.where(mask, np.nan_to_num(roofs, nan=change.roof) / change.roof, 1.0))
+        elif change.key == "overlap":
             out_of = np.zeros(graph.n_nodes, bool)
             out_of[graph.n + np.flatnonzero(mask)] = True
             keep &= ~(out_of[graph.src] & (graph.kind != dependency.STREAM))
@@ -297,11 +339,16 @@ def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[l
 
     base = base or baseline(con, run_id)
     m = base.measured
+    roofed = next((c for changes in change_sets for c in changes if c.roof is not None), None)
+    try:
+        roofs = roof_shares(con, run_id, base.graph) if roofed else None
+    except TraceanaError as e:
+        raise TraceanaError(f"--change {roofed}: {e}") from None
     edits = []
     for changes in change_sets:
         check_targets(changes, sorted(set(m["rank"].to_list())), set(m["pp"].to_list()), run_id, set(base.groups))
-        check_matches(base.graph, changes)
-        edits.append(replay.Edit(*edit(base.graph, changes, m)))
+        check_matches(base.graph, changes, roofs)
+        edits.append(replay.Edit(*edit(base.graph, changes, m, roofs)))
     changed, segments = replay.simulate(con, base.graph, edits, path_step)
     fixed = base.graph.windows.select("rank", "step", (pl.col("external_ns") / 1e6).alias("fixed_ms"))
     frames = [predicted(m, base.replayed, c).join(fixed, on=["rank", "step"], how="left")
