@@ -215,6 +215,33 @@ def test_a_kernel_to_a_share_of_its_roof(db: Path) -> None:
     assert out.returncode == 2 and "no roofline" in out.stderr and out.stderr.count("\n") == 1
 
 
+def test_dp_overlapped_with_the_backward_in_its_buckets(db: Path) -> None:
+    """tp2dp2_mlp reduces its gradients in two 1 MiB buckets a step after the backward (sample_traces/README.md;
+    counted here by SQL). overlap=DP:backward lets the first run beside the backward and keeps the last exposed:
+    per rank its predicted step lies between overlap=DP's (nothing waits for DP, the bound) and the measured one,
+    and a step gains at most its largest exposed DP time. advise proposes it with the buckets as evidence; a run with
+    one DP call a step (toy8) has no bucket before the last: a one-line error."""
+    with store.connect(db, read_only=True) as con:
+        calls = con.execute(
+            "SELECT count(*), min(c.bytes), max(c.bytes) FROM collectives c JOIN device_events e USING (run_id, "
+            "rank, event_id) JOIN step_windows w USING (run_id, rank) WHERE run_id = 'tp2dp2_mlp' AND w.step = 3 "
+            "AND c.dim = 'DP' AND e.start_ns >= w.start_ns AND e.start_ns < w.end_ns").fetchone()
+    assert calls == (8, 1 << 20, 1 << 20)  # 4 ranks x 2 buckets
+    keys = ["rank", "step"]
+    bucketed = _whatif(db, "tp2dp2_mlp", None, "overlap=DP:backward")
+    bound = _whatif(db, "tp2dp2_mlp", None, "overlap=DP").select(*keys, pl.col("predicted_TOTAL_ms").alias("bound"))
+    both = bucketed.join(bound, on=keys)
+    assert (both["bound"] <= both["predicted_TOTAL_ms"] + 1e-6).all()
+    assert (both["predicted_TOTAL_ms"] <= both["TOTAL_ms"] + 1e-6).all()
+    gains = both.group_by("step").agg((pl.col("TOTAL_ms") - pl.col("predicted_TOTAL_ms")).max().alias("gain"),
+                                      pl.col("DP_WAIT_ms").max())  # a rank also waits (on TP) for a peer's DP
+    assert (gains["gain"] <= gains["DP_WAIT_ms"] + 1e-3).all() and (gains["gain"] > 1).all()
+    row = _finding(db, "tp2dp2_mlp", "exposed DP communication, overlapped with the backward")
+    assert row["change"] == "overlap=DP:backward" and "2 buckets a step of 1 MiB" in row["evidence"]
+    out = run_cli("whatif", "toy8_tp2pp2dp2_1f1b", "--change", "overlap=DP:backward", "--db", db, check=False)
+    assert out.returncode == 2 and "one DP collective a step" in out.stderr
+
+
 def test_advise_prices_cuda_graphs_below_the_host_zero_bound(db: Path) -> None:
     """h200_hostbound: host=0 is the upper bound; CUDA graphs (host=capturable:0) keep the optimizer's host time,
     so they predict a longer step, by at most that time (the Optimizer.* annotations in the step, by SQL)."""

@@ -53,7 +53,7 @@ def whatif(
                                               "pg=ID:0.5, link=0-4:2, kernel=*flash*:0.8, kernel=*flash*:roof=60, "
                                               "host=0, host=capturable:0, rank=5:median, rank=5:1.4, "
                                               "rank=*:median, stage=0:median, "
-                                              "overlap=DP. Repeat to compose.")] = ...,
+                                              "overlap=DP, overlap=DP:backward. Repeat to compose.")] = ...,
     step: OneStepOption = None,
     plot: Annotated[Path | None, plot_option("measured vs predicted per rank, grouped by stage")] = None,
     json: JsonOption = False,

@@ -303,7 +303,8 @@ class Tools:
                    "link=0-4:2 (the link between ranks 0 and 4 at half speed), "
                    "kernel=*flash*:0.8 (fnmatch), kernel=*flash*:roof=60 (to 60% of the roof), host=0 (no host "
                    "time between launches), rank=5:median, rank=5:1.4, rank=*:median, stage=0:median, "
-                   "overlap=DP (DP no longer waited for)."))],
+                   "overlap=DP (DP no longer waited for), overlap=DP:backward (all DP buckets but each step's last "
+                   "beside the backward)."))],
                run_id: RunId = None, step: Step = None, top: Top("ranks (the largest gain kept)") = 16) -> str:
         """Predict one step (default: the second) after the changes: measured_step_ms and predicted_step_ms (the
         median rank's TOTAL) with error_bar_ms (the plain replay's residual), per rank and per stage the measured

@@ -10,10 +10,11 @@ Findings looked for, on one step (the second, or the only one), one function eac
   host time before a step's first launch), never across a host synchronization (``syncs``), so its gain is at most
   host=0's;
 - exposed communication per dim (:func:`exposed`): a dim's WAIT share -> that dim's transfers 2x faster; for DP
-  (gradients, which nothing in the step consumes at once), where some of it already runs beside compute, also fully
-  overlapped; OTHER_WAIT (a dim no layout or process group names) -> ``dim=UNKNOWN:0.5``, its evidence the ops
-  behind it and what would name the dim; EP's evidence the load behind it (each rank's AllToAll bytes) and the
-  ranks it waits for;
+  (gradients, which nothing in the step consumes at once) sent in several buckets, the buckets before the last
+  overlapped with the backward (``overlap=DP:backward``; its evidence the measured buckets), and where some of it
+  already runs beside compute, also fully overlapped (``overlap=DP``, the bound); OTHER_WAIT (a dim no layout or
+  process group names) -> ``dim=UNKNOWN:0.5``, its evidence the ops behind it and what would name the dim; EP's
+  evidence the load behind it (each rank's AllToAll bytes) and the ranks it waits for;
 - straggler ranks (:func:`stragglers`): stragglers view, COMP above the group's median -> each such rank (and all of
   them) to the median;
 - slow process groups and links (:func:`slow_links`): comm slow links -> the group at its peers' bandwidth
@@ -144,7 +145,12 @@ def exposed(con: duckdb.DuckDBPyConnection, run_id: str, step: int, measured: pl
             continue
         if dim == "EP":
             evidence += _ep_load(con, run_id, step, measured)
-        out.append((f"exposed {dim} communication", evidence, [f"dim={dim}:0.5"]))
+        buckets, bucketed = _dp_buckets(con, run_id, step) if dim == "DP" else ("", False)
+        out.append((f"exposed {dim} communication", evidence + buckets, [f"dim={dim}:0.5"]))
+        if bucketed:
+            out.append(("exposed DP communication, overlapped with the backward", f"{evidence}{buckets}; "
+                        "the buckets before each step's last run beside the backward, the last stays exposed",
+                        ["overlap=DP:backward"]))
         overlapped = _dp_overlapped(con, run_id, step) if dim == "DP" else 0.0
         if overlapped > OVERLAPPABLE:
             # only gradient sync can run beside other work (TP, CP, EP, PP outputs are consumed next), and only
@@ -421,6 +427,47 @@ def _row(measured_ms: float, interval: Interval) -> dict:
 def split(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(findings whose gain's interval reaches above zero, those checked with no gain possible at its level)."""
     return frame.filter(pl.col("gain_high_ms") > 0), frame.filter(pl.col("gain_high_ms") <= 0)
+
+
+def _dp_buckets(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> tuple[str, bool]:
+    """(evidence, whether the gradients go in several buckets): the step's DP collectives per rank (mean count,
+    sizes, transfer time before the last bucket and the last's), against the compute they would run beside (the
+    backward's where the trace marks it, else the step's)."""
+    rows = con.execute("""
+        WITH dp AS (
+            SELECT c.rank, c.bytes, e.start_ns, e.end_ns - e.start_ns AS ns,
+                   row_number() OVER (PARTITION BY c.rank ORDER BY e.start_ns DESC) = 1 AS last
+            FROM collectives c
+            JOIN device_events e ON e.run_id = c.run_id AND e.rank = c.rank AND e.event_id = c.event_id
+            JOIN step_windows w ON w.run_id = c.run_id AND w.rank = c.rank AND e.start_ns >= w.start_ns
+                               AND e.start_ns < w.end_ns
+            WHERE c.run_id = $run AND w.step = $step AND split_part(c.dim, '-', 1) = 'DP'
+        ), compute AS (
+            SELECT sum(e.end_ns - e.start_ns) FILTER (WHERE s.phase = 'backward') AS backward,
+                   sum(e.end_ns - e.start_ns) AS comp
+            FROM device_events e
+            JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns >= w.start_ns
+                               AND e.start_ns < w.end_ns
+            LEFT JOIN event_scopes s ON s.run_id = e.run_id AND s.rank = e.rank AND s.event_id = e.event_id
+            WHERE e.run_id = $run AND w.step = $step AND e.category = 'compute'
+        )
+        SELECT count(*) / count(DISTINCT d.rank), min(d.bytes), max(d.bytes),
+               sum(d.ns) FILTER (WHERE NOT d.last) / count(DISTINCT d.rank) / 1e6,
+               sum(d.ns) FILTER (WHERE d.last) / count(DISTINCT d.rank) / 1e6,
+               any_value(c.backward) / count(DISTINCT d.rank) / 1e6, any_value(c.comp) / count(DISTINCT d.rank) / 1e6
+        FROM dp d CROSS JOIN compute c""", {"run": run_id, "step": step}).fetchall()[0]
+    calls, low, high, before_ms, last_ms, backward_ms, comp_ms = rows
+    if not calls:
+        return "", False
+    sizes = _size(low) if low == high else f"{_size(low)} to {_size(high)}" if low is not None else "unknown size"
+    if calls < 2:
+        return (f"; its gradients go in one {sizes} call a step (collectives): bucketing it (DDP's bucket_cap_mb) "
+                "would let all but the last bucket run beside the backward, which this trace has no buckets to "
+                "price"), False
+    beside = (f"{backward_ms:.2f} ms of backward compute" if backward_ms else
+              f"{comp_ms or 0:.2f} ms of the step's compute (the trace does not mark the backward)")
+    return (f"; the gradients go in {calls:g} buckets a step of {sizes} (collectives): {before_ms:.2f} ms of "
+            f"transfer before the last, {last_ms:.2f} ms the last, per rank, against {beside}"), True
 
 
 def _dp_overlapped(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> float:

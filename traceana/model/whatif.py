@@ -21,7 +21,10 @@ A change is ``KEY=TARGET[:FACTOR]``; several compose, applied in the order given
                        without a layout), step by step; ``rank=*:median`` every rank to its stage's median;
                        ``rank=5:1.4`` rank 5's work 1.4x (`traceana predict` gives each rank its own factor)
 - ``stage=0:median``   the stage's ranks scaled so its mean COMP is the median of the other stages' means
-- ``overlap=DP``       nothing waits for DP communication any more: it runs in the background
+- ``overlap=DP``       nothing waits for DP communication any more: it runs in the background (the bound)
+- ``overlap=DP:backward`` the gradient reduce overlapped with the backward in the measured buckets: each rank-step's
+                       DP collectives but its last (whose gradients the backward makes last) ran beside the backward,
+                       so nothing waits or queues behind them; the last stays where it is, exposed
 
 The prediction is the measured step moved by the replayed gain: ``measured + (what-if replay - replay)``, part by
 part, so the residual of the plain replay cancels; that residual is its error bar. What the graph cannot predict:
@@ -57,6 +60,7 @@ class Change:
     target: str
     factor: float | None   # None: to the median (or, with roof, to that share of the roof)
     roof: float | None = None  # kernel=PATTERN:roof=P: the percent of their roof the matched kernels reach
+    backward: bool = False     # overlap=DP:backward: every DP collective of a rank-step but its last
 
     def __str__(self) -> str:
         if self.roof is not None:
@@ -64,7 +68,7 @@ class Change:
         if self.key == "host":
             return f"host={self.target + ':' if self.target else ''}{self.factor:g}"
         if self.key == "overlap":
-            return f"overlap={self.target}"
+            return f"overlap={self.target}{':backward' if self.backward else ''}"
         return f"{self.key}={self.target}:{'median' if self.factor is None else f'{self.factor:g}'}"
 
 
@@ -80,10 +84,12 @@ def parse(spec: str) -> Change:
             raise TraceanaError(f"--change {spec!r}: host takes a factor (host=0) or host=capturable:FACTOR")
         return Change(key, "capturable" if colon else "", _factor(spec, amount))
     if key == "overlap":
-        dim = value.strip().upper()
+        dim, colon, scope = value.strip().upper().partition(":")
         if dim not in DIMS[:-1]:
             raise TraceanaError(f"--change {spec!r}: overlap takes a dim: {', '.join(DIMS[:-1])}")
-        return Change(key, dim, 0.0)
+        if colon and (scope != "BACKWARD" or dim != "DP"):
+            raise TraceanaError(f"--change {spec!r}: overlap takes a dim (overlap=TP), or overlap=DP:backward")
+        return Change(key, dim, 0.0, backward=bool(colon))
     target, colon, amount = value.rpartition(":")
     if not colon or not target:
         raise TraceanaError(f"--change {spec!r}: expected {key}=TARGET:FACTOR")
@@ -181,6 +187,15 @@ def roof_shares(con: duckdb.DuckDBPyConnection, run_id: str, graph: Graph) -> np
             .fill_null(np.nan).to_numpy())
 
 
+def but_last(graph: Graph, mask: np.ndarray) -> np.ndarray:
+    """``mask`` without each rank-step's last event of it (the latest start)."""
+    rows = graph.events.select("rank", "step", "start_ns").with_row_index("i").filter(pl.Series(mask))
+    last = rows.sort("start_ns").group_by("rank", "step").agg(pl.col("i").last())["i"].to_numpy()
+    out = mask.copy()
+    out[last] = False
+    return out
+
+
 def _dims(graph: Graph) -> np.ndarray:
     return graph.events["dim"].fill_null("").str.split("-").list.first().fill_null("").to_numpy()
 
@@ -198,6 +213,9 @@ def check_matches(graph: Graph, changes: list[Change], roofs: np.ndarray | None 
                                     "outside the optimizer and data loading")
             continue
         mask = selected(graph, change, roofs)
+        if change.backward and mask.any() and not but_last(graph, mask).any():
+            raise TraceanaError(f"--change {change}: run {graph.run_id!r} reduces its gradients in one DP collective "
+                                "a step: no bucket runs before the last (`overlap=DP` is the bound)")
         if mask is None or mask.any():
             continue
         comm = ev.filter(pl.col("category") == "comm")
@@ -247,6 +265,12 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame, roofs: np.
         mask = selected(graph, change, roofs)
         if change.roof is not None:  # each event to the roof share: achieved / target of its time
             scale(np.where(mask, np.nan_to_num(roofs, nan=change.roof) / change.roof, 1.0))
+        elif change.backward:  # the buckets before the last ran beside the backward: nothing waits or queues on them
+            early = but_last(graph, mask)
+            out_of = np.zeros(graph.n_nodes, bool)
+            out_of[graph.n + np.flatnonzero(early)] = True
+            keep &= ~out_of[graph.src]
+            ends_window &= ~early
         elif change.key == "overlap":
             out_of = np.zeros(graph.n_nodes, bool)
             out_of[graph.n + np.flatnonzero(mask)] = True
