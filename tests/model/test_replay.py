@@ -353,10 +353,33 @@ def test_advise_checks_a_slow_rank_pair_by_its_link(db: Path) -> None:
     assert row["predicted_step_ms"] == pytest.approx(predicted[step], rel=1e-6)
 
 
+def test_advise_without_a_config_infers_it_and_gates_micro_batches_by_memory(db: Path) -> None:
+    """h200_gpt without --config: advise infers the job as `predict` does (2 micro-batches of 2 a step); its memory
+    peak (7.0 GB of the H200's 141 GB, the memory table's maximum by SQL) leaves room, so larger micro-batches are a
+    finding, priced by predict: `traceana predict --set parallel.micro_batch=4` gives the same step and interval."""
+    with store.connect(db, read_only=True) as con:
+        _, found = advise.findings(con, "h200_gpt")
+        peak = con.execute("SELECT max(greatest(allocated_bytes, coalesce(reserved_bytes, 0))) / 1e9 FROM memory "
+                           "WHERE run_id = 'h200_gpt'").fetchone()[0]
+    row = found.filter(pl.col("finding") == "memory headroom: larger micro-batches").row(0, named=True)
+    assert row["change"] == "parallel.micro_batch=4" and f"peak {peak:.1f} GB of 141 GB" in row["evidence"]
+    assert "config inferred from the trace" in row["evidence"]
+    code, out, err = run_main("predict", "h200_gpt", "--set", "parallel.micro_batch=4", "--json", "--db", db)
+    assert code == 0, err
+    (total,) = [r for r in json.loads(out)["step"] if r["dim"] == "TOTAL"]
+    scale = row["measured_step_ms"] / total["measured_A_ms"]
+    for ours, theirs in (("predicted_step_ms", "predicted_B_ms"), ("low", "low"), ("high", "high")):
+        assert row[ours] == pytest.approx(total[theirs] * scale, rel=1e-9)
+    with store.connect(db, read_only=True) as con:  # a run whose job cannot be inferred keeps the graph's findings
+        _, found = advise.findings(con, "h200_hostbound")
+    assert not found.filter(pl.col("graph").str.starts_with("predict")).height
+
+
 def test_advise_with_a_config_prices_the_estimators_candidates_by_predict(db: Path) -> None:
     """toy8 (pp=2, 1F1B) with its estimator config: schedule and layout candidates are priced by predict (the
-    estimator only screens them), so a schedule finding equals what `traceana predict --set` says for the same change,
-    scaled from predict's step (the stages' mean over the run) to advise's (the median rank of the step)."""
+    estimator only screens them), each change written as the `--set` arguments that make it, so every such finding
+    equals what `traceana predict --set CHANGE` says, scaled from predict's step (the stages' mean over the run) to
+    advise's (the median rank of the step)."""
     from tests.conftest import ROOT
 
     cfg = ROOT / "sample_traces" / "configs" / "toy8_tp2pp2dp2_1f1b.yaml"
@@ -364,14 +387,16 @@ def test_advise_with_a_config_prices_the_estimators_candidates_by_predict(db: Pa
         _, found = advise.findings(con, "toy8_tp2pp2dp2_1f1b", config_path=str(cfg))
     by_predict = found.filter(pl.col("graph").str.starts_with("predict"))
     assert {"pipeline bubble: schedule zb-h1", "a faster layout"} <= set(by_predict["finding"])
-    row = by_predict.filter(pl.col("finding") == "pipeline bubble: schedule zb-h1").row(0, named=True)
-    code, out, _ = run_main("predict", "toy8_tp2pp2dp2_1f1b", "--config", cfg, "--set", "schedule.kind=zb-h1",
-                            "--json", "--db", db)
-    assert code == 0
-    (total,) = [r for r in json.loads(out)["step"] if r["dim"] == "TOTAL"]
-    scale = row["measured_step_ms"] / total["measured_A_ms"]
-    for ours, theirs in (("predicted_step_ms", "predicted_B_ms"), ("low", "low"), ("high", "high")):
-        assert row[ours] == pytest.approx(total[theirs] * scale, rel=1e-9)
+    changes = dict(by_predict.select("finding", "change").iter_rows())
+    assert changes["pipeline bubble: schedule zb-h1"] == "schedule.kind=zb-h1"
+    for row in by_predict.iter_rows(named=True):
+        sets = [arg for spec in row["change"].split() for arg in ("--set", spec)]
+        code, out, err = run_main("predict", "toy8_tp2pp2dp2_1f1b", "--config", cfg, *sets, "--json", "--db", db)
+        assert code == 0, err
+        (total,) = [r for r in json.loads(out)["step"] if r["dim"] == "TOTAL"]
+        scale = row["measured_step_ms"] / total["measured_A_ms"]
+        for ours, theirs in (("predicted_step_ms", "predicted_B_ms"), ("low", "low"), ("high", "high")):
+            assert row[ours] == pytest.approx(total[theirs] * scale, rel=1e-9), row["change"]
     assert (by_predict["gain_ms"] > 0).all()
     lower = found["gain_low_ms"].to_list()  # ranked by the lower end of the gain's interval
     assert lower == sorted(lower, reverse=True)

@@ -104,9 +104,10 @@ def whatif(
 def advise(
     run: RunArgument = None,
     step: OneStepOption = None,
-    config: Annotated[Path | None, typer.Option("--config", help="The job's estimator YAML: add the changes only "
+    config: Annotated[Path | None, typer.Option("--config", help="The job's estimator YAML, for the changes only "
                                                 "the estimator predicts (rebalanced layers, micro-batches, schedule, "
-                                                "layout).")] = None,
+                                                "recompute, layout); default: inferred from the trace where it can "
+                                                "be, as predict does.")] = None,
     roof_target: Annotated[float | None, typer.Option("--roof-target", help="Price kernels below their roof at "
                                                       "this percent of it (default: what the run's best op of "
                                                       "the same bound, compute or memory, reaches).")] = None,

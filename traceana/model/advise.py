@@ -52,6 +52,7 @@ STRAGGLER_PCT = 5.0   # COMP this far above the group's median (and a rank's EP 
 OVERLAPPABLE = 0.05   # the share of DP communication that already runs beside compute, for an overlap what-if
 SLOW_LINK_PCT = 20.0  # a process group this far below its peers' median bandwidth
 HEADROOM = 0.7        # a measured peak below this share of the device's memory leaves room
+INFERRED = "the config inferred from the trace"  # a config's source when advise inferred it (see predict)
 KERNEL_TOP = 3        # op shapes priced, by the time reaching their target share of the roof would save
 KERNEL_SHARE = 0.01   # ... each saving at least this share of the step; an op shape sets its family's target with
                       # at least this share of the run's costed kernel time
@@ -70,12 +71,13 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
         raise TraceanaError(f"--roof-target {roof_target:g}: a percent of the roof, 0 < P <= 100")
     step = critical_path.default_step(con, run_id) if step is None else step
     check_step(con, run_id, step)
-    cfg = None
     if config_path is not None:  # refuse a config that does not describe the run before any search
         from traceana.model.compare import check_matches
 
         cfg = config.load(config_path)
         check_matches(con, run_id, cfg)
+    else:
+        cfg = _inferred(con, run_id)
     platform = platform_of(con, run_id)
     measured = con.sql("SELECT * FROM rank_step_breakdown WHERE run_id = $run AND step = $step",
                        params={"run": run_id, "step": step}).pl()
@@ -484,6 +486,38 @@ def _graph_note(g: Graph) -> str:
             f"{g.counts.get('unexplained', 0)} unexplained holds")
 
 
+def _inferred(con: duckdb.DuckDBPyConnection, run_id: str) -> config.Config | None:
+    """The job's config as `predict` without --config infers it from the trace, or None where the trace cannot say
+    (no hardware profile for its device, no layout for its ranks, no recorded shapes): then only the graph's
+    findings, as before a config was given."""
+    from traceana.analyses.job import infer
+
+    try:
+        return config.from_dict(infer(con, run_id).raw, INFERRED)
+    except TraceanaError:
+        return None
+
+
+def set_specs(cfg: config.Config, candidate: config.Config) -> list[str]:
+    """The `predict --set` arguments (SECTION.KEY=VALUE, the value as YAML) that turn ``cfg`` into ``candidate``:
+    every field of parallel and schedule (recompute's within it) that differs."""
+    import dataclasses
+
+    import yaml
+
+    def text(value: object) -> str:
+        value = list(value) if isinstance(value, tuple) else value
+        return yaml.safe_dump(value, default_flow_style=True).removesuffix("\n...\n").strip()
+
+    def diff(path: str, a: object, b: object) -> list[str]:
+        if dataclasses.is_dataclass(a) and dataclasses.is_dataclass(b):
+            return [spec for f in dataclasses.fields(a)
+                    for spec in diff(f"{path}.{f.name}", getattr(a, f.name), getattr(b, f.name))]
+        return [] if a == b else [f"{path}={text(b)}"]
+
+    return diff("parallel", cfg.parallel, candidate.parallel) + diff("schedule", cfg.schedule, candidate.schedule)
+
+
 def estimator_findings(con: duckdb.DuckDBPyConnection, run_id: str, cfg: config.Config, measured_step_ms: float,
                        stage_comp_ms: dict[int, float], pp_wait_share: float,
                        peak_bytes: int | None = None) -> list[dict]:
@@ -492,28 +526,41 @@ def estimator_findings(con: duckdb.DuckDBPyConnection, run_id: str, cfg: config.
     spare less recompute or larger micro-batches, the fastest layout `search` finds that fits). The estimator only
     screens (a candidate it says is no faster, or that does not fit, is dropped); each kept one is priced by
     :func:`predict.predict` from this run, so its interval is predict's (calibrated per kind of change), scaled from
-    predict's step (the stages' mean over the run) to this step's median rank."""
+    predict's step (the stages' mean over the run) to this step's median rank. Each change is written as the
+    ``--set`` arguments that make it (:func:`set_specs`): `traceana predict --set ...` reproduces it."""
     from dataclasses import replace
 
     from traceana.estimator import estimate, search
 
     now = estimate.estimate(cfg)
     rows: list[dict] = []
+    seen: list[tuple] = []  # (parallel, schedule) of the candidates kept: one finding a candidate
+    source = ("; config inferred from the trace (as `predict` without --config; its notes say what was assumed)"
+              if cfg.source == INFERRED else "")
 
-    def consider(finding: str, evidence: str, change: str, candidate: config.Config) -> None:
+    def consider(finding: str, evidence: str, candidate: config.Config) -> None:
         try:
             config.validate(candidate)
             new = estimate.estimate(candidate)
         except TraceanaError:
             return
-        if not new.fits or new.step_s >= now.step_s:
+        key = (candidate.parallel, candidate.schedule)
+        if not new.fits or new.step_s >= now.step_s or key in seen:
             return
-        total = predict.predict(con, run_id, cfg, candidate).step.filter(pl.col("dim") == "TOTAL").row(0, named=True)
+        seen.append(key)
+        change = " ".join(set_specs(cfg, candidate))
+        result = predict.predict(con, run_id, cfg, candidate)
+        total = result.step.filter(pl.col("dim") == "TOTAL").row(0, named=True)
+        peak = result.memory["predicted_B_MiB"]
+        if peak is not None:  # predict scales the measured peak: a candidate it says would not fit is dropped too
+            if peak * 2**20 > cfg.hardware.hbm_gb * 1e9:
+                return
+            evidence += f"; predicted peak memory {peak * 2**20 / 1e9:,.1f} GB of {cfg.hardware.hbm_gb:g} GB"
         scale = measured_step_ms / total["measured_A_ms"]
         interval = Interval(total["predicted_B_ms"] * scale, total["low"] * scale, total["high"] * scale,
                             total["level"], {"predict": f"{cfg.source} -> {change}, x{scale:.3f} to this step"})
         rows.append({"finding": finding, "evidence": f"{evidence}; estimator {now.step_s * 1e3:.2f} -> "
-                     f"{new.step_s * 1e3:.2f} ms", "change": change, "measured_step_ms": measured_step_ms,
+                     f"{new.step_s * 1e3:.2f} ms{source}", "change": change, "measured_step_ms": measured_step_ms,
                      **_row(measured_step_ms, interval), "error_bar_ms": (interval.high - interval.low) / 2,
                      "graph": f"predict ({predict.kind_of(cfg, candidate)} change)"})
 
@@ -522,32 +569,28 @@ def estimator_findings(con: duckdb.DuckDBPyConnection, run_id: str, cfg: config.
         slow = max(stage_comp_ms, key=stage_comp_ms.__getitem__)
         consider("layers unbalanced between stages", f"stage_breakdown: stage {slow} COMP {stage_comp_ms[slow]:.2f} "
                  f"ms, stages' median {float(np.median(list(stage_comp_ms.values()))):.2f} ms",
-                 "schedule.stage_layers: ppb", replace(cfg, schedule=replace(s, stage_layers="ppb", layer_offset=None)))
+                 replace(cfg, schedule=replace(s, stage_layers="ppb", layer_offset=None)))
     if p.pp > 1 and p.micro_batch > 1 and pp_wait_share > WAIT_SHARE:
-        consider("pipeline bubble", f"rank_step_breakdown: PP_WAIT {100 * pp_wait_share:.0f}% of the step",
-                 f"parallel.micro_batch: {p.micro_batch // 2} ({2 * p.micro_batches} micro-batches)",
+        consider("pipeline bubble", f"rank_step_breakdown: PP_WAIT {100 * pp_wait_share:.0f}% of the step; "
+                 f"{2 * p.micro_batches} micro-batches of {p.micro_batch // 2}",
                  replace(cfg, parallel=replace(p, micro_batch=p.micro_batch // 2)))
     if p.pp > 1 and pp_wait_share > WAIT_SHARE:
         for kind, vpp in (("interleaved", 2), ("zb-h1", 1)):
             if kind != s.kind:
                 consider(f"pipeline bubble: schedule {kind}", f"rank_step_breakdown: PP_WAIT {100 * pp_wait_share:.0f}%"
-                         " of the step", f"schedule.kind: {kind}" + (f", parallel.vpp: {vpp}" if vpp > 1 else ""),
-                         replace(cfg, schedule=replace(s, kind=kind), parallel=replace(p, vpp=vpp)))
+                         " of the step", replace(cfg, schedule=replace(s, kind=kind), parallel=replace(p, vpp=vpp)))
     limit = cfg.hardware.hbm_gb * 1e9
     if peak_bytes is not None and peak_bytes < HEADROOM * limit:
         evidence = (f"memory: peak {peak_bytes / 1e9:.1f} GB of {cfg.hardware.hbm_gb:g} GB "
                     f"({100 * peak_bytes / limit:.0f}%)")
         if s.recompute.kind != "none":
-            consider("memory headroom: recompute less", evidence, "schedule.recompute: none",
+            consider("memory headroom: recompute less", evidence,
                      replace(cfg, schedule=replace(s, recompute=replace(s.recompute, kind="none"))))
         if p.global_batch % (2 * p.micro_batch * p.dp) == 0:
-            consider("memory headroom: larger micro-batches", evidence, f"parallel.micro_batch: {2 * p.micro_batch}",
+            consider("memory headroom: larger micro-batches", evidence,
                      replace(cfg, parallel=replace(p, micro_batch=2 * p.micro_batch)))
     best = search.search(cfg, top=1).best
     if best:
-        q = best[0].config.parallel
-        schedule = best[0].config.schedule
-        consider("a faster layout", f"measured step {measured_step_ms:.2f} ms", f"tp{q.tp} cp{q.cp} pp{q.pp} dp{q.dp} "
-                 f"ep{q.ep} vpp{q.vpp} mb{q.micro_batch} {schedule.kind} recompute:{schedule.recompute.kind}",
+        consider("a faster layout", f"measured step {measured_step_ms:.2f} ms; search's fastest that fits",
                  best[0].config)
     return rows
