@@ -1,10 +1,10 @@
 -- event_launchers: each device event and the host range that launched it, where the store links the two, with
 -- where on the host the launch was. Kineto: the CPU op whose External id the kernel carries (event_ops.op_id); the
 -- launch is its runtime call's start (device_events.launch_ns), which lies inside the op, or the op's start where the
--- call was not recorded. Otherwise (nsys), an event whose runtime call is recorded with its thread
+-- call was not recorded. An event without such an op (nsys) whose runtime call is recorded with its thread
 -- (device_events.launch_thread) is linked to the innermost range open on that thread at launch_ns: of those whose
--- start_ns <= launch_ns <= end_ns, the latest to start. An export draws an arrow from there to the event, so a slow
--- kernel leads back to its op or NVTX range and its layer.
+-- start_ns <= launch_ns <= end_ns, the latest to start (at a tie, the shorter). An export draws an arrow from there
+-- to the event, so a slow kernel leads back to its op or NVTX range and its layer.
 -- The innermost range comes from a sweep, not a range join (which would pair each launch with every range of its
 -- thread): ranges open (+1) at their start and close (-1) at their end; a launch inside d ranges lies in the last
 -- range to open at level d before it (an ASOF join). Ties: opens (the longer first), then launches, then closes, as
