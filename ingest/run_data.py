@@ -32,6 +32,7 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     "device_events": {
         "rank": pl.Int32(), "event_id": pl.Int64(), "stream": pl.Int64(), "start_ns": pl.Int64(),
         "end_ns": pl.Int64(), "name": pl.String(), "category": pl.String(), "launch_ns": pl.Int64(),
+        "launch_thread": pl.Int64(),
     },
     "collectives": {
         "rank": pl.Int32(), "event_id": pl.Int64(), "op": pl.String(), "kernel_op": pl.String(),

@@ -194,11 +194,11 @@ def _nvtx_scopes(device: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
     """event_scopes' nvtx: the NVTX ranges open on each event's launching thread when its runtime call ran, as a
     path outermost first (ingest/scopes.py), a named domain's range as 'domain:name' so domains stay apart."""
     con = duckdb.connect()
-    con.register("device", device.select("rank", "event_id", "pid", "launch_tid", "launch_ns", "correlationId"))
+    con.register("device", device.select("rank", "event_id", "pid", "launch_thread", "launch_ns", "correlationId"))
     con.register("nvtx", ranges.select("pid", "tid", "start_ns", "end_ns", "name", "domain"))
     ranges_sql = ("(SELECT pid, tid, start_ns, end_ns, CASE WHEN domain IS NULL THEN name "
                   "ELSE domain || ':' || name END AS name FROM nvtx)")
-    points = ("(SELECT DISTINCT pid, launch_tid AS tid, launch_ns AS t, correlationId AS id FROM device "
+    points = ("(SELECT DISTINCT pid, launch_thread AS tid, launch_ns AS t, correlationId AS id FROM device "
               "WHERE launch_ns IS NOT NULL)")
     return con.sql(f"""SELECT d.rank, d.event_id, s.path AS nvtx
         FROM ({open_ranges_sql(ranges_sql, points, "pid, tid")}) s

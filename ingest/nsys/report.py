@@ -221,7 +221,7 @@ _RANGE_SCHEMA = {"pid": _I64, "tid": _I64, "start_ns": _I64, "end_ns": _I64, "na
                  "args": _STR}
 _DEVICE_SCHEMA = {"pid": _I64, "device": _I64, "stream": _I64, "start_ns": _I64, "end_ns": _I64, "name": _STR,
                   "category": _STR, "op": _STR, "kernel_op": _STR, "dtype": _STR, "evidence": _STR,
-                  "launch_ns": _I64, "launch_tid": _I64, "correlationId": _I64}
+                  "launch_ns": _I64, "launch_thread": _I64, "correlationId": _I64}
 
 
 def _no_device() -> pl.DataFrame:
@@ -231,13 +231,13 @@ def _no_device() -> pl.DataFrame:
 def _with_collectives(device: pl.DataFrame, runtime: pl.DataFrame | None, ranges: pl.DataFrame | None,
                       rules: list[Rule]) -> pl.DataFrame:
     """Classify every device event; add op, kernel_op, dtype and evidence to the communication ones, and the time
-    of the runtime call that launched each event and its thread (launch_ns, launch_tid, by pid and correlationId:
+    of the runtime call that launched each event and its thread (launch_ns, launch_thread, by pid and correlationId:
     the earliest, where a 2022.x export writes a call twice; where every correlationId is once, no grouping is
     needed)."""
     device = with_classes(device, "short", rules)
     launches = _launches(runtime, device["correlationId"])
     if launches is not None:
-        first = launches.select("pid", "correlationId", "launch_ns", pl.col("tid").alias("launch_tid"))
+        first = launches.select("pid", "correlationId", "launch_ns", pl.col("tid").alias("launch_thread"))
         if first["correlationId"].n_unique() < first.height:
             first = first.sort("launch_ns").group_by("pid", "correlationId").first()
         device = device.join(first, on=["pid", "correlationId"], how="left")

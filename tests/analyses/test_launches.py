@@ -11,7 +11,9 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import sqlite3
 import statistics
+from collections import Counter
 from pathlib import Path
 
 import duckdb
@@ -30,6 +32,7 @@ from traceana.synth.schedule import LAUNCH_LEAD_NS
 GPT = TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz"
 HTA16 = TRACES / "kineto" / "hta_rank0of16_a2a_rs_ag.json.gz"
 HTA3 = TRACES / "kineto" / "hta_rank3of8_6steps.json.gz"
+H100 = TRACES / "nsys" / "nsysai_h100_2proc_nsys2026.2.sqlite"
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +40,33 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ingested(tmp_path_factory.mktemp("launches") / "t.duckdb", {
         "gpt": (GPT, None), "hta16": (HTA16, None), "hta3": (HTA3, None),
         "cpu": (SAMPLES / "moe_skewed", EXPERIMENTS["moe_skewed"][0])})
+
+
+@pytest.fixture(scope="module")
+def nsys_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not H100.exists():
+        pytest.skip(f"{H100} is not here")
+    return ingested(tmp_path_factory.mktemp("nsys") / "n.duckdb", {"h100": (H100, None)})
+
+
+def raw_nvtx_launchers(report: Path, kinds: tuple[str, ...] = ("KERNEL", "MEMCPY", "MEMSET")) -> Counter:
+    """(start, end) of each device event of an nsys export whose runtime call is recorded, with the thread, start
+    and end of the innermost NVTX range around that call (None where no range holds it), read from the raw tables
+    with sqlite3: the event's correlationId -> the runtime record of that id in its process -> the NVTX ranges of
+    the call's thread (globalTid) with start <= the call's start <= end, the latest to start (at a tie the
+    shorter)."""
+    events = " UNION ALL ".join(f"SELECT start, end, correlationId, globalPid FROM CUPTI_ACTIVITY_KIND_{k}"
+                                for k in kinds)
+    with sqlite3.connect(f"file:{report}?mode=ro", uri=True) as raw:
+        rows = raw.execute(f"""
+            SELECT e.start, e.end, (SELECT json_array(n.globalTid & 16777215, n.start, n.end) FROM NVTX_EVENTS n
+                                    WHERE n.globalTid = r.globalTid AND n.eventType IN (59, 60) AND n.end IS NOT NULL
+                                      AND n.start <= r.start AND r.start <= n.end
+                                    ORDER BY n.start DESC, n.end LIMIT 1)
+            FROM ({events}) e
+            JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = e.correlationId
+                                              AND r.globalTid >> 24 = e.globalPid >> 24""").fetchall()
+    return Counter((start, end, tuple(json.loads(found)) if found else None) for start, end, found in rows)
 
 
 def _raw_launches(trace: Path) -> list[tuple[int, int, int, int]]:
@@ -234,3 +264,43 @@ def test_a_timelines_host_lanes_and_the_ops_that_launched_its_longest_kernels(db
     for launch in launches.iter_rows(named=True):
         name, start, end = by_start[launch["start_ns"]]
         assert launch["op"] == name and start <= launch["launch_ns"] <= end
+
+
+def test_nsys_events_are_linked_to_the_innermost_nvtx_range_on_their_launching_thread(nsys_db: Path) -> None:
+    """Issue 34 item 2 for nsys: every device event of the shared 2xH100 export whose runtime call is recorded (1,046
+    of 2,184 a rank; the capture window cut off the others' calls) is linked by event_launchers to the innermost
+    NVTX range open on the call's thread at its start, the same range, for every one of them, that the raw export
+    gives by a second route (correlationId -> runtime record -> NVTX ranges of its globalTid, in SQLite)."""
+    with store.connect(nsys_db, read_only=True) as con:
+        counts = con.execute("""SELECT count(*), count(l.event_id), count(l.event_id) FILTER (e.category = 'compute'),
+                                       count(*) FILTER (e.category = 'compute'), count(l.op_id),
+                                       count(*) FILTER (l.launch_ns NOT BETWEEN l.op_start_ns AND l.op_end_ns)
+                                FROM device_events e LEFT JOIN event_launchers l USING (run_id, rank, event_id)
+                                WHERE e.launch_ns IS NOT NULL OR e.category = 'compute'""").fetchall()[0]
+        ours = Counter(con.execute("SELECT e.start_ns, e.end_ns, (l.thread, l.op_start_ns, l.op_end_ns) "
+                                   "FROM event_launchers l JOIN device_events e USING (run_id, rank, event_id)"
+                                   ).fetchall())
+    linked, kernels_linked, kernels = counts[1:4]
+    assert (linked, kernels_linked, kernels) == (2092, 1632, 3442) and counts[4:] == (0, 0)
+    assert counts[0] == kernels + linked - kernels_linked  # every event with a launch record is linked
+    raw = raw_nvtx_launchers(H100)
+    assert sum(raw.values()) == 2092 and None not in {found for _, _, found in raw}
+    assert Counter({(s, e, tuple(found)): n for (s, e, found), n in ours.items()}) == raw
+    assert sum(raw_nvtx_launchers(H100, ("KERNEL",)).values()) == 1632
+
+
+def test_an_nsys_timeline_traces_its_longest_kernels_to_their_nvtx_ranges(nsys_db: Path) -> None:
+    """The report's timeline of the 2xH100 export: each rank's 12 longest linked events (150 ms and 7 ms host-to-
+    device copies) with the NVTX range they were launched in (aten::copy_, four levels down), the launch inside it."""
+    from traceana.analyses.launches import LONGEST, host_lanes
+
+    with store.connect(nsys_db, read_only=True) as con:
+        host, launches = host_lanes(con, "h100", 0, [0, 1])
+        found = con.execute("SELECT rank, e.start_ns, op, op_start_ns, op_end_ns FROM event_launchers "
+                            "JOIN device_events e USING (run_id, rank, event_id)").fetchall()
+    assert launches.height == 2 * LONGEST and launches["rank"].value_counts()["count"].to_list() == [LONGEST] * 2
+    assert set(launches["op"]) == {"aten::copy_"} and set(launches["depth"]) == {4} and set(host["kind"]) == {"nvtx"}
+    ranges = {(rank, start): (op, lo, hi) for rank, start, op, lo, hi in found}
+    for launch in launches.iter_rows(named=True):
+        op, lo, hi = ranges[launch["rank"], launch["start_ns"]]
+        assert launch["op"] == op and lo <= launch["launch_ns"] <= hi

@@ -388,5 +388,40 @@ def test_the_timeline_has_host_lanes_and_launch_lines(h200_report: Path) -> None
     lines from the ops that launched its longest kernels (their names in the chart's data, for the hover)."""
     text = html.unescape(h200_report.read_text(encoding="utf-8"))
     assert "Above each rank's lane, the top 3 levels of its host threads' range trees" in text
-    assert "a line from the CPU op that launched each of its 12 longest kernels" in text
-    assert "launch of a rank's longest kernels, from its CPU op" in text and "aten::mm" in text
+    assert "a line from the CPU op or NVTX range that launched each of its 12 longest kernels" in text
+    assert "launch of a rank's longest kernels, from its CPU op or NVTX range" in text and "aten::mm" in text
+
+
+@pytest.fixture(scope="module")
+def nsys_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    report = TRACES / "nsys" / "nsysai_h100_2proc_nsys2026.2.sqlite"
+    if not report.exists():
+        pytest.skip(f"{report} is not here")
+    folder = tmp_path_factory.mktemp("nsys")
+    db, out = folder / "n.duckdb", folder / "nsys.html"
+    run_cli("ingest", report, "--db", db)
+    run_cli("report", "--html", out, "--db", db)
+    return out
+
+
+def test_an_nsys_timeline_has_nvtx_lanes_and_launch_lines(nsys_report: Path) -> None:
+    """The same for the shared 2xH100 nsys export, whose kernels reach their NVTX range through the launching thread:
+    the chart's data holds a line for each rank's 12 longest linked events, each from its aten::copy_ range."""
+    text = nsys_report.read_text(encoding="utf-8")
+    assert "a line from the CPU op or NVTX range that launched each of its 12 longest kernels" in text
+    assert "launch of a rank's longest kernels, from its CPU op or NVTX range" in html.unescape(text)
+    lines = re.findall(r'\["kernel",\[([^]]*)\]\],\["op",\[([^]]*)\]\]', text)
+    assert len(lines) == 1
+    kernels, ops = (json.loads(f"[{names}]") for names in lines[0])
+    assert len(kernels) == len(ops) == 24 and set(ops) == {"aten::copy_"} and set(kernels) == {"Memcpy HtoD"}
+
+
+@browser
+def test_an_nsys_report_draws_in_a_browser(nsys_report: Path, tmp_path: Path) -> None:
+    with chromium(tmp_path) as page:
+        page.open(nsys_report)
+        assert page.console() == [] and page.requests() == []
+        plots = page.plots()
+        timeline = next(t for t in plots if t.startswith("step 0 across 2 ranks"))
+        assert min(plots.values()) > 0.02 and plots[timeline] > 0.05, plots  # every chart drawn, none blank
+        page.screenshot(tmp_path / "nsys.png")

@@ -13,6 +13,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from tests.analyses.test_launches import raw_nvtx_launchers
 from tests.conftest import SAMPLES, TRACES, run_cli
 from traceana.render.perfetto import CNAME
 from traceana.render.perfetto_host import HOST_TRACK
@@ -245,7 +246,7 @@ def test_host_lanes_and_launch_arrows_match_the_raw_json(tmp_path: Path) -> None
     flows_s = {e["id"]: e for e in flows(phases, "s", "launch")}
     flows_f = {e["id"]: e for e in flows(phases, "f", "launch")}
     assert len(flows_s) == len(flows_f) == len(device) == len(kernels) == 1828
-    assert f"{len(ours) + 6} host ranges on 3 host tracks, 1828 kernels linked to their launching CPU op" in said
+    assert f"{len(ours) + 6} host ranges on 3 host tracks, 1828 kernels linked to their launching host range" in said
     host = defaultdict(list)
     for x in phases["X"]:
         if x["tid"] >= HOST_TRACK:
@@ -271,15 +272,17 @@ def test_host_lanes_and_launch_arrows_match_the_raw_json(tmp_path: Path) -> None
     assert Counter(op[2] for op in exported.values()).most_common(2) == [("aten::mm", 404), ("aten::add_", 264)]
 
 
-def test_nvtx_lanes_of_an_nsys_report(tmp_path: Path) -> None:
+def test_nvtx_lanes_and_launch_arrows_of_an_nsys_report(tmp_path: Path) -> None:
     """The shared 2xH100 nsys report: each rank's NVTX ranges (push/pop and start/end, counted in the SQLite by a
-    second route) on its thread's host track; no launch arrows (the store links nsys kernels to no host range)."""
+    second route) on its thread's host track; an arrow to each device event whose runtime call is recorded, from the
+    innermost slice of its track at the call: the NVTX range the raw export gives by correlationId, runtime record
+    and the ranges of its thread (tests/analyses/test_launches.py)."""
     report = TRACES / "nsys" / "nsysai_h100_2proc_nsys2026.2.sqlite"
     if not report.exists():
         pytest.skip(f"{report} is not here")
     db, out = tmp_path / "t.duckdb", tmp_path / "nsys.json"
     run_cli("ingest", report, "--db", db, "--run-id", "h100")
-    run_cli("export", "h100", "--perfetto", out, "--db", db)
+    said = run_cli("export", "h100", "--perfetto", out, "--db", db).stdout
     phases = check_structure(json.loads(out.read_text()))
     with sqlite3.connect(report) as raw:
         ranges = raw.execute("SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN (59, 60) AND end IS NOT NULL"
@@ -288,7 +291,22 @@ def test_nvtx_lanes_of_an_nsys_report(tmp_path: Path) -> None:
     assert len(nvtx) == ranges == 16782 and {x["tid"] for x in nvtx} == {HOST_TRACK}
     names = {(m["pid"], m["args"]["name"].split(" · ")[0]) for m in phases["M"]
              if m["name"] == "thread_name" and m["tid"] == HOST_TRACK}
-    assert names == {(0, "NVTX"), (1, "NVTX")} and not flows(phases, "s", "launch")
+    assert names == {(0, "NVTX"), (1, "NVTX")}
+    flows_s = {e["id"]: e for e in flows(phases, "s", "launch")}
+    flows_f = {e["id"]: e for e in flows(phases, "f", "launch")}
+    assert len(flows_s) == len(flows_f) == 2092 and "2092 kernels linked to their launching host range" in said
+    first = store(db, "SELECT min(start_ns) FROM device_events")[0][0]
+    shift = first - min(_ns(x["ts"]) for x in device_slices(phases))  # the store's clock (the raw one) - exported
+    host = defaultdict(list)
+    for x in nvtx:
+        host[x["pid"]].append((_ns(x["ts"]) + shift, _ns(x["ts"]) + _ns(x["dur"]) + shift, x["args"]["thread"]))
+    ends = {(x["pid"], _ns(x["ts"]) + shift): _ns(x["ts"]) + _ns(x["dur"]) + shift for x in device_slices(phases)}
+    exported = Counter()
+    for pid in (0, 1):
+        pairs = [(_ns(flows_f[i]["ts"]) + shift, _ns(s["ts"]) + shift) for i, s in flows_s.items() if s["pid"] == pid]
+        around = _innermost(host[pid], [t for _, t in pairs])
+        exported.update((start, ends[pid, start], (around[t][2], *around[t][:2])) for start, t in pairs)
+    assert exported == raw_nvtx_launchers(report)
 
 
 def test_the_host_cap_keeps_the_shallowest_ranges(db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

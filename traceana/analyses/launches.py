@@ -146,15 +146,16 @@ def notes(con: duckdb.DuckDBPyConnection, run_id: str) -> list[str]:
     return found
 
 
-HOST_LEVELS, LONGEST = 3, 12  # the host tree's levels a timeline draws; the kernels per rank it traces to their op
+HOST_LEVELS, LONGEST = 3, 12  # the host tree's levels a timeline draws; the kernels per rank it traces to the host
 
 
 def host_lanes(con: duckdb.DuckDBPyConnection, run_id: str, step: int,
                ranks: list[int]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """For a timeline of step ``step``: the host ranges of ``ranks`` in the step's window, down to HOST_LEVELS
     levels of each thread's tree (rank, thread, depth, start_ns, end_ns, name, kind: view host_ranges), and the
-    LONGEST device events of each rank in it with the CPU op that launched them (rank, launch_ns: in the op,
-    start_ns, end_ns, kernel: its short name, op, depth: the op's; view event_launchers). Empty for a store
+    LONGEST device events of each rank in it with the host range that launched them (rank, launch_ns: in the
+    range, start_ns, end_ns, kernel: its short name, op: the range's name, depth: its; view event_launchers: the CPU
+    op, or for nsys the innermost NVTX range on the launching thread). Empty for a store
     ingested before annotations had threads."""
     params = {"run": run_id, "step": step, "ranks": ranks}
     window = ("JOIN step_windows w ON w.run_id = x.run_id AND w.rank = x.rank AND w.step = $step "

@@ -60,7 +60,7 @@ def export(
     typer.echo(f"wrote {done.path} ({rid}: {done.ranks} ranks, {done.slices} slices on {done.tracks} tracks, "
                f"{done.step_slices} step windows, {done.flows} collective members linked, "
                f"{done.path_slices} critical path segments, {done.host_slices} host ranges on {done.host_tracks} "
-               f"host tracks, {done.launches} kernels linked to their launching CPU op)")
+               f"host tracks, {done.launches} kernels linked to their launching host range)")
     if done.outside:  # before the first window or after the last one (the step windows tile the rest)
         typer.echo(f"note: {done.outside:,} device events outside the exported step windows are not in the file")
     if done.host_cap is None:

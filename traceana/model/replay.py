@@ -106,8 +106,7 @@ def simulated_store(runs: Sequence[tuple[str, pl.DataFrame, pl.DataFrame]],
     rows live in a transaction of their own on a cursor of :func:`_empty_store`, rolled back at the end, so each
     store sees only its own runs."""
     device = pl.concat([events.select(pl.lit(run_id).alias("run_id"), "rank", "event_id", "stream",  # noqa: F841
-                                      "start_ns", "end_ns", "name", "category",
-                                      pl.lit(None, pl.Int64).alias("launch_ns")) for run_id, events, _ in runs])
+                                      "start_ns", "end_ns", "name", "category") for run_id, events, _ in runs])
     comm = pl.concat([events.filter(pl.col("op").is_not_null()).select(  # noqa: F841
         pl.lit(run_id).alias("run_id"), "rank", "event_id", "op", pl.lit(None, pl.String).alias("kernel_op"),
         pl.lit(None, pl.Int64).alias("bytes"), pl.lit(None, pl.String).alias("dtype"),
@@ -119,7 +118,7 @@ def simulated_store(runs: Sequence[tuple[str, pl.DataFrame, pl.DataFrame]],
     con = _empty_store().cursor()
     try:
         con.execute("BEGIN TRANSACTION")
-        con.execute("INSERT INTO device_events SELECT * FROM device")
+        con.execute("INSERT INTO device_events BY NAME SELECT * FROM device")  # no launch records
         con.execute("INSERT INTO collectives SELECT * FROM comm")
         con.execute("INSERT INTO steps SELECT * FROM cut")  # frames are named apart from the tables
         con.execute("INSERT INTO ranks BY NAME SELECT * FROM known")

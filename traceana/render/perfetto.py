@@ -3,8 +3,9 @@
 One process per rank, named with its coordinates ("rank 5 · tp1 dp2 pp1"); a track of step windows on top, then the
 host: one track per thread holding its tree of ranges (CPU ops, user and nn.Module ranges, NVTX; view host_ranges),
 then each stream's compute work, then communication on one track per (dim, stream). Flow arrows link the members of
-each collective instance in order of arrival, and each kernel to the CPU op that launched it (view event_launchers),
-from the launch call's time inside the op. The host trees are capped per rank, shallowest levels first (a budget over
+each collective instance in order of arrival, and each kernel to the host range that launched it (view
+event_launchers: its CPU op, or for nsys the innermost NVTX range on the launching thread), from the launch call's
+time inside it. The host trees are capped per rank, shallowest levels first (a budget over
 all ranks, so a 1,024-rank export stays light); what the cap leaves out is counted. Above the ranks, a process
 "critical path" holds the run's critical path (traceana/analyses/critical_path.py): one track per exported step
 (consecutive steps' paths may overlap where ranks' windows do), one slice per path segment, named by its rank and
@@ -61,7 +62,7 @@ class Exported:
     host_tracks: int
     host_capped: int   # host ranges in the exported windows that the per-rank cap left out, counted
     host_cap: int | None  # host ranges a rank keeps at most, shallowest first; None: the store has none (too old)
-    launches: int      # arrows from a CPU op to a kernel it launched
+    launches: int      # arrows from a host range (CPU op, NVTX range) to a kernel it launched
 
 
 def export(con: duckdb.DuckDBPyConnection, run_id: str, out: Path, steps: tuple[int, int] | None = None) -> Exported:

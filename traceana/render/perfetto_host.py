@@ -1,16 +1,19 @@
 """The host side of a Perfetto export (perfetto.py): each rank's host threads above its device tracks, and an arrow
-from each kernel's launching CPU op to the kernel, so a slow kernel leads back to its op and layer.
+from the host range that launched each kernel (its CPU op; for nsys, the innermost NVTX range on the launching
+thread) to the kernel, so a slow kernel leads back to its op and layer.
 
 Each thread gets two tracks: its CPU ops, and above them its other ranges (nn.Module and user ranges; NVTX for nsys),
 from view host_ranges. Perfetto nests the slices of a track by time and needs them to nest: ranges of one thread
 mostly do, but not always (gloo's recv range outlives the c10d::recv_ op it starts in; an async op ends after its
 parent), so a range that ends after the range around it moves to a second track of its kind, and so on. The arrows
 (view event_launchers) start at the launch call inside the op: on the ops' track nothing deeper is open there, as the
-op is the innermost at launch (a user range may open inside it, which is why the ranges have their own track).
+op is the innermost at launch (a user range may open inside it, which is why the ranges have their own track); an
+NVTX range is the innermost of its track at launch by construction.
 
 A rank keeps at most ``cap`` ranges, the shallowest first (whole top levels of each thread's tree, then the earliest
-of the next level), the cap shared out of a budget over the ranks; what it leaves out is counted, and a kernel whose op
-was left out gets no arrow.
+of the next level), the cap shared out of a budget over the ranks; what it leaves out is counted, and a kernel whose
+range was left out gets no arrow. A range is found again by what identifies it in host_ranges: rank, thread, start
+and depth (an NVTX range has no op id).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ MAX_NEST_TRACKS = 16  # tracks of one kind per thread; the last takes whatever s
 
 def select(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
     """x_host: the host ranges of the exported ranks (x_windows) that overlap their windows, the shallowest ``cap``
-    of each rank ``kept``, each with its track (tid); x_launches: the arrows from a kept CPU op to the exported
+    of each rank ``kept``, each with its track (tid); x_launches: the arrows from a kept range to the exported
     events (x_events) it launched. Returns the cap, or None for a store ingested before annotations had threads,
     which has no host ranges (both tables empty)."""
     ranks = con.execute("SELECT count(DISTINCT rank) FROM x_windows").fetchall()[0][0]
@@ -58,7 +61,7 @@ def select(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
         SELECT row_number() OVER (ORDER BY l.rank, l.event_id) AS id, l.rank, l.launch_ns, h.tid AS host_tid, e.tid,
                e.start_ns
         FROM event_launchers l JOIN x_events e ON e.rank = l.rank AND e.event_id = l.event_id
-        JOIN x_host h ON h.rank = l.rank AND h.op_id = l.op_id
+        JOIN x_host h ON h.rank = l.rank AND h.thread = l.thread AND h.start_ns = l.op_start_ns AND h.depth = l.depth
         WHERE l.run_id = $r AND h.kept""", {"r": run_id})
     return cap
 

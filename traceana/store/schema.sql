@@ -46,10 +46,13 @@ CREATE TABLE IF NOT EXISTS device_events (
     end_ns   BIGINT NOT NULL,
     name     VARCHAR NOT NULL,
     category VARCHAR NOT NULL,  -- compute / comm / memcpy / memset / sync / other
-    launch_ns BIGINT            -- when the host's runtime call that launched it started; NULL when not recorded
+    launch_ns BIGINT,           -- when the host's runtime call that launched it started; NULL when not recorded
+    launch_thread BIGINT        -- the thread that made that call (nsys: the runtime record's tid, as annotations'
+                                --   thread); NULL when not recorded
 );
--- Databases written before launch_ns existed gain it (NULL) on their next write.
+-- Databases written before launch_ns / launch_thread existed gain them (NULL) on their next write.
 ALTER TABLE device_events ADD COLUMN IF NOT EXISTS launch_ns BIGINT;
+ALTER TABLE device_events ADD COLUMN IF NOT EXISTS launch_thread BIGINT;
 CREATE TABLE IF NOT EXISTS collectives (
     run_id    VARCHAR NOT NULL,
     rank      INTEGER NOT NULL,

@@ -186,7 +186,7 @@ def timeline(windows: pl.DataFrame, intervals: pl.DataFrame, path: pl.DataFrame 
     rank's step window outlined, the critical path (``path``: rank, kind, start_ns, end_ns) drawn through it. With
     ``host`` (analyses/launches.py host_lanes: rank, depth, start_ns, end_ns, name, kind ...) a band above a rank's
     lane holds the top levels of its host threads' range trees, and ``launches`` (rank, launch_ns, start_ns, end_ns,
-    kernel, op, depth) are lines from the launching op down to the kernel's start."""
+    kernel, op, depth) are lines from the launching op or NVTX range down to the kernel's start."""
     origin = windows["start_ns"].min()
     span = max(int(windows["end_ns"].max() - origin), 1)
     band = HOST_BAND if host is not None and host.height else 0.0
@@ -233,8 +233,8 @@ def timeline(windows: pl.DataFrame, intervals: pl.DataFrame, path: pl.DataFrame 
 def _draw_host(fig: figure, host: pl.DataFrame, launches: pl.DataFrame | None, lanes: dict[int, float], origin: int,
                tolerance_ns: int) -> None:
     """Above each rank's lane, a row per level of its host threads' range trees (CPU ops darker than the other
-    ranges), ranges closer than a pixel merged; and a line from each traced kernel's launch in its op down to the
-    kernel's start."""
+    ranges), ranges closer than a pixel merged; and a line from each traced kernel's launch in its op or NVTX range
+    down to the kernel's start."""
     levels = int(host["depth"].max())
     row = (HOST_BAND - 0.1) / levels
     drawn = decimate(host.rename({"depth": "lane"}), tolerance_ns, ("name", "kind", "thread")).rename({"lane": "depth"})
@@ -258,7 +258,7 @@ def _draw_host(fig: figure, host: pl.DataFrame, launches: pl.DataFrame | None, l
         "rank": launches["rank"], "ms": (launches["end_ns"] - launches["start_ns"]) / 1e6,
         "kernel": launches["kernel"], "op": launches["op"]}))
     lines = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=source, line_color=LAUNCH_COLOR, line_width=1.2,
-                        legend_label="launch of a rank's longest kernels, from its CPU op")
+                        legend_label="launch of a rank's longest kernels, from its CPU op or NVTX range")
     fig.add_tools(HoverTool(renderers=[lines], tooltips=[("kernel", "@kernel"), ("launched by", "@op"),
                                                          ("rank", "@rank"), ("kernel (ms)", "@ms{0,0.000}")]))
 

@@ -308,8 +308,8 @@ def critical_path(ctx: Context) -> str | None:
     chart = charts.timeline(windows.filter(pl.col("rank").is_in(drawn)), intervals.filter(pl.col("rank").is_in(drawn)),
                             segments, f"step {step} across {ranks}, critical path ({length_ms:,.3f} ms) in black; "
                             "wheel to zoom, hover for each interval", host, launches)
-    arrows = (f", and a line from the CPU op that launched each of its {LONGEST} longest kernels to the kernel's "
-              "start" if launches is not None and launches.height else "")
+    arrows = (f", and a line from the CPU op or NVTX range that launched each of its {LONGEST} longest kernels to "
+              "the kernel's start" if launches is not None and launches.height else "")
     said = (f" Above each rank's lane, the top {HOST_LEVELS} levels of its host threads' range trees (CPU ops "
             f"darker; nn.Module, user and NVTX ranges lighter){arrows}: hover for their names; `traceana export "
             "--perfetto` has every range and every launch." if host is not None and host.height else
