@@ -21,6 +21,7 @@ import duckdb
 
 from traceana import store
 from traceana.ingest.dispatch import IngestOptions, read_run
+from traceana.store import database
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 DEFAULT_TRACE = SHARED / "traces" / "kineto" / "hta_rank3of8_6steps.json.gz"
@@ -55,12 +56,13 @@ def scale(con: duckdb.DuckDBPyConnection, ranks: int, per_rank: int) -> None:
 
     for table in ("runs", "ranks", "device_events", "collectives", "steps", "process_groups", "annotations"):
         run(f"DELETE FROM {table} WHERE run_id = $run")
-    run("INSERT INTO runs VALUES ($run, 'kineto', [], now()::TIMESTAMP, $ranks, NULL, NULL, 'bench', [])")
+    run("INSERT INTO runs (run_id, source_format, sources, ingested_at, world_size, rank_source) "
+        "VALUES ($run, 'kineto', [], now()::TIMESTAMP, $ranks, 'bench')")
     run("INSERT INTO ranks (run_id, rank, clock_offset_ns, pp) SELECT $run, r, 0, (r * 4 // $ranks)::INT "
         "FROM range($ranks) t(r)")
     shift = "rep * $span + hash(r) % 100000"  # repetition, then the rank's clock offset
     run(
-        f"""INSERT INTO device_events
+        f"""INSERT INTO device_events (run_id, rank, event_id, stream, start_ns, end_ns, name, category)
         SELECT $run, r, rep * $n + e.event_id, e.stream,
                e.start_ns + {shift} + hash(r, rep, e.event_id) % 1000,
                e.end_ns + {shift} + hash(r, rep, e.event_id) % 1000, e.name, e.category
@@ -91,6 +93,8 @@ def main() -> None:
         with store.connect(db) as con:
             con.execute(f"SET threads TO {args.threads}")
             con.execute(f"SET temp_directory = '{tmp}'")
+            with database.transaction(con):  # the schema and views, in a fresh file
+                pass
             load_base(con, args.trace)
             print(f"base: {args.trace.name}; {args.events:,} events per rank; DuckDB threads={args.threads}")
             print(f"{'ranks':>6} {'events':>12} {'load s':>8} " + " ".join(f"{q + ' s':>22}" for q in QUERIES)
