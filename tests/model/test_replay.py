@@ -398,8 +398,8 @@ def test_advise_with_a_config_prices_the_estimators_candidates_by_predict(db: Pa
         for ours, theirs in (("predicted_step_ms", "predicted_B_ms"), ("low", "low"), ("high", "high")):
             assert row[ours] == pytest.approx(total[theirs] * scale, rel=1e-9), row["change"]
     assert (by_predict["gain_ms"] > 0).all()
-    lower = found["gain_low_ms"].to_list()  # ranked by the lower end of the gain's interval
-    assert lower == sorted(lower, reverse=True)
+    keys = list(zip(found["gain_ms"] > 0, found["gain_low_ms"], strict=True))  # a gain first, by its lower end
+    assert keys == sorted(keys, reverse=True)
     assert (found["low"] <= found["predicted_step_ms"]).all() and (found["predicted_step_ms"] <= found["high"]).all()
 
 

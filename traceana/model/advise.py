@@ -62,8 +62,9 @@ Proposal = tuple[str, str, list[str]]  # (finding, evidence, changes), replayed 
 
 def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None,
              config_path: str | None = None, roof_target: float | None = None) -> tuple[int, pl.DataFrame]:
-    """(step, findings by predicted gain less its error bar): finding, evidence, change, predicted step and gain in
-    ms, the error bar in ms; with ``config_path`` (the job's estimator YAML) also :func:`estimator_findings`;
+    """(step, findings: those predicted to gain first, each group by its gain's lower end): finding, evidence,
+    change, predicted step and gain in ms with their interval, the error bar in ms; with ``config_path`` (the job's
+    estimator YAML; else the config inferred from the trace, where it can be) also :func:`estimator_findings`;
     ``roof_target``: the percent of its roof every kernel is priced at (default: :func:`roof_targets`)."""
     from traceana.model.intervals import platform_of
 
@@ -109,8 +110,9 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
                                        "low": pl.Float64, "high": pl.Float64, "level": pl.Float64,
                                        "gain_ms": pl.Float64, "gain_low_ms": pl.Float64, "gain_high_ms": pl.Float64,
                                        "sources": pl.Object, "error_bar_ms": pl.Float64, "graph": pl.String})
-    # ranked by what is surely gained: the lower end of the gain's interval
-    return step, frame.sort("gain_low_ms", descending=True)
+    # ranked by what is surely gained, the lower end of the gain's interval; a finding predicted to slow the step
+    # after every one predicted to speed it (a wide interval's lower end favours the smallest changes)
+    return step, frame.sort([pl.col("gain_ms") > 0, "gain_low_ms"], descending=True)
 
 
 def host_bound(con: duckdb.DuckDBPyConnection, run_id: str, mean: dict) -> list[Proposal]:
