@@ -41,18 +41,16 @@ def first_analysed_step(con: duckdb.DuckDBPyConnection, run_id: str, known: list
 
 
 def which_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None, asked: int | str | None = None,
-               known: list[int] | None = None, markers: int | None = None) -> str:
+               known: list[int] | None = None) -> str:
     """How a title names the step(s) a report covers: one step (``asked``: the --step given, so that a step
     'median' chose says so), the typical step (mean over steps after the first), or the run's only step, which is
-    then all there is to average. ``known`` as for :func:`first_analysed_step`; ``markers``: the run's rows in
-    the steps table, where the caller has counted them."""
+    then all there is to average. ``known`` as for :func:`first_analysed_step`."""
     if step is not None:
         return named_step(step, asked)
     known = steps(con, run_id) if known is None else known
     if len(known) > 1:
         return "typical step (mean over steps after the first)"
-    if markers is None:
-        markers = con.execute("SELECT count(*) FROM steps WHERE run_id = ?", [run_id]).fetchall()[0][0]
+    markers = con.execute("SELECT count(*) FROM steps WHERE run_id = ?", [run_id]).fetchall()[0][0]
     return f"step {known[0]}, the run's only step" if markers else "the whole trace as one step (no step markers)"
 
 

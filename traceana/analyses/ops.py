@@ -60,31 +60,30 @@ _PARTS = ", ".join(f"sum({p}_ns) / $rank_steps / 1e6 AS {p}_ms" for p in ("COMP"
 @dataclass
 class _Steps:
     """The rank-steps a statement over op_time covers: the condition on its step, the parameters (with how many
-    rank-steps and their total length), and the run's steps where they were read."""
+    rank-steps and their total length), and the run's steps."""
 
     where: str
     params: dict
     known: list[int]
-    markers: int
 
 
 def _steps(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None) -> _Steps:
-    """One step (checked), or the typical step's steps (all after the first). One statement reads the run's steps
-    with their rank-steps and lengths and whether it has step markers (for the title), so op_time's statement
-    plans no second copy of step_windows and nothing else reads it again."""
-    rows = con.execute("SELECT step, count(*), sum(end_ns - start_ns), (SELECT count(*) FROM steps WHERE "
-                       "run_id = $run) FROM step_windows WHERE run_id = $run GROUP BY step ORDER BY step",
-                       {"run": run_id}).fetchall()
-    known = [r[0] for r in rows]
+    """One step (checked), or the typical step's steps (all after the first). One statement reads the run's
+    windows, summed here (a GROUP BY costs more than the few rows), so op_time's statement plans no second copy of
+    step_windows and nothing else reads it again."""
+    windows: dict[int, list[int]] = {}  # step -> its rank-steps' lengths
+    for s, length in con.execute("SELECT step, end_ns - start_ns FROM step_windows WHERE run_id = ?",
+                                 [run_id]).fetchall():
+        windows.setdefault(s, []).append(length)
+    known = sorted(windows)
     if step is not None:
         bd.check_step(con, run_id, step, known)
-        where, covered = "step = $step", [r for r in rows if r[0] == step]
+        where, covered = "step = $step", [step]
     else:
         where, first = "step >= $step", bd.first_analysed_step(con, run_id, known)
-        covered = [r for r in rows if r[0] >= first]
-    params = {"run": run_id, "step": covered[0][0], "rank_steps": sum(r[1] for r in covered),
-              "total": sum(r[2] for r in covered)}
-    return _Steps(where, params, known, rows[0][3])
+        covered = [s for s in known if s >= first]
+    lengths = [length for s in covered for length in windows[s]]
+    return _Steps(where, {"run": run_id, "step": covered[0], "rank_steps": len(lengths), "total": sum(lengths)}, known)
 
 
 def attribute(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "op", step: int | str | None = None,
@@ -116,7 +115,7 @@ def attribute(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "op", step:
     notes = [f"no {NEEDS[level]}: --by {level} is not available" for level in LEVELS if level not in have]
     if (none := frame.filter(pl.col(by) == NONE)).height:
         notes.append(f"{NONE}: device time launched outside any {by} ({none['step_pct'][0]:.1f}% of the step)")
-    return Ops(frame, by, bd.which_step(con, run_id, step, asked, steps.known, steps.markers),
+    return Ops(frame, by, bd.which_step(con, run_id, step, asked, steps.known),
                steps.params["rank_steps"], have, notes)
 
 
