@@ -13,7 +13,9 @@ SELECT run_id, rank, step, start_ns,
 FROM steps
 WHERE end_ns > start_ns
 UNION ALL
-SELECT spans.*, FALSE
-FROM (SELECT run_id, rank, 0 AS step, min(start_ns) AS start_ns, max(end_ns) AS end_ns
-      FROM device_events GROUP BY run_id, rank) spans
-ANTI JOIN steps s ON s.run_id = spans.run_id AND s.rank = spans.rank;
+-- the ranks without step rows, found before the aggregate, not after it: where every rank has them (most runs), no
+-- event is aggregated
+SELECT e.run_id, e.rank, 0 AS step, min(e.start_ns) AS start_ns, max(e.end_ns) AS end_ns, FALSE
+FROM device_events e
+ANTI JOIN steps s ON s.run_id = e.run_id AND s.rank = e.rank
+GROUP BY e.run_id, e.rank;

@@ -24,15 +24,14 @@ elements AS MATERIALIZED (  -- each path's elements with their place (outermost 
     FROM (SELECT run_id, path, unnest(string_split(path, ' / ')) AS part,
                  generate_subscripts(string_split(path, ' / '), 1) AS place FROM paths)
 ),
-parts AS (
-    SELECT run_id, path, place, m.label, m.stem, m.idx FROM elements WHERE m.idx <> ''
+stems AS (  -- the stems that number several instances in a run: layers, not one-off modules (GPT_0); two
+            -- distinct indices are a min and max that differ (one aggregate, not count(DISTINCT)'s two)
+    SELECT run_id, m.stem FROM elements WHERE m.idx <> '' GROUP BY ALL HAVING min(m.idx) <> max(m.idx)
 ),
-stems AS (  -- the stems that number several instances in a run: layers, not one-off modules (GPT_0)
-    SELECT run_id, stem FROM parts GROUP BY ALL HAVING count(DISTINCT idx) >= 2
-),
-layers AS (
-    SELECT p.run_id, p.path, arg_min(p.label, p.place) AS layer
-    FROM parts p JOIN stems s ON s.run_id = p.run_id AND s.stem = p.stem
+layers AS (  -- an element without an index has stem '' too: only those with one may name a layer
+    SELECT p.run_id, p.path, arg_min(p.m.label, p.place) AS layer
+    FROM elements p JOIN stems s ON s.run_id = p.run_id AND s.stem = p.m.stem
+    WHERE p.m.idx <> ''
     GROUP BY ALL
 )
 SELECT t.run_id, t.rank, t.step, t.event_id, n.short_name AS kernel,

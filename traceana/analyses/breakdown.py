@@ -135,9 +135,9 @@ def outlier_notes(con: duckdb.DuckDBPyConnection, run_id: str) -> list[str]:
             for step, column, value, usual in found]
 
 
-def check_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> None:
-    """A one-line error when ``step`` is not one of the run's steps."""
-    known = steps(con, run_id)
+def check_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int, known: list[int] | None = None) -> None:
+    """A one-line error when ``step`` is not one of the run's steps (``known`` as for :func:`first_analysed_step`)."""
+    known = steps(con, run_id) if known is None else known
     if not known:
         raise TraceanaError(f"run {run_id!r} has no device events, so no breakdown")
     if step not in known:

@@ -53,20 +53,37 @@ def _query(con: duckdb.DuckDBPyConnection, sql: str, params: dict) -> list[tuple
         raise TraceanaError(f"{store.OUTDATED} (traceana ops reads event_scopes)") from None
 
 
-# the mean over the rank-steps covered, in ms, of each part an event owns; and those rank-steps' count and length
-_PARTS = ", ".join(f"sum({p}_ns) / rank_steps / 1e6 AS {p}_ms" for p in ("COMP", *WAITS))
-_WINDOWS = ("(SELECT count(*) AS rank_steps, sum(end_ns - start_ns) AS total FROM step_windows "
-            "WHERE run_id = $run AND {where})")
+# the mean over the rank-steps covered, in ms, of each part an event owns ($rank_steps: how many)
+_PARTS = ", ".join(f"sum({p}_ns) / $rank_steps / 1e6 AS {p}_ms" for p in ("COMP", *WAITS))
 
 
-def _steps(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None) -> tuple[str, dict, list[int] | None]:
-    """The condition on op_time's step for one step (checked), or for the typical step's steps (all after the
-    first), its parameters, and the run's steps where they were read."""
+@dataclass
+class _Steps:
+    """The rank-steps a statement over op_time covers: the condition on its step, the parameters (with how many
+    rank-steps and their total length), and the run's steps."""
+
+    where: str
+    params: dict
+    known: list[int]
+
+
+def _steps(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None) -> _Steps:
+    """One step (checked), or the typical step's steps (all after the first). One statement reads the run's
+    windows, summed here (a GROUP BY costs more than the few rows), so op_time's statement plans no second copy of
+    step_windows and nothing else reads it again."""
+    windows: dict[int, list[int]] = {}  # step -> its rank-steps' lengths
+    for s, length in con.execute("SELECT step, end_ns - start_ns FROM step_windows WHERE run_id = ?",
+                                 [run_id]).fetchall():
+        windows.setdefault(s, []).append(length)
+    known = sorted(windows)
     if step is not None:
-        bd.check_step(con, run_id, step)
-        return "step = $step", {"run": run_id, "step": step}, None
-    known = bd.steps(con, run_id)
-    return "step >= $first", {"run": run_id, "first": bd.first_analysed_step(con, run_id, known)}, known
+        bd.check_step(con, run_id, step, known)
+        where, covered = "step = $step", [step]
+    else:
+        where, first = "step >= $step", bd.first_analysed_step(con, run_id, known)
+        covered = [s for s in known if s >= first]
+    lengths = [length for s in covered for length in windows[s]]
+    return _Steps(where, {"run": run_id, "step": covered[0], "rank_steps": len(lengths), "total": sum(lengths)}, known)
 
 
 def attribute(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "op", step: int | str | None = None,
@@ -76,19 +93,19 @@ def attribute(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "op", step:
     if by not in LEVELS:
         raise TraceanaError(f"--by {by!r}: choose one of {', '.join(LEVELS)}")
     asked, step = step, bd.resolve_step(con, run_id, step)
-    where, params, known = _steps(con, run_id, step)
+    steps = _steps(con, run_id, step)
     owned = " + ".join(f"{p}_ns" for p in ("COMP", *WAITS))
     rows = _query(con, f"""
-        SELECT coalesce({by}, '{NONE}') AS level, count(*) / rank_steps AS kernels, {_PARTS},
-               100 * ({' + '.join(f'sum({p}_ns)' for p in ('COMP', *WAITS))}) / total AS step_pct,
+        SELECT coalesce({by}, '{NONE}') AS level, count(*) / $rank_steps AS kernels, {_PARTS},
+               100 * ({' + '.join(f'sum({p}_ns)' for p in ('COMP', *WAITS))}) / $total AS step_pct,
                arg_max(kernel, ({owned}, kernel)) AS top_kernel,  -- ties: the last name, not the first found
-               rank_steps, {', '.join(f'sum(count({level})) OVER ()' for level in LEVELS)}
-        FROM op_time, {_WINDOWS.format(where=where)}
-        WHERE run_id = $run AND {where} GROUP BY level, rank_steps, total
-        ORDER BY level = '{NONE}', COMP_ms + {' + '.join(f'{w}_ms' for w in WAITS)} DESC, level""", params)
+               {', '.join(f'count({level})' for level in LEVELS)}
+        FROM op_time
+        WHERE run_id = $run AND {steps.where} GROUP BY level
+        ORDER BY level = '{NONE}', COMP_ms + {' + '.join(f'{w}_ms' for w in WAITS)} DESC, level""", steps.params)
     schema = {by: pl.String, "kernels": pl.Float64, **{f"{p}_ms": pl.Float64 for p in ("COMP", *WAITS)},
               "step_pct": pl.Float64, "top_kernel": pl.String}
-    rank_steps, *counts = rows[0][len(schema):] if rows else (0, *(0 for _ in LEVELS))
+    counts = [sum(r[len(schema) + i] for r in rows) for i in range(len(LEVELS))]  # each level's events, all rows
     have = [level for level, n in zip(LEVELS, counts, strict=True) if n]
     if by not in have:
         raise TraceanaError(f"--by {by}: run {run_id!r} has no {NEEDS[by]}; it supports --by "
@@ -98,7 +115,8 @@ def attribute(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "op", step:
     notes = [f"no {NEEDS[level]}: --by {level} is not available" for level in LEVELS if level not in have]
     if (none := frame.filter(pl.col(by) == NONE)).height:
         notes.append(f"{NONE}: device time launched outside any {by} ({none['step_pct'][0]:.1f}% of the step)")
-    return Ops(frame, by, bd.which_step(con, run_id, step, asked, known), rank_steps, have, notes)
+    return Ops(frame, by, bd.which_step(con, run_id, step, asked, steps.known),
+               steps.params["rank_steps"], have, notes)
 
 
 def tree(con: duckdb.DuckDBPyConnection, run_id: str, step: int | str | None = None) -> pl.DataFrame:
@@ -106,11 +124,12 @@ def tree(con: duckdb.DuckDBPyConnection, run_id: str, step: int | str | None = N
     ms per rank-step over the steps `attribute` covers, each part apart (COMP_ms, the waits), so the rows add up to
     the same COMP and waits. path: the nn.Module path, else the NVTX path (elements joined by " / "); NULL where
     the event has none, as op is."""
-    where, params, _ = _steps(con, run_id, bd.resolve_step(con, run_id, step))
+    steps = _steps(con, run_id, bd.resolve_step(con, run_id, step))
     rows = _query(con, f"""
-        SELECT coalesce(module, nvtx) AS path, op, kernel, count(*) / rank_steps AS kernels, {_PARTS}
-        FROM op_time, {_WINDOWS.format(where=where)}
-        WHERE run_id = $run AND {where} GROUP BY path, op, kernel, rank_steps""", params)
+        SELECT coalesce(module, nvtx) AS path, op, kernel, count(*) / $rank_steps AS kernels, {_PARTS}
+        FROM op_time
+        WHERE run_id = $run AND {steps.where} GROUP BY path, op, kernel""",
+                  {k: v for k, v in steps.params.items() if k != "total"})
     schema = {"path": pl.String, "op": pl.String, "kernel": pl.String, "kernels": pl.Float64,
               **{f"{p}_ms": pl.Float64 for p in ("COMP", *WAITS)}}
     return pl.DataFrame([r[:len(schema)] for r in rows], schema=schema, orient="row")
