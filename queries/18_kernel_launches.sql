@@ -25,6 +25,7 @@ WITH events AS (
                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) <= launch_ns, true) AS idle_device
     FROM device_events
 ),
+widths AS (SELECT DISTINCT run_id, rank, width FROM window_buckets),
 cost AS (
     SELECT run_id, rank, median(delay_ns) AS launch_cost_ns
     FROM events
@@ -36,7 +37,8 @@ SELECT e.run_id, e.rank, k.pp, w.step, e.event_id, e.stream, e.name, n.short_nam
 FROM events e
 JOIN kernel_names n ON n.run_id = e.run_id AND n.name = e.name
 LEFT JOIN cost c ON c.run_id = e.run_id AND c.rank = e.rank
-LEFT JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns >= w.start_ns
-                        AND e.start_ns < w.end_ns
+LEFT JOIN widths b ON b.run_id = e.run_id AND b.rank = e.rank
+LEFT JOIN window_buckets w ON w.run_id = e.run_id AND w.rank = e.rank AND w.bucket = e.start_ns // b.width
+                           AND e.start_ns >= w.start_ns AND e.start_ns < w.end_ns
 LEFT JOIN ranks k ON k.run_id = e.run_id AND k.rank = e.rank
 WHERE e.launch_ns IS NOT NULL;
