@@ -7,7 +7,10 @@ taken in turn (the machine is shared: wall and CPU seconds, the CPU of every pro
 Prints seconds, MB/s of export file and kernels/s (and all device events + NVTX ranges per second); for the
 synthetic run, the reading of the files (the per-report work that --jobs spreads) apart from the whole read_run
 (which adds ranks, clocks, step windows and collectives across reports, in the main process).
+With --vs nsys-ai, only the comparison with nsys-ai instead (vs_nsysai.py says how to install it beside traceana):
+on the shared 2xH100 export and on synthetic ranks of 328 and 1,313 steps (1.5M and 6M kernels), or on --export.
 Run: .venv/bin/python benchmarks/bench_nsys.py [--ranks 16] [--repeats 3] [--steps 160] [--against-nsys-only]
+     .venv/bin/python benchmarks/bench_nsys.py --vs nsys-ai [--nsys-ai PATH] [--export FILE ...] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pathlib import Path
 from ingest_timing import load, print_phases, sqlite_reader, synthesize, time_ingest
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "nsys"
+H100 = SHARED / "nsysai_h100_2proc_nsys2026.2.sqlite"
+VS_STEPS = (328, 1313)  # synthetic ranks of 1,498,632 and 5,999,097 kernels
 
 
 def kernel_count(exports: list[Path]) -> int:
@@ -130,14 +135,33 @@ def synthetic_rank(steps: int, folder: Path) -> Path:
     return export.rename(folder / f"synth_rank0_{steps}steps.sqlite")
 
 
+def against_nsys_ai(exports: list[Path] | None, nsys_ai: Path, repeats: int) -> None:
+    from vs_nsysai import compare
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if not exports:
+            exports = [H100]
+            for steps in VS_STEPS:
+                exports.append(synthetic_rank(steps, Path(tmp)))
+                shutil.rmtree(Path(tmp) / "run")
+        compare(exports, nsys_ai, repeats)
+    print(load(), f"({os.cpu_count()} cores)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=160, help="steps of the synthetic rank beside nsys stats")
     parser.add_argument("--against-nsys-only", action="store_true", help="only the comparison with nsys stats")
+    parser.add_argument("--vs", choices=["nsys-ai"], help="only the comparison with this tool")
+    parser.add_argument("--nsys-ai", type=Path, default=Path("/tmp/nsysai-venv/bin/nsys-ai"),
+                        help="the nsys-ai command, in its own venv")
+    parser.add_argument("--export", type=Path, action="append", help="with --vs: these exports instead")
     args = parser.parse_args()
     print(f"SQLite reader: {sqlite_reader()}; {load()}")
+    if args.vs:
+        return against_nsys_ai(args.export, args.nsys_ai, args.repeats)
     if not args.against_nsys_only:
         shared_export(args.repeats)
         synthetic(args.ranks, args.repeats)

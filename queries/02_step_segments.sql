@@ -10,17 +10,23 @@
 -- The sum is a DOUBLE and exact: every partial sum is a difference of two packed counts below 2^53. Limits: fewer
 -- than 128 collectives of one dim and 2048 compute events running at once on one rank.
 CREATE OR REPLACE VIEW step_segments AS
-WITH clipped AS (
+WITH work AS (  -- each event once per bucket it spans (window_buckets)
+    SELECT e.*, b.width, unnest(range(e.start_ns // b.width, (e.end_ns - 1) // b.width + 1)) AS bucket
+    FROM device_events e
+    JOIN (SELECT DISTINCT run_id, rank, width FROM window_buckets) b ON b.run_id = e.run_id AND b.rank = e.rank
+    WHERE e.category IN ('compute', 'memcpy', 'memset', 'comm') AND e.end_ns > e.start_ns
+),
+clipped AS (
     SELECT w.run_id, w.rank, w.step,
            greatest(e.start_ns, w.start_ns) AS start_ns, least(e.end_ns, w.end_ns) AS end_ns,
            (1::BIGINT << CASE WHEN e.category <> 'comm' THEN 42
                               ELSE CASE split_part(c.dim, '-', 1) WHEN 'TP' THEN 0 WHEN 'CP' THEN 7 WHEN 'EP' THEN 14
                                         WHEN 'DP' THEN 21 WHEN 'PP' THEN 28 ELSE 35 END END)::DOUBLE AS unit
-    FROM device_events e
-    JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank
-                       AND e.start_ns < w.end_ns AND e.end_ns > w.start_ns
+    FROM work e
+    JOIN window_buckets w ON w.run_id = e.run_id AND w.rank = e.rank AND w.bucket = e.bucket
+                         AND e.start_ns < w.end_ns AND e.end_ns > w.start_ns
+                         AND e.bucket = greatest(e.start_ns, w.start_ns) // e.width  -- each pair once
     LEFT JOIN collectives c ON c.run_id = e.run_id AND c.rank = e.rank AND c.event_id = e.event_id
-    WHERE e.category IN ('compute', 'memcpy', 'memset', 'comm') AND e.end_ns > e.start_ns
 ),
 points AS (  -- an event adds its unit where it starts and removes it where it ends; the window edges add nothing
              -- but make the idle ends of the window pieces too

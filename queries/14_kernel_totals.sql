@@ -6,11 +6,16 @@
 --   summed and longest event durations), steps (INTEGER: the rank's step windows), rank_COMP_ns (BIGINT ns: the
 --   rank's COMP summed over those windows; kernels on concurrent streams can add up to more).
 CREATE OR REPLACE VIEW kernel_totals AS
-WITH events AS (
-    SELECT e.run_id, e.rank, n.short_name, e.category, e.name, e.end_ns - e.start_ns AS ns
+WITH bucketed AS (  -- each event with the bucket of its start (window_buckets), a column to join on
+    SELECT e.*, e.start_ns // b.width AS bucket
     FROM device_events e
-    JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns >= w.start_ns
-                       AND e.start_ns < w.end_ns
+    JOIN (SELECT DISTINCT run_id, rank, width FROM window_buckets) b ON b.run_id = e.run_id AND b.rank = e.rank
+),
+events AS (
+    SELECT e.run_id, e.rank, n.short_name, e.category, e.name, e.end_ns - e.start_ns AS ns
+    FROM bucketed e
+    JOIN window_buckets w ON w.run_id = e.run_id AND w.rank = e.rank AND w.bucket = e.bucket
+                         AND e.start_ns >= w.start_ns AND e.start_ns < w.end_ns
     JOIN kernel_names n ON n.run_id = e.run_id AND n.name = e.name
 ),
 comp AS (

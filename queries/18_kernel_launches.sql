@@ -25,6 +25,7 @@ WITH events AS (
                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) <= launch_ns, true) AS idle_device
     FROM device_events
 ),
+widths AS (SELECT DISTINCT run_id, rank, width FROM window_buckets),
 cost AS (
     SELECT run_id, rank, median(delay_ns) AS launch_cost_ns
     FROM events
@@ -33,10 +34,11 @@ cost AS (
 )
 SELECT e.run_id, e.rank, k.pp, w.step, e.event_id, e.stream, e.name, n.short_name, e.category, e.launch_ns,
        e.start_ns, e.duration_ns, e.delay_ns, e.idle_device, c.launch_cost_ns, e.duration_ns < c.launch_cost_ns AS short
-FROM events e
+FROM (SELECT v.*, v.start_ns // b.width AS bucket  -- the bucket of its start (window_buckets)
+      FROM events v LEFT JOIN widths b ON b.run_id = v.run_id AND b.rank = v.rank) e
 JOIN kernel_names n ON n.run_id = e.run_id AND n.name = e.name
 LEFT JOIN cost c ON c.run_id = e.run_id AND c.rank = e.rank
-LEFT JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns >= w.start_ns
-                        AND e.start_ns < w.end_ns
+LEFT JOIN window_buckets w ON w.run_id = e.run_id AND w.rank = e.rank AND w.bucket = e.bucket
+                           AND e.start_ns >= w.start_ns AND e.start_ns < w.end_ns
 LEFT JOIN ranks k ON k.run_id = e.run_id AND k.rank = e.rank
 WHERE e.launch_ns IS NOT NULL;

@@ -30,6 +30,15 @@ def _query(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object]) 
         raise TraceanaError(store.OUTDATED) from None
 
 
+def compute_once(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Compute view kernel_launches once for the run (:func:`traceana.store.materialize`): the notes and three
+    tables read it, each a sort of every launched event otherwise."""
+    try:
+        store.materialize(con, "kernel_launches", run_id)
+    except (duckdb.BinderException, duckdb.CatalogException):  # as in _query
+        raise TraceanaError(store.OUTDATED) from None
+
+
 def by_kernel(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
     """Per kernel short name and category, most launched first: events, mean duration, the delay's mean, p50, p95
     and max (µs), and the share of its events shorter than their rank's launch cost (short_pct)."""

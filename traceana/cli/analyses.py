@@ -195,6 +195,7 @@ def _launches(run: str | None, top: int, plot: Path | None, json: bool, db: Path
 
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
+        la.compute_once(con, rid)
         notes = la.notes(con, rid)
         parts = {"by_kernel": la.by_kernel(con, rid), "by_rank": la.by_rank(con, rid), "by_step": la.by_step(con, rid),
                  "queue": la.queue_summary(con, rid)}

@@ -59,6 +59,7 @@ def breakdown(
         raise TraceanaError(f"--by {by!r}: choose rank or stage")
     with store.connect(db, read_only=True) as con:
         rid = store.open_run(con, run)
+        store.materialize(con, "rank_step_breakdown", rid)  # read for the ranks, the step and the outlier notes
         chosen = bd.resolve_step(con, rid, step)
         ranks = bd.by_rank(con, rid, chosen)
         frame = ranks if by == "rank" else bd.by_stage(con, rid, chosen)
