@@ -1,5 +1,6 @@
 -- window_buckets: the step windows for finding an event's window by an equality join. Each rank's time is cut into
--- buckets of width (its windows' span / their count), and every non-empty window is listed once per bucket it
+-- buckets of width (its windows' span / their count, at least its longest window / 64, so that no window lists
+-- more than 65 buckets however far one reaches), and every non-empty window is listed once per bucket it
 -- touches. An event looks up the bucket of an instant (start_ns // width) and compares with the few windows listed
 -- there, where a join on run and rank alone compares it with every window of its rank: events x steps pairs (7.9
 -- billion for a 6M-kernel rank of 1,313 steps). Non-empty windows do not overlap (step_windows), so an instant
@@ -10,7 +11,8 @@
 CREATE OR REPLACE VIEW window_buckets AS
 WITH win AS (
     SELECT run_id, rank, step, start_ns, end_ns,
-           greatest((max(end_ns) OVER r - min(start_ns) OVER r) // count(*) OVER r, 1) AS width
+           greatest((max(end_ns) OVER r - min(start_ns) OVER r) // count(*) OVER r,
+                    max(end_ns - start_ns) OVER r // 64, 1) AS width
     FROM step_windows
     WHERE end_ns > start_ns
     WINDOW r AS (PARTITION BY run_id, rank)

@@ -10,10 +10,12 @@
 -- The sum is a DOUBLE and exact: every partial sum is a difference of two packed counts below 2^53. Limits: fewer
 -- than 128 collectives of one dim and 2048 compute events running at once on one rank.
 CREATE OR REPLACE VIEW step_segments AS
-WITH work AS (  -- each event once per bucket it spans (window_buckets)
-    SELECT e.*, b.width, unnest(range(e.start_ns // b.width, (e.end_ns - 1) // b.width + 1)) AS bucket
+WITH work AS (  -- each event once per bucket it spans within its rank's windows (window_buckets)
+    SELECT e.*, b.width,
+           unnest(range(greatest(e.start_ns, b.lo) // b.width, (least(e.end_ns, b.hi) - 1) // b.width + 1)) AS bucket
     FROM device_events e
-    JOIN (SELECT DISTINCT run_id, rank, width FROM window_buckets) b ON b.run_id = e.run_id AND b.rank = e.rank
+    JOIN (SELECT run_id, rank, any_value(width) AS width, min(start_ns) AS lo, max(end_ns) AS hi
+          FROM window_buckets GROUP BY ALL) b ON b.run_id = e.run_id AND b.rank = e.rank
     WHERE e.category IN ('compute', 'memcpy', 'memset', 'comm') AND e.end_ns > e.start_ns
 ),
 clipped AS (

@@ -8,10 +8,12 @@
 -- Columns: run_id, rank, step, event_id (BIGINT: one row per event with time in the window, clipped to it),
 --   COMP_ns, MP_WAIT_ns, CP_WAIT_ns, EP_WAIT_ns, DP_WAIT_ns, PP_WAIT_ns, OTHER_WAIT_ns (BIGINT ns it owns).
 CREATE OR REPLACE VIEW event_time AS
-WITH work AS (  -- each event once per bucket it spans (window_buckets)
-    SELECT e.*, b.width, unnest(range(e.start_ns // b.width, (e.end_ns - 1) // b.width + 1)) AS bucket
+WITH work AS (  -- each event once per bucket it spans within its rank's windows (window_buckets)
+    SELECT e.*, b.width,
+           unnest(range(greatest(e.start_ns, b.lo) // b.width, (least(e.end_ns, b.hi) - 1) // b.width + 1)) AS bucket
     FROM device_events e
-    JOIN (SELECT DISTINCT run_id, rank, width FROM window_buckets) b ON b.run_id = e.run_id AND b.rank = e.rank
+    JOIN (SELECT run_id, rank, any_value(width) AS width, min(start_ns) AS lo, max(end_ns) AS hi
+          FROM window_buckets GROUP BY ALL) b ON b.run_id = e.run_id AND b.rank = e.rank
     WHERE e.category IN ('compute', 'memcpy', 'memset', 'comm') AND e.end_ns > e.start_ns
 ),
 clipped AS (
