@@ -10,24 +10,12 @@
 -- The sum is a DOUBLE and exact: every partial sum is a difference of two packed counts below 2^53. Limits: fewer
 -- than 128 collectives of one dim and 2048 compute events running at once on one rank.
 CREATE OR REPLACE VIEW step_segments AS
-WITH work AS (  -- each event once per bucket it spans within its rank's windows (window_buckets)
-    SELECT e.*, b.width,
-           unnest(range(greatest(e.start_ns, b.lo) // b.width, (least(e.end_ns, b.hi) - 1) // b.width + 1)) AS bucket
-    FROM device_events e
-    JOIN (SELECT run_id, rank, any_value(width) AS width, min(start_ns) AS lo, max(end_ns) AS hi
-          FROM window_buckets GROUP BY ALL) b ON b.run_id = e.run_id AND b.rank = e.rank
-    WHERE e.category IN ('compute', 'memcpy', 'memset', 'comm') AND e.end_ns > e.start_ns
-),
-clipped AS (
-    SELECT w.run_id, w.rank, w.step,
-           greatest(e.start_ns, w.start_ns) AS start_ns, least(e.end_ns, w.end_ns) AS end_ns,
+WITH clipped AS (
+    SELECT e.run_id, e.rank, e.step, e.start_ns, e.end_ns,
            (1::BIGINT << CASE WHEN e.category <> 'comm' THEN 42
                               ELSE CASE split_part(c.dim, '-', 1) WHEN 'TP' THEN 0 WHEN 'CP' THEN 7 WHEN 'EP' THEN 14
                                         WHEN 'DP' THEN 21 WHEN 'PP' THEN 28 ELSE 35 END END)::DOUBLE AS unit
-    FROM work e
-    JOIN window_buckets w ON w.run_id = e.run_id AND w.rank = e.rank AND w.bucket = e.bucket
-                         AND e.start_ns < w.end_ns AND e.end_ns > w.start_ns
-                         AND e.bucket = greatest(e.start_ns, w.start_ns) // e.width  -- each pair once
+    FROM window_events e
     LEFT JOIN collectives c ON c.run_id = e.run_id AND c.rank = e.rank AND c.event_id = e.event_id
 ),
 points AS (  -- an event adds its unit where it starts and removes it where it ends; the window edges add nothing

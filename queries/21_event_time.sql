@@ -8,24 +8,12 @@
 -- Columns: run_id, rank, step, event_id (BIGINT: one row per event with time in the window, clipped to it),
 --   COMP_ns, MP_WAIT_ns, CP_WAIT_ns, EP_WAIT_ns, DP_WAIT_ns, PP_WAIT_ns, OTHER_WAIT_ns (BIGINT ns it owns).
 CREATE OR REPLACE VIEW event_time AS
-WITH work AS (  -- each event once per bucket it spans within its rank's windows (window_buckets)
-    SELECT e.*, b.width,
-           unnest(range(greatest(e.start_ns, b.lo) // b.width, (least(e.end_ns, b.hi) - 1) // b.width + 1)) AS bucket
-    FROM device_events e
-    JOIN (SELECT run_id, rank, any_value(width) AS width, min(start_ns) AS lo, max(end_ns) AS hi
-          FROM window_buckets GROUP BY ALL) b ON b.run_id = e.run_id AND b.rank = e.rank
-    WHERE e.category IN ('compute', 'memcpy', 'memset', 'comm') AND e.end_ns > e.start_ns
-),
-clipped AS (
-    SELECT w.run_id, w.rank, w.step, e.event_id,
-           greatest(e.start_ns, w.start_ns) AS start_ns, least(e.end_ns, w.end_ns) AS end_ns,
+WITH clipped AS (
+    SELECT e.run_id, e.rank, e.step, e.event_id, e.start_ns, e.end_ns,
            CASE WHEN e.category <> 'comm' THEN 'COMP'
                 ELSE CASE split_part(c.dim, '-', 1) WHEN 'TP' THEN 'TP' WHEN 'CP' THEN 'CP' WHEN 'EP' THEN 'EP'
                           WHEN 'DP' THEN 'DP' WHEN 'PP' THEN 'PP' ELSE 'OTHER' END END AS lane
-    FROM work e
-    JOIN window_buckets w ON w.run_id = e.run_id AND w.rank = e.rank AND w.bucket = e.bucket
-                         AND e.start_ns < w.end_ns AND e.end_ns > w.start_ns
-                         AND e.bucket = greatest(e.start_ns, w.start_ns) // e.width  -- each pair once
+    FROM window_events e
     LEFT JOIN collectives c ON c.run_id = e.run_id AND c.rank = e.rank AND c.event_id = e.event_id
 ),
 owned AS (  -- the part of each event no earlier-started event of its lane covers: these tile the lane's union
