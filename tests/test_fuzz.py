@@ -20,6 +20,7 @@ and for runs whether the result was silently wrong and what was left beside the 
 
 from __future__ import annotations
 
+import atexit
 import gzip
 import hashlib
 import json
@@ -152,10 +153,21 @@ def sqlite_damage(tables: list[str]) -> st.SearchStrategy:
 # The promise
 
 
+def _session_dir(prefix: str) -> Path:
+    """A temporary folder for what the cached helpers below make once per session (hypothesis runs a test's cases
+    without fixtures between them), removed when the session's process ends."""
+    import atexit
+    import shutil
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
 @cache
 def _good_store() -> Path:
     """A real store (one Kineto run) that every case ingests into a copy of."""
-    path = Path(tempfile.mkdtemp(prefix="traceana-fuzz-")) / "good.duckdb"
+    path = _session_dir("traceana-fuzz-") / "good.duckdb"
     assert run_main("ingest", KINETO[0], "--db", path)[0] == 0
     return path
 
@@ -386,7 +398,7 @@ def test_ascend_text_damage_is_ingested_or_one_line(events, memory, metadata, ra
 @cache
 def _synth_run(fmt: str) -> Path:
     """Four per-rank files of one synthetic job (traceana synth), made once per session."""
-    out = Path(tempfile.mkdtemp(prefix="traceana-fuzz-run-")) / "out"
+    out = _session_dir("traceana-fuzz-run-") / "out"
     assert run_main("synth", ROOT / "examples" / "synth_gpt_tp2pp2.yaml", out, "--ranks", 4, "--steps", 2,
                     "--format", fmt)[0] == 0
     return out / "traces"
@@ -405,7 +417,7 @@ def _events_per_source(db: Path) -> dict[str, int]:
 @cache
 def _reference(fmt: str) -> dict[str, int]:
     """What the undamaged run holds, per file: the second route the stored counts are held to."""
-    db = Path(tempfile.mkdtemp(prefix="traceana-fuzz-ref-")) / "ref.duckdb"
+    db = _session_dir("traceana-fuzz-ref-") / "ref.duckdb"
     assert run_main("ingest", _synth_run(fmt), "--db", db)[0] == 0
     return _events_per_source(db)
 
