@@ -156,9 +156,6 @@ def sqlite_damage(tables: list[str]) -> st.SearchStrategy:
 def _session_dir(prefix: str) -> Path:
     """A temporary folder for what the cached helpers below make once per session (hypothesis runs a test's cases
     without fixtures between them), removed when the session's process ends."""
-    import atexit
-    import shutil
-
     folder = Path(tempfile.mkdtemp(prefix=prefix))
     atexit.register(shutil.rmtree, folder, True)
     return folder
