@@ -54,7 +54,7 @@ SLOW_LINK_PCT = 20.0  # a process group this far below its peers' median bandwid
 HEADROOM = 0.7        # a measured peak below this share of the device's memory leaves room
 INFERRED = "the config inferred from the trace"  # a config's source when advise inferred it (see predict)
 KERNEL_TOP = 3        # op shapes priced, by the time reaching their target share of the roof would save
-KERNEL_SHARE = 0.01   # ... each saving at least this share of the step; an op shape sets its family's target with
+KERNEL_SHARE = 0.01   # ... each saving at least this share of the step; an op shape sets its bound's target with
                       # at least this share of the run's costed kernel time
 
 Proposal = tuple[str, str, list[str]]  # (finding, evidence, changes), replayed together by :func:`findings`
@@ -68,8 +68,8 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
     ``roof_target``: the percent of its roof every kernel is priced at (default: :func:`roof_targets`)."""
     from traceana.model.intervals import platform_of
 
-    if roof_target is not None and not 0 < roof_target <= 100:
-        raise TraceanaError(f"--roof-target {roof_target:g}: a percent of the roof, 0 < P <= 100")
+    if roof_target is not None:
+        whatif.roof_percent(roof_target, f"--roof-target {roof_target:g}")
     step = critical_path.default_step(con, run_id) if step is None else step
     check_step(con, run_id, step)
     if config_path is not None:  # refuse a config that does not describe the run before any search

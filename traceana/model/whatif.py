@@ -112,12 +112,17 @@ def parse(spec: str) -> Change:
             pct = float(amount.strip()[5:])
         except ValueError:
             pct = math.nan
-        if not 0 < pct <= 100:
-            raise TraceanaError(f"--change {spec!r}: roof=P takes a percent of the roof, 0 < P <= 100")
-        return Change(key, target, None, pct)
+        return Change(key, target, None, roof_percent(pct, f"--change {spec!r}: roof=P"))
     if key == "dim" and target.upper() not in DIMS:
         raise TraceanaError(f"--change {spec!r}: dim is one of {', '.join(DIMS)}")
     return Change(key, target.upper() if key == "dim" else target, _factor(spec, amount))
+
+
+def roof_percent(pct: float, what: str) -> float:
+    """``pct`` checked as a share of a roof in percent (0 < P <= 100), else a one-line error naming ``what``."""
+    if not 0 < pct <= 100:
+        raise TraceanaError(f"{what} takes a percent of the roof, 0 < P <= 100")
+    return pct
 
 
 def _factor(spec: str, text: str) -> float:
@@ -265,17 +270,14 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame, roofs: np.
         mask = selected(graph, change, roofs)
         if change.roof is not None:  # each event to the roof share: achieved / target of its time
             scale(np.where(mask, np.nan_to_num(roofs, nan=change.roof) / change.roof, 1.0))
-        elif change.backward:  # the buckets before the last ran beside the backward: nothing waits or queues on them
-            early = but_last(graph, mask)
+        elif change.key == "overlap":  # nothing waits for the collectives put in the background
+            background = but_last(graph, mask) if change.backward else mask
             out_of = np.zeros(graph.n_nodes, bool)
-            out_of[graph.n + np.flatnonzero(early)] = True
-            keep &= ~out_of[graph.src]
-            ends_window &= ~early
-        elif change.key == "overlap":
-            out_of = np.zeros(graph.n_nodes, bool)
-            out_of[graph.n + np.flatnonzero(mask)] = True
-            keep &= ~(out_of[graph.src] & (graph.kind != dependency.STREAM))
-            ends_window &= ~mask
+            out_of[graph.n + np.flatnonzero(background)] = True
+            # they still hold their stream, except the buckets before the last: those ran during the backward
+            held = np.zeros_like(keep) if change.backward else graph.kind == dependency.STREAM
+            keep &= ~(out_of[graph.src] & ~held)
+            ends_window &= ~background
         elif mask is not None:
             scale(np.where(mask, change.factor, 1.0))
         elif change.key == "host":
