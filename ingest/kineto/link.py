@@ -31,7 +31,8 @@ _GROUP_SIZE = f"""coalesce(group_size, CASE
 # thread when the call ran, with the input shapes, dtypes and scalar arguments record_shapes=True writes (NULL
 # without it). Ops of one thread nest, so a sweep finds it without a range join: an op opens (+1) at its start and
 # closes (-1) at its end, a call at t lies inside the d ops open then, and the innermost is the last to open at depth
-# d before t (ASOF). Ties: opens first (the longer first), then calls, then closes, as an op's interval is closed.
+# d before t (ASOF). Ties: opens first (the longer first; of two with the same start and end, the smaller External id,
+# the caller, which PyTorch numbers first), then calls, then closes, as an op's interval is closed.
 # Newer traces also give the kernel that op's External id; older ones (2022) only the correlation. Both agree on
 # every kernel of the shared H200 traces.
 _OPS_SQL = """WITH launch AS (
@@ -44,7 +45,8 @@ _OPS_SQL = """WITH launch AS (
     UNION ALL SELECT f, pid, tid, end_ns, 2, 0, -1, NULL FROM ev WHERE cat = 'cpu_op'
     UNION ALL SELECT f, pid, tid, t, 1, 0, 0, corr FROM launch
 ), depth AS (
-    SELECT *, sum(delta) OVER (PARTITION BY f, pid, tid ORDER BY t, k, tie ROWS UNBOUNDED PRECEDING) AS d FROM marks
+    SELECT *, sum(delta) OVER (PARTITION BY f, pid, tid ORDER BY t, k, tie, id ROWS UNBOUNDED PRECEDING) AS d
+    FROM marks
 ), linked AS (
     SELECT c.f, c.id AS corr, o.id AS op_id
     FROM (SELECT * FROM depth WHERE k = 1 AND d > 0) c
@@ -69,7 +71,7 @@ _MODULES = ("(SELECT f, pid, tid, start_ns, end_ns, substr(name, 12) AS name FRO
             "WHERE cat = 'python_function' AND starts_with(name, 'nn.Module: '))")
 _SCOPES_SQL = f"""SELECT coalesce(o.f, m.f) AS f, coalesce(o.id, m.id) AS corr, o.outermost AS scope_op,
     m.path AS module, CASE WHEN starts_with(o.outermost, 'autograd::engine::') THEN 'backward' END AS phase
-FROM ({open_ranges_sql(_CPU_OPS, _LAUNCH_POINTS, "f, pid, tid")}) o
+FROM ({open_ranges_sql(_CPU_OPS, _LAUNCH_POINTS, "f, pid, tid", outer_first="ext_id, name")}) o
 FULL JOIN ({open_ranges_sql(_MODULES, _LAUNCH_POINTS, "f, pid, tid")}) m ON m.f = o.f AND m.id = o.id"""
 
 _LAUNCHERS_SQL = f"""

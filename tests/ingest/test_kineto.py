@@ -43,6 +43,21 @@ def test_device_event_counts_equal_the_raw_kernel_memcpy_memset_events(db: Path)
         assert query(db, "SELECT count(*) FROM device_events WHERE run_id = ?", run) == [(raw,)]
 
 
+def test_of_two_ops_with_the_same_start_and_end_the_caller_is_the_outer(db: Path) -> None:
+    """hta_rank3of8 has 63 aten::to / aten::_to_copy pairs with equal ts and dur (the caller has the smaller
+    External id), and every aten::_to_copy lies inside an aten::to of its thread (checked here on the raw file): no
+    launch's outermost op can be aten::_to_copy. The tie once went by scan order, so each ingest picked either."""
+    ops = [e for e in raw_events("hta_rank3of8_6steps.json.gz") if e.get("cat") == "cpu_op"]
+    to = [e for e in ops if e["name"] == "aten::to"]
+    copies = [e for e in ops if e["name"] == "aten::_to_copy"]
+    assert all(any(t["tid"] == c["tid"] and t["ts"] <= c["ts"] and t["ts"] + t["dur"] >= c["ts"] + c["dur"]
+                   for t in to) for c in copies)
+    twins = Counter((e["tid"], e["ts"], e["dur"]) for e in to + copies)
+    assert sum(n == 2 for n in twins.values()) == 63
+    assert query(db, "SELECT count(*) FILTER (WHERE op = 'aten::_to_copy'), count(*) FILTER (WHERE op = 'aten::to') "
+                     "FROM event_scopes WHERE run_id = 'hta_rank3of8_6steps'")[0][0] == 0
+
+
 def test_collectives_from_kernel_args(db: Path) -> None:
     raw = [e for e in raw_events("hta_rank0of2_pg_args.json.gz")
            if e.get("cat") == "kernel" and "Collective name" in e["args"]]
