@@ -105,7 +105,8 @@ def device_frames(con: duckdb.DuckDBPyConnection, rules: list[Rule]) -> tuple[pl
     collective rows (op decided, pg by name) for all GPU files."""
     events = con.sql(
         f"""WITH launchers AS ({_LAUNCHERS_SQL})
-        SELECT k.f, row_number() OVER (PARTITION BY k.f ORDER BY k.start_ns, k.end_ns, k.name) - 1 AS event_id,
+        SELECT k.f, row_number() OVER (PARTITION BY k.f  -- ties (a Send and a Recv kernel of one instant): stream
+                                       ORDER BY k.start_ns, k.end_ns, k.name, k.stream, k.tid, k.corr) - 1 AS event_id,
                coalesce(k.stream, TRY_CAST(k.tid AS BIGINT)) AS stream, k.start_ns, k.end_ns, k.name, k.cat,
                k.coll_name, k.in_nelems, k.dtype, k.pg_name, k.seq, k.peer, l.launcher, l.l_coll_name,
                l.l_in_nelems, l.l_dtype, l.l_pg_name, l.l_seq, coalesce(k.group_size, l.l_group_size) AS group_size,
