@@ -117,6 +117,8 @@ class RunData:
         return self.table("device_events").select("rank", "event_id", "stream", "start_ns", "end_ns")
 
     def discard(self) -> None:
-        """Remove the spilled Parquet (the run is in the store, or will never be)."""
+        """Remove the spilled Parquet and let the frames go (the run is in the store, or will never be): a dataset
+        writes its files after this, and thousands of ranks' frames would wait in memory beside that."""
         if self.spill is not None:
             self.spill.remove()
+        self.frames, self.comm_events = {}, None

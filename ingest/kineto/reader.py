@@ -270,13 +270,22 @@ def read(paths: list[Path], options: IngestOptions) -> RunData:
         task = functools.partial(parse_file, rules=options.rules, spill=spill.folder,
                                  threads=threads_per_task(workers))
         hosts = [_host_of(f) for f in files]
-        parsed = []
+        parsed, first_of_host, rank_sets = [], {}, {}
         for index, (file, part) in enumerate(zip(files, map_files(task, files, workers), strict=True)):
-            if hosts.index(hosts[index]) != index:  # only each host's first file serves the clock alignment
-                part.samples = part.samples.clear()
+            if first_of_host.setdefault(hosts[index], index) != index:  # only each host's first file serves the
+                part.samples = part.samples.clear()  # clock alignment
+            _share_rank_sets(part.info, rank_sets)
             parsed.append(part)
             options.progress.read(file)
         return _run(files, parsed, spill, options)
+
+
+def _share_rank_sets(info: dict, known: dict[tuple[int, ...], list[int]]) -> None:
+    """Point each pg_config group's ranks at one list per distinct rank set: every file lists the default group's
+    every rank and its data-parallel group's, so N ranks would otherwise hold N copies of each (quadratic: 0.75 GB of
+    Python ints at 4,096 ranks)."""
+    for group in info.get("pg_config") or []:
+        group["ranks"] = known.setdefault(tuple(group["ranks"]), group["ranks"])
 
 
 def _run(files: list[Path], parsed: list[ParsedFile], spill: Spill, options: IngestOptions) -> RunData:
@@ -308,11 +317,18 @@ def _run(files: list[Path], parsed: list[ParsedFile], spill: Spill, options: Ing
             return frame.with_columns(pl.lit(index, pl.Int32()).alias("f"), *shifted)
 
         comm = pl.concat([tagged(p.collectives, i) for i, p in enumerate(parsed)], how="vertical_relaxed")
-        comm = comm.join(file_rank, on="f").join(
-            groups.select("name_key", "pg", "ranks"), left_on="pg_name", right_on="name_key", how="left"
-        ).filter(pl.col("ranks").is_null() | pl.col("ranks").list.contains(pl.col("rank"))).unique(
-            ["rank", "event_id"], keep="first", maintain_order=True)
         steps = pl.concat([tagged(p.steps, i) for i, p in enumerate(parsed)], how="vertical_relaxed")
+        for part in parsed:  # the run's frames hold their rows now
+            part.collectives, part.steps = part.collectives.clear(), part.steps.clear()
+        # A collective takes the group its pg_name names where its rank is a member (several groups may share a
+        # name); membership by a join on (group, rank), not a list of members on every row (DP's 1,024 at 4,096).
+        members = groups.select("pg", pl.col("ranks").alias("rank")).explode("rank").with_columns(
+            pl.lit(True).alias("_member"))
+        comm = comm.join(file_rank, on="f", maintain_order="left").join(
+            groups.select("name_key", "pg"), left_on="pg_name", right_on="name_key", how="left", maintain_order="left"
+        ).join(members, on=["pg", "rank"], how="left", maintain_order="left").filter(
+            pl.col("pg").is_null() | pl.col("_member")).drop("_member").unique(
+            ["rank", "event_id"], keep="first", maintain_order=True)
         links = sum((replace(p.links, unlinked=[ranks[i]] if p.links.unlinked else [])  # the worker's rank: "this"
                      for i, p in enumerate(parsed)), StepLinks())
         if unnumbered := sum(p.unnumbered for p in parsed):

@@ -370,10 +370,11 @@ def merge(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
     with the same ids, all or nothing: a hidden sibling gets hard links to the dataset's other files and ``con``'s
     rows as new partitions, then takes the dataset's place (:func:`_move_into_place`)."""
     replaced: dict[str, set[str]] = {}
-    for name, columns, _ in _tables(con):
-        for key in (k for k in KEYS if k in columns):
-            replaced.setdefault(key, set()).update(r[0] for r in con.execute(f'SELECT DISTINCT {key} FROM "{name}"')
-                                                   .fetchall())
+    with database.bounded_memory(con):  # these scans would otherwise cache the whole run's blocks in memory
+        for name, columns, _ in _tables(con):
+            for key in (k for k in KEYS if k in columns):
+                replaced.setdefault(key, set()).update(
+                    r[0] for r in con.execute(f'SELECT DISTINCT {key} FROM "{name}"').fetchall())
 
     def left_out(_: str, names: list[str]) -> set[str]:
         """The dataset's schema.sql (written anew) and the partitions of the ids ``con`` replaces."""

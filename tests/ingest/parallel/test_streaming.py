@@ -180,9 +180,9 @@ def test_the_no_launch_records_note_names_the_file_s_rank_not_its_position(tmp_p
     path = tmp_path / "rank3.json"
     path.write_text(json.dumps(trace))
     data = read_run([path], "kineto", IngestOptions(spill_near=tmp_path / "s.duckdb"))
-    data.discard()
     assert data.table("ranks")["rank"].to_list() == [3]
     assert "no launch records on rank(s) 3: steps there are the step markers' CPU ranges" in data.notes
+    data.discard()
 
 
 def test_the_default_worker_count_weighs_a_gzipped_file_by_what_it_holds(tmp_path: Path,
