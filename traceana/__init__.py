@@ -3,14 +3,8 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-# Polars' allocator (jemalloc) keeps freed pages for 10 s by default: the cross-rank steps of a large ingest free and
-# allocate hundreds of MB in turn, and the kept pages add up to the process's peak (1,024 ranks: 805 -> 625 MiB in
-# those steps). Read once, when polars loads; a user's own setting wins.
-os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
 
 if TYPE_CHECKING:
     from traceana.api import Traces

@@ -3,6 +3,7 @@ traceana/store/)."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Annotated
@@ -45,6 +46,11 @@ def ingest(
 ) -> None:
     """Read one run's traces into the store (replacing an earlier ingest of the same run id). --db may name a Parquet
     dataset folder (a folder, or a name ending in .parquet): the run is added to it."""
+    # Polars' allocator (jemalloc) keeps freed pages for a while (polars asks for 500 ms): the cross-rank steps of a
+    # large run free and allocate hundreds of MB in turn, and the kept pages add up to this process's peak (1,024
+    # ranks: 805 -> 625 MiB in those steps). Read when polars loads (below, in the command's own process; the workers
+    # inherit it); a user's own setting wins.
+    os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
     from traceana.ingest.dispatch import IngestOptions, read_run
     from traceana.ingest.parallel.executor import RayCluster
     from traceana.ingest.rules import load_rules
