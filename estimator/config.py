@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from traceana.errors import TraceanaError
+from traceana.errors import TraceanaError, first_line
 from traceana.estimator import balance
 from traceana.estimator.hardware import Profile
 from traceana.estimator.pipeline import BLOCKING_KINDS, schedule_problem
@@ -457,7 +457,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise TraceanaError(f"{path}: not a UTF-8 text file (byte {exc.start}); a config is YAML text") from None
     except yaml.YAMLError as exc:
-        raise TraceanaError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise TraceanaError(f"{path}: not valid YAML ({first_line(exc)})") from None
     if not isinstance(raw, dict):
         raise TraceanaError(f"{path}: expected a mapping of sections (model, parallel, hardware, ...)")
     return raw

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from traceana.errors import TraceanaError
+from traceana.errors import TraceanaError, first_line
 
 
 def marker_steps(ranges: pl.DataFrame, marker: str) -> pl.DataFrame:
@@ -18,7 +18,7 @@ def marker_steps(ranges: pl.DataFrame, marker: str) -> pl.DataFrame:
     try:
         marked = ranges.filter(pl.col("name").str.contains(marker))
     except pl.exceptions.ComputeError as exc:
-        raise TraceanaError(f"--step-marker {marker!r}: {str(exc).splitlines()[0]}") from None
+        raise TraceanaError(f"--step-marker {marker!r}: {first_line(exc)}") from None
     by = ["rank"] if "rank" in marked.columns else []
     marked = marked.sort([*by, "start_ns"]).with_columns(pl.coalesce(
         pl.col("name").str.extract(r"(\d+)\D*$").cast(pl.Int64),

@@ -35,7 +35,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT, TRACES, run_main
@@ -358,6 +358,8 @@ def _timeline() -> str:
        memory=st.one_of(st.none(), bytes_damage, st.sampled_from(["no-header", "bad-rows", "missing-column"])),
        metadata=st.one_of(st.none(), st.tuples(st.sampled_from(["parallel_group_info", "distributed_args"]), odd)),
        raw=st.one_of(st.none(), st.none(), bytes_damage))
+# the fuzz's shrunk case of an IndexError (DuckDB raised with an empty message)
+@example(events=[], memory=None, metadata=None, raw=("non-utf8", 0.0))
 def test_ascend_text_damage_is_ingested_or_one_line(events, memory, metadata, raw) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "rank0_ascend_pt"

@@ -19,7 +19,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from traceana.errors import TraceanaError
+from traceana.errors import TraceanaError, first_line
 from traceana.ingest.ascend.groups import communication_keys
 from traceana.ingest.ascend.memory import memory_from_csv
 from traceana.ingest.ascend.tasks import RankTrace, hcom_columns, rank_events, with_task_categories
@@ -58,7 +58,7 @@ def _rows(path: Path, notes: list[str]) -> pl.DataFrame:
         rows = con.sql(_ROWS_SQL.format(path=source, **optional)).pl()
         rejected = con.execute("SELECT count(*), min(line), any_value(error_message) FROM reject_errors").fetchone()
     except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
-        raise TraceanaError(f"{path}: not a readable CSV ({str(exc).strip().splitlines()[0][:160]})") from None
+        raise TraceanaError(f"{path}: not a readable CSV ({first_line(exc, 160)})") from None
     finally:
         con.close()
     if rejected and rejected[0]:

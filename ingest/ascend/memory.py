@@ -10,6 +10,8 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+from traceana.errors import first_line
+
 SCHEMA = {"ts_ns": pl.Int64(), "allocated_bytes": pl.Int64(), "reserved_bytes": pl.Int64()}
 EMPTY = pl.DataFrame(schema=SCHEMA)
 
@@ -23,7 +25,7 @@ def memory_from_csv(path: Path, notes: list[str]) -> pl.DataFrame:
     try:
         return _read_csv(source)
     except (duckdb.Error, OSError, UnicodeDecodeError) as exc:
-        notes.append(f"{path}: memory samples left out, the file is not readable ({str(exc).splitlines()[0][:120]})")
+        notes.append(f"{path}: memory samples left out, the file is not readable ({first_line(exc, 120)})")
         return EMPTY
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from traceana.errors import TraceanaError
+from traceana.errors import TraceanaError, first_line
 from traceana.ingest.ascend.memory import memory_from_csv
 from traceana.ingest.ascend.tasks import (
     RankTrace,
@@ -131,7 +131,7 @@ def _load(con: duckdb.DuckDBPyConnection, files: list[Path]) -> None:
                     f"columns={_COLUMNS}, maximum_object_size=1073741824)")
     except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
         where = files[0] if len(files) == 1 else f"{files[0].parent} (msprof slices)"
-        detail = str(exc).strip().splitlines()[0][:160]
+        detail = first_line(exc, 160)
         raise TraceanaError(f"{where}: not a complete JSON array of trace events ({detail})") from None
 
 

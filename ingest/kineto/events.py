@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import duckdb
 
-from traceana.errors import TraceanaError
+from traceana.errors import TraceanaError, first_line
 from traceana.ingest.formats import not_read
 from traceana.ingest.validate import MAX_RANK, MAX_TIME_NS, checked_rank, rank_list
 
@@ -201,6 +201,3 @@ def _metadata(file: Path, distributed: str | None, base: str | None) -> tuple[di
         raise TraceanaError(f"{file}: baseTimeNanoseconds is {value!r}, not a time in ns")
     return info, value
 
-
-def first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0][:200]

@@ -33,7 +33,7 @@ from typing import TypeVar
 
 import pyarrow as pa
 
-from traceana.errors import TraceanaError
+from traceana.errors import TraceanaError, first_line
 
 T = TypeVar("T")
 
@@ -171,7 +171,7 @@ def _connected(ray: ModuleType, cluster: RayCluster) -> Iterator[None]:
         exc = failed[0]
         if not isinstance(exc, ConnectionError | ValueError | RuntimeError):
             raise exc
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise TraceanaError(f"cannot start or reach Ray{at} ({first[:200]})") from None
     try:
         yield
@@ -204,7 +204,7 @@ def _run_tasks(ray: ModuleType, parse: Callable[[Path], T], files: list[Path], n
                 raise exc.cause from None
             except ray.exceptions.RayError as exc:  # the task's worker or node died, or its result was lost
                 raise TraceanaError(f"{file}: the Ray task reading it failed ({type(exc).__name__}: "
-                                    f"{str(exc).strip().splitlines()[0][:160]})") from None
+                                    f"{first_line(exc, 160)})") from None
             nodes[node] += 1
             yield result
     except BaseException:

@@ -19,10 +19,9 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from traceana.errors import TraceanaError
+from traceana.errors import TraceanaError, first_line
 from traceana.ingest.comm_names import canonical_op, parse_nccl_kernel
 from traceana.ingest.dispatch import IngestOptions
-from traceana.ingest.kineto.events import first_line
 from traceana.ingest.ranks import rank_in_file_name, require_distinct
 from traceana.ingest.rules import with_classes
 from traceana.ingest.run_data import RunData

@@ -44,7 +44,7 @@ import duckdb
 import polars as pl
 
 from traceana import store
-from traceana.errors import TraceanaError
+from traceana.errors import TraceanaError, first_line
 from traceana.estimator import record
 from traceana.estimator.memory import MIB
 from traceana.layout import Layout
@@ -157,7 +157,7 @@ def _read(path: Path) -> pl.DataFrame:
     except OSError as exc:
         raise TraceanaError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except (ValueError, pl.exceptions.PolarsError) as exc:  # JSONDecodeError is a ValueError
-        raise TraceanaError(f"{path}: not a readable {suffix[1:]} file ({str(exc).splitlines()[0]})") from None
+        raise TraceanaError(f"{path}: not a readable {suffix[1:]} file ({first_line(exc)})") from None
     if frame.is_empty():
         raise TraceanaError(f"{path}: no data rows")
     return frame

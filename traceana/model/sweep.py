@@ -32,7 +32,7 @@ import duckdb
 import polars as pl
 
 from traceana import store
-from traceana.errors import TraceanaError
+from traceana.errors import TraceanaError, first_line
 from traceana.estimator import config as cfgmod
 from traceana.estimator.config import Config
 from traceana.estimator.estimate import estimate
@@ -210,7 +210,7 @@ def read_frame(path: Path) -> pl.DataFrame:
     try:
         frame = pl.read_csv(io.StringIO("\n".join(lines)), infer_schema_length=None)
     except (pl.exceptions.PolarsError, ValueError) as exc:
-        raise TraceanaError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+        raise TraceanaError(f"{path}: not a readable CSV ({first_line(exc)})") from None
     if frame.is_empty():
         raise TraceanaError(f"{path}: no data rows")
     return frame

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from traceana.about import version
-from traceana.errors import TraceanaError
+from traceana.errors import TraceanaError, first_line
 from traceana.store.schema import FRESH, check_tables, define_views, schema_sql, view_sql
 
 if TYPE_CHECKING:  # imported where used, so that `traceana --help` loads neither DuckDB nor Polars
@@ -43,7 +43,7 @@ def _open_error(path: Path, exc: duckdb.Error, read_only: bool) -> TraceanaError
     """The one line for a database that cannot be opened: locked (by whom), damaged, or not DuckDB at all."""
     import duckdb
 
-    text = str(exc).splitlines()[0]
+    text = first_line(exc)
     if "lock" in text.lower():
         if read_only:
             return TraceanaError(f"{path}: another traceana process is writing this database; retry when it ends")
@@ -66,7 +66,7 @@ def file_error(path: Path, exc: duckdb.Error) -> TraceanaError | None:
     if "No space left on device" in text:  # the write's transaction rolled back: its runs and rows are as they were
         return TraceanaError(f"{path}: no space left on device; the store's runs and rows are as they were")
     if "Permission denied" in text or "Read-only file system" in text:
-        return TraceanaError(f"{path}: cannot write here ({text.splitlines()[0]}); the store is unchanged")
+        return TraceanaError(f"{path}: cannot write here ({first_line(exc)}); the store is unchanged")
     return None
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-from traceana.errors import TraceanaError
+from traceana.errors import TraceanaError, first_line
 from traceana.store import database
 from traceana.store.schema import check_tables, define_views
 
@@ -186,7 +186,7 @@ def import_dataset(con: duckdb.DuckDBPyConnection, source: Path,
                 counts[name] = con.execute(f"SELECT count(*) FROM {files}").fetchall()[0][0]
                 progress(name)
     except duckdb.Error as exc:
-        raise TraceanaError(f"{source}: cannot import ({str(exc).splitlines()[0]})") from None
+        raise TraceanaError(f"{source}: cannot import ({first_line(exc)})") from None
     return counts
 
 
@@ -278,7 +278,7 @@ def _connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.D
             try:
                 con.execute(schema.read_text())
             except duckdb.Error as exc:
-                raise TraceanaError(f"{schema}: not a traceana schema ({str(exc).splitlines()[0]})") from None
+                raise TraceanaError(f"{schema}: not a traceana schema ({first_line(exc)})") from None
             check_tables(con, folder, read_only=read_only)
         if read_only:
             _check_files(con, folder)
@@ -293,7 +293,7 @@ def _connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.D
             raise mapped from None
         if isinstance(exc, duckdb.IOException | duckdb.InvalidInputException | duckdb.ConversionException):
             # a damaged or vanished Parquet file, a column or partition value of another type
-            raise TraceanaError(f"{folder}: cannot read the dataset ({str(exc).splitlines()[0]})") from None
+            raise TraceanaError(f"{folder}: cannot read the dataset ({first_line(exc)})") from None
         raise
     finally:
         con.close()

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from traceana.errors import TraceanaError
+from traceana.errors import TraceanaError, first_line
 
 if TYPE_CHECKING:
     import duckdb
@@ -38,7 +38,7 @@ def check_select(query: str) -> None:
     try:
         statements = duckdb.extract_statements(query)
     except duckdb.Error as exc:
-        raise TraceanaError(f"sql: {str(exc).splitlines()[0]}") from None
+        raise TraceanaError(f"sql: {first_line(exc)}") from None
     if not statements:
         raise TraceanaError("sql: the query is empty")
     kinds = [s.type.name for s in statements]
@@ -78,6 +78,6 @@ def select(con: duckdb.DuckDBPyConnection, db: Path, query: str, *, limit: int |
             relation = relation.limit(limit)
         return relation.pl()
     except duckdb.PermissionException as exc:
-        raise TraceanaError(f"sql reads the store's own files only: {str(exc).splitlines()[0]}") from None
+        raise TraceanaError(f"sql reads the store's own files only: {first_line(exc)}") from None
     except duckdb.Error as exc:
-        raise TraceanaError(f"query failed: {str(exc).splitlines()[0]}") from None
+        raise TraceanaError(f"query failed: {first_line(exc)}") from None
