@@ -41,6 +41,8 @@ def invoke(*args: object) -> str:
 
 def synth_and_ingest(tmp: Path, *options: object, fmt: str = "kineto", layout: str = LAYOUT) -> tuple[dict, Path]:
     out, db = tmp / "run", tmp / "run.duckdb"
+    if db.exists():  # a shared run (slow_rank5), already made
+        return json.loads((out / "truth.json").read_text()), db
     invoke("synth", CONFIG, out, "--ranks", 16, "--steps", 3, "--kernel-us", 50, "--format", fmt, *options)
     invoke("ingest", out / "traces", "--db", db, "--layout", layout, "--run-id", "synth")
     return json.loads((out / "truth.json").read_text()), db
@@ -66,12 +68,23 @@ def compare(truth: dict, db: Path) -> pl.DataFrame:
 EDGE_NS = {"kineto": 1, "nsys": 25_001, "ascend": 25_001}
 
 
-@pytest.mark.parametrize("straggler", [("--straggler-rank", 5), ("--straggler-stage", 0, "--slowdown", 1.5)],
+SLOW_RANK5 = ("--straggler-rank", 5, "--slowdown", 1.3)
+
+
+@pytest.fixture(scope="module")
+def slow_rank5(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Per format, a folder for the 16-rank run with rank 5 at 1.3x, synthesized and ingested by the first test
+    that reads it (two tests read each: one synth and ingest, not two)."""
+    return {fmt: tmp_path_factory.mktemp(f"slow_rank5_{fmt}") for fmt in ("kineto", "nsys", "ascend")}
+
+
+@pytest.mark.parametrize("straggler", [SLOW_RANK5, ("--straggler-stage", 0, "--slowdown", 1.5)],
                          ids=["rank", "stage"])
 @pytest.mark.parametrize("fmt", ["kineto", "nsys", "ascend"])
-def test_breakdown_recovers_every_dimension(tmp_path: Path, fmt: str, straggler: tuple) -> None:
+def test_breakdown_recovers_every_dimension(tmp_path: Path, fmt: str, straggler: tuple,
+                                            slow_rank5: dict[str, Path]) -> None:
     # a slow stage delays the other through the pipeline transfers: its waits are in the truth and the views alike
-    truth, db = synth_and_ingest(tmp_path, *straggler, fmt=fmt)
+    truth, db = synth_and_ingest(slow_rank5[fmt] if straggler == SLOW_RANK5 else tmp_path, *straggler, fmt=fmt)
     diff = compare(truth, db)
     steps = pl.DataFrame(truth["steps"])
     # the run is not trivial: every dim this layout has is there, and waits are a real share of the step
@@ -92,8 +105,8 @@ def test_breakdown_recovers_every_dimension(tmp_path: Path, fmt: str, straggler:
 
 
 @pytest.mark.parametrize("fmt", ["kineto", "nsys", "ascend"])
-def test_stragglers_view_finds_the_injected_rank(tmp_path: Path, fmt: str) -> None:
-    truth, db = synth_and_ingest(tmp_path, "--straggler-rank", 5, "--slowdown", 1.3, fmt=fmt)
+def test_stragglers_view_finds_the_injected_rank(slow_rank5: dict[str, Path], fmt: str) -> None:
+    truth, db = synth_and_ingest(slow_rank5[fmt], *SLOW_RANK5, fmt=fmt)
     rows = views(db, "SELECT rank, COMP_excess_pct, last_arrivals FROM stragglers ORDER BY COMP_excess_pct DESC")
     assert rows["rank"][0] == truth["straggler"]["rank"] == 5
     assert rows["COMP_excess_pct"][0] == pytest.approx(30, abs=1)
