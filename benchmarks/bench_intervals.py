@@ -8,12 +8,16 @@ those steps, as compare reports). Score s = log(truth / prediction), r = s / σ,
 group; rows are calibrated under the kind of change traceana names at run time (whatif's key, predict's configs'
 difference), so a lookup finds them.
 
-    .venv/bin/python benchmarks/bench_intervals.py [--pairs DIR] [--write] [--rows CSV]
+    .venv/bin/python benchmarks/bench_intervals.py [--pairs DIR] [--write] [--rows CSV] [--synth]
 
 --write computes the conformal quantiles per kind, family and pooled from the calibrate split only (numpy,
 traceana.model.intervals.conformal) and writes traceana/model/intervals.json with its provenance (commit, n per
 kind). Then, per family and kind on the CHECK split: groups, stated level, coverage with its Clopper-Pearson 95%
 band, median half-width (% of step), and the run-to-run floor (the `null` kind's median |s|) beside it.
+
+--synth checks instead the GPU-format what-if intervals on the synthesizer's truth pairs (SYNTH_PAIRS: `traceana synth`
+runs of examples/synth_gpt_tp2pp2.yaml, 8 ranks, launched kernels, one knob changed, three seeds each): check only,
+they set no width, as a synthesized schedule is not a real GPU's noise.
 """
 
 from __future__ import annotations
@@ -106,6 +110,65 @@ def score(pairs: Path, work: Path) -> list[dict]:
     return rows
 
 
+# (group, change whatif applies to A, A's synth options, B's synth options): one knob of the synthesizer's truth.
+# A speed-up is predicted from the slowed run back to the base: the synthesizer keeps an op that follows a bubble
+# at its planned time, and the plan is the unscaled estimator's, so a run synthesized with a factor below 1 is held
+# by times a faster link would not keep (TP x0.5: IDLE 0.25 -> 5.3 ms on stage 0), not a run with a faster link.
+
+
+def slow_stage_1(factor: float) -> str:
+    """Stage 1's ranks (4-7 in tp=2,pp=2,dp=2) scaled by ``factor``: `stage=` takes only `median`."""
+    return ";".join(f"rank={r}:{factor:g}" for r in (4, 5, 6, 7))
+
+
+SYNTH_PAIRS = [
+    ("tp_x2", "dim=TP:2", [], ["--comm-scale", "TP=2"]),
+    ("tp_x0.5", "dim=TP:0.5", ["--comm-scale", "TP=2"], []),
+    ("dp_x2", "dim=DP:2", [], ["--comm-scale", "DP=2"]),
+    ("dp_x0.5", "dim=DP:0.5", ["--comm-scale", "DP=2"], []),
+    ("pp_x2", "dim=PP:2", [], ["--comm-scale", "PP=2"]),
+    ("tp_dp_x2", "dim=TP:2;dim=DP:2", [], ["--comm-scale", "TP=2,DP=2"]),
+    ("straggler3_x1.3", "rank=3:1.3", [], ["--straggler-rank", "3"]),
+    ("straggler5_x1.6", "rank=5:1.6", [], ["--straggler-rank", "5", "--slowdown", "1.6"]),
+    ("straggler3_median", "rank=3:median", ["--straggler-rank", "3"], []),
+    ("straggler3_all_median", "rank=*:median", ["--straggler-rank", "3"], []),
+    ("stage1_x1.3", slow_stage_1(1.3), [], ["--straggler-stage", "1"]),
+    ("stage1_x1/1.3", slow_stage_1(1 / 1.3), ["--straggler-stage", "1"], []),
+    ("null", "rank=*:1", [], []),
+]
+SYNTH_SEEDS = {"A": (0, 1, 2), "B": (10, 11, 12)}  # a recording's own jitter: A's and B's draws are independent
+
+
+def synthesized_pairs(work: Path) -> Path:
+    """SYNTH_PAIRS written as a pairs folder (manifest.csv, recordings.csv) under ``work``, every split `check`."""
+    config, made = ROOT / "examples" / "synth_gpt_tp2pp2.yaml", {}
+    recordings, manifest = [], []
+
+    def synthesize(options: list[str], side: str) -> str:
+        name = f"{side}:{' '.join(options)}"
+        if name not in made:
+            made[name] = f"s{len(made)}"
+            for seed in SYNTH_SEEDS[side]:
+                out = work / "synth" / f"{made[name]}_{seed}"
+                invoke("synth", config, out, "--steps", 6, "--seed", seed, *options)
+                recordings.append({"config": made[name], "repeat": seed, "path": out / "traces"})
+        return made[name]
+
+    for group, change, a, b in SYNTH_PAIRS:
+        manifest.append({"group": f"synth:{group}", "kind": "null" if group == "null" else group, "family": "whatif",
+                         "A": synthesize(a, "A"), "B": synthesize(b, "B"), "layout": "tp=2,pp=2,dp=2",
+                         "layout_B": "", "change": change, "config_A": "", "config_B": "", "split": "check",
+                         "notes": "synthesized"})
+    folder = work / "synth_pairs"
+    folder.mkdir()
+    for name, rows in (("manifest.csv", manifest), ("recordings.csv", recordings)):
+        with (folder / name).open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(rows)
+    return folder
+
+
 def predict_one(g: dict, run: str, db: Path) -> tuple[float, dict]:
     """(predicted step ms, its interval's sources) for one recording of A."""
     if g["kind"] == "null":  # A predicts itself
@@ -141,23 +204,29 @@ def calibrate(rows: list[dict]) -> dict:
     return out
 
 
-def report(rows: list[dict]) -> None:
+def quantiles(platform: str, kind: str, family: str) -> tuple[float, float]:
+    """The (q_lo, q_hi) traceana applies: the platform's calibration for the kind, else the model-based ±z."""
+    got = intervals.quantiles(platform, kind, family)
+    return (got[0], got[1]) if got else (-intervals.Z[intervals.LEVEL], intervals.Z[intervals.LEVEL])
+
+
+def report(rows: list[dict], platform: str = "cpu-gloo") -> None:
+    """Per family and kind, the CHECK split's coverage of the intervals ``platform``'s calibration gives (its
+    conformal quantiles, else the model-based ±z·σ traceana prints where a kind is uncalibrated)."""
     check = [r for r in rows if r["split"] == "check"]
     nulls = [abs(r["s"]) for r in rows if r["kind"] == "null"]
     floor = 100 * float(np.median(nulls)) if nulls else float("nan")
     print(f"{'family':<8}{'kind':<16}{'groups':>7}{'level':>7}{'covered':>9}{'coverage [95% CP]':>24}"
           f"{'median half-width % step':>26}{'noise floor %':>15}")
-    by = defaultdict(list)
+    by = defaultdict(lambda: defaultdict(list))  # (family, kind) -> group -> (covered, half-width %) per row
     for r in check:
-        if r["kind"] != "null":  # the null kind is the floor printed beside each row, not a prediction
-            by[(r["family"], r["kind"])].append(r)
-    for (family, kind), members in sorted(by.items()):
-        got = intervals.quantiles(members[0].get("platform", "cpu-gloo"), kind, family)
-        q_lo, q_hi = (got[0], got[1]) if got else (-intervals.Z[intervals.LEVEL], intervals.Z[intervals.LEVEL])
-        groups = defaultdict(list)
-        for m in members:
-            lo, hi = m["value"] * np.exp(q_lo * m["sigma"]), m["value"] * np.exp(q_hi * m["sigma"])
-            groups[m["group"]].append((lo <= m["truth"] <= hi, 100 * (hi - lo) / 2 / m["value"]))
+        if r["kind"] == "null":  # the null kind is the floor printed beside each row, not a prediction
+            continue
+        q_lo, q_hi = quantiles(platform, r["kind"], r["family"])
+        lo, hi = r["value"] * np.exp(q_lo * r["sigma"]), r["value"] * np.exp(q_hi * r["sigma"])
+        for key in ((r["family"], r["kind"]), (r["family"], "(all kinds)")):
+            by[key][r["group"]].append((lo <= r["truth"] <= hi, 100 * (hi - lo) / 2 / r["value"]))
+    for (family, kind), groups in sorted(by.items()):
         covered = sum(np.mean([c for c, _ in v]) >= 0.5 for v in groups.values())
         band = intervals.clopper_pearson(covered, len(groups))
         width = float(np.median([w for v in groups.values() for _, w in v]))
@@ -197,7 +266,11 @@ def main() -> None:
     parser.add_argument("--pairs", type=Path, default=ROOT / "sample_traces" / "pairs")
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--rows", type=Path, help="also write every scored row (group, kind, split, s, ...) as CSV")
+    parser.add_argument("--synth", action="store_true",
+                        help="check GPU-format what-if intervals on synthesized pairs instead (SYNTH_PAIRS)")
     args = parser.parse_args()
+    if args.synth:
+        return check_synthesized()
     from_scratch(args.write)
     if not (args.pairs / "manifest.csv").exists():
         sys.exit(f"{args.pairs / 'manifest.csv'}: no validation pairs recorded (issue 33 item 2)")
@@ -219,6 +292,19 @@ def main() -> None:
         (ROOT / "traceana" / "model" / "intervals.json").write_text(json.dumps(data, indent=1) + "\n")
         intervals.calibration.cache_clear()
     report(rows)
+
+
+def check_synthesized() -> None:
+    """Each synthesized pair's prediction against its truth, then the coverage table of traceana's 'gpu' intervals."""
+    with tempfile.TemporaryDirectory() as work:
+        rows = score(synthesized_pairs(Path(work)), Path(work))
+    print(f"synthesized GPU-format pairs ({len(SYNTH_PAIRS)} groups x {len(SYNTH_SEEDS['A'])} recordings of A, "
+          "check only):")
+    for r in (r for r in rows if r["kind"] != "null"):  # null: the floor, A's truth against B's
+        lo, hi = (r["value"] * np.exp(q * r["sigma"]) for q in quantiles("gpu", r["kind"], r["family"]))
+        print(f"  {r['group']:<28}{r['kind']:<14} truth {r['truth']:8.3f} ms  predicted {r['value']:8.3f} "
+              f"[{lo:.3f}, {hi:.3f}]  {'in' if lo <= r['truth'] <= hi else 'OUT'}")
+    report(rows, "gpu")
 
 
 if __name__ == "__main__":

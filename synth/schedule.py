@@ -14,7 +14,9 @@ differ is drawn from a seeded RNG:
 - a collective starts on each member when that member reaches it and ends on all of them at the last arrival plus
   the transfer time (the wait the stragglers view reads);
 - an op that follows a gap in the template (a bubble or host-bound wait) starts at its planned time or when the
-  rank is free, whichever is later; an op that follows another directly starts when that one ends.
+  rank is free, whichever is later; an op that follows another directly starts when that one ends. The planned
+  times are the estimator's, before ``comm_scale``: a factor below 1 leaves them where they were, so such a run
+  idles where a faster link would not (TP=0.5 on examples/synth_gpt_tp2pp2.yaml: stage 0's IDLE 0.25 -> 5.3 ms).
 
 Stages are coupled through their pipeline transfers (a Send on the sender, a Recv on the receiver, on their own
 stream): the Send starts when the pass it carries ends, the Recv when the receiver reaches the pass that needs it,
