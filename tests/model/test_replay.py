@@ -50,6 +50,21 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+
+@pytest.mark.parametrize("run", ["h200_gpt", "toy8_tp2pp2dp2_1f1b"])
+def test_the_graph_names_each_event_as_the_store_does(db: Path, run: str) -> None:
+    # names travel as codes of the run's distinct names (a 1,024-rank dataset's 785 MiB of text could not be
+    # sorted in a reader's 1 GiB): each event must get its own name back, not a neighbour's in the dictionary
+    from traceana.model import graph as dependency
+
+    with store.connect(db, read_only=True) as con:
+        events = dependency.build(con, run).events
+        stored = con.sql("SELECT rank, event_id, name FROM device_events WHERE run_id = ?", params=[run]).pl()
+    assert events.schema["name"] == pl.Categorical and events["name"].n_unique() > 10
+    joined = events.select("rank", "event_id", pl.col("name").cast(pl.String)).join(
+        stored, on=["rank", "event_id"], suffix="_stored")
+    assert joined.height == events.height and (joined["name"] == joined["name_stored"]).all()
+
 def _replayed(db: Path, run: str) -> pl.DataFrame:
     with store.connect(db, read_only=True) as con:
         return replay.replay_run(con, run)[1]

@@ -116,7 +116,8 @@ def walk(windows: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
             t = int(starts[j])
     path = pl.DataFrame(backwards[::-1], schema={"rank": pl.Int32, "row": pl.Int64, "start_ns": pl.Int64,
                                                  "end_ns": pl.Int64, "idle_name": pl.String}, orient="row")
-    rows = pl.concat([f.select(pl.col("rank").cast(pl.Int32), pl.col("row").cast(pl.Int64), "category", "dim", "name")
+    rows = pl.concat([f.select(pl.col("rank").cast(pl.Int32), pl.col("row").cast(pl.Int64), "category", "dim",
+                               pl.col("name").cast(pl.String))
                       for f in ranks.values()]) if ranks else pl.DataFrame(
         schema={"rank": pl.Int32, "row": pl.Int64, "category": pl.String, "dim": pl.String, "name": pl.String})
     named = pl.when(pl.col("start_ns") == origin).then(pl.lit("idle: before the walk's first event on this rank"))

@@ -106,7 +106,8 @@ def simulated_store(runs: Sequence[tuple[str, pl.DataFrame, pl.DataFrame]],
     rows live in a transaction of their own on a cursor of :func:`_empty_store`, rolled back at the end, so each
     store sees only its own runs."""
     device = pl.concat([events.select(pl.lit(run_id).alias("run_id"), "rank", "event_id", "stream",  # noqa: F841
-                                      "start_ns", "end_ns", "name", "category") for run_id, events, _ in runs])
+                                      "start_ns", "end_ns", pl.col("name").cast(pl.String), "category")
+                        for run_id, events, _ in runs])
     comm = pl.concat([events.filter(pl.col("op").is_not_null()).select(  # noqa: F841
         pl.lit(run_id).alias("run_id"), "rank", "event_id", "op", pl.lit(None, pl.String).alias("kernel_op"),
         pl.lit(None, pl.Int64).alias("bytes"), pl.lit(None, pl.String).alias("dtype"),
