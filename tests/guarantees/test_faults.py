@@ -116,3 +116,23 @@ def test_a_kineto_world_size_past_the_store_integer_is_one_line(tmp_path) -> Non
     path.write_text(json.dumps(trace))
     assert one_line(*run_main("ingest", path, "--db", tmp_path / "s.duckdb")[::2]) == (
         f"error: {path}: distributedInfo.world_size is 2147483648, not a number of ranks")
+
+
+@pytest.mark.parametrize("exc", ["MemoryError", "OutOfMemoryException"])
+def test_running_out_of_memory_is_one_line_that_says_so(store: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        exc: str) -> None:
+    # a 1,024-rank dataset's replay once sorted its events past DuckDB's 1 GiB: "internal error", as if a bug
+    import duckdb
+
+    from traceana.model import replay
+
+    error = MemoryError() if exc == "MemoryError" else duckdb.OutOfMemoryException(
+        "Out of Memory Error: could not allocate block of size 256.0 KiB (1.0 GiB/1.0 GiB used)")
+
+    def replay_run(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(replay, "replay_run", replay_run)
+    line = one_line(*run_main("replay", "--db", store)[::2], expected=1)
+    assert line.startswith(f"error: out of memory: the run is larger than this command can hold on this machine "
+                           f"({exc}") and "internal error" not in line

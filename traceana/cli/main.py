@@ -60,6 +60,11 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(2) from None
         if os.environ.get("TRACEANA_DEBUG", "") not in ("", "0"):
             traceback.print_exc()
+        elif isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryException":
+            line = next(iter(str(exc).strip().splitlines()), "")
+            typer.echo(f"error: out of memory: the run is larger than this command can hold on this machine "
+                       f"({type(exc).__name__}{': ' + line if line else ''}); docs/performance.md gives each "
+                       "command's memory at scale", err=True)
         else:
             line = next(iter(str(exc).strip().splitlines()), "")
             typer.echo(f"error: internal error: {type(exc).__name__}: {line} "
