@@ -105,17 +105,17 @@ def simulated_store(runs: Sequence[tuple[str, pl.DataFrame, pl.DataFrame]],
     the steps table) and a copy of ``ranks`` (the measured run's), with the views of queries/*.sql over them. The
     rows live in a transaction of their own on a cursor of :func:`_empty_store`, rolled back at the end, so each
     store sees only its own runs."""
-    device = pl.concat([events.select(pl.lit(run_id).alias("run_id"), "rank", "event_id", "stream",  # noqa: F841
+    device = pl.concat([events.select(pl.lit(run_id).alias("run_id"), "rank", "event_id", "stream",
                                       "start_ns", "end_ns", pl.col("name").cast(pl.String), "category")
                         for run_id, events, _ in runs])
-    comm = pl.concat([events.filter(pl.col("op").is_not_null()).select(  # noqa: F841
+    comm = pl.concat([events.filter(pl.col("op").is_not_null()).select(
         pl.lit(run_id).alias("run_id"), "rank", "event_id", "op", pl.lit(None, pl.String).alias("kernel_op"),
         pl.lit(None, pl.Int64).alias("bytes"), pl.lit(None, pl.String).alias("dtype"),
         pl.lit(None, pl.String).alias("pg"), "dim", pl.lit(None, pl.Int64).alias("seq"), "instance",
         pl.lit(None, pl.Int32).alias("peer"), pl.lit("replay").alias("evidence")) for run_id, events, _ in runs])
-    cut = pl.concat([windows.select(pl.lit(run_id).alias("run_id"), "rank", "step", "start_ns", "end_ns")  # noqa: F841
+    cut = pl.concat([windows.select(pl.lit(run_id).alias("run_id"), "rank", "step", "start_ns", "end_ns")
                      for run_id, _, windows in runs])
-    known = pl.concat([ranks.with_columns(run_id=pl.lit(run_id)) for run_id, _, _ in runs])  # noqa: F841
+    known = pl.concat([ranks.with_columns(run_id=pl.lit(run_id)) for run_id, _, _ in runs])
     con = _empty_store().cursor()
     try:
         con.execute("BEGIN TRANSACTION")
@@ -123,6 +123,7 @@ def simulated_store(runs: Sequence[tuple[str, pl.DataFrame, pl.DataFrame]],
         con.execute("INSERT INTO collectives SELECT * FROM comm")
         con.execute("INSERT INTO steps SELECT * FROM cut")  # frames are named apart from the tables
         con.execute("INSERT INTO ranks BY NAME SELECT * FROM known")
+        del device, comm, cut, known  # copied into the store: the frames' text (names, run ids) goes now
         yield con
     finally:
         con.execute("ROLLBACK")
