@@ -117,7 +117,8 @@ def score(pairs: Path, work: Path) -> list[dict]:
 
 
 def slow_stage_1(factor: float) -> str:
-    """Stage 1's ranks (4-7 in tp=2,pp=2,dp=2) scaled by ``factor``: `stage=` takes only `median`."""
+    """Stage 1's ranks (4-7 in tp=2,pp=2,dp=2) scaled by ``factor``, rank by rank: what `stage=1:F` replays, scored
+    under rank:factor."""
     return ";".join(f"rank={r}:{factor:g}" for r in (4, 5, 6, 7))
 
 

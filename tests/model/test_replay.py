@@ -119,6 +119,19 @@ def test_a_rank_factor_scales_that_ranks_compute_alone(db: Path) -> None:
     assert all(after == pytest.approx(before, rel=1e-3) for r, (before, after) in comp.items() if r != 1)
 
 
+
+def test_a_stage_factor_is_each_of_its_ranks_at_that_factor(db: Path) -> None:
+    # toy8 (tp2 pp2 dp2): stage 1 is ranks 4-7 (the ranks table); stage=1:1.3 must replay as those four rank changes
+    with store.connect(db, read_only=True) as con:
+        ranks = [r for (r,) in con.execute("SELECT rank FROM ranks WHERE run_id = 'toy8_tp2pp2dp2_1f1b' AND pp = 1 "
+                                           "ORDER BY rank").fetchall()]
+    assert ranks == [4, 5, 6, 7]
+    by_stage = _whatif(db, "toy8_tp2pp2dp2_1f1b", None, "stage=1:1.3").sort("rank", "step")
+    by_ranks = _whatif(db, "toy8_tp2pp2dp2_1f1b", None, *(f"rank={r}:1.3" for r in ranks)).sort("rank", "step")
+    assert by_stage["predicted_TOTAL_ms"].to_list() == by_ranks["predicted_TOTAL_ms"].to_list()
+    slowed = by_stage.filter(pl.col("rank").is_in(ranks))
+    assert (slowed["predicted_COMP_ms"] > 1.2 * slowed["COMP_ms"]).all()  # the change matters
+
 def test_host_zero_leaves_the_device_work_of_a_host_bound_step(db: Path) -> None:
     """h200_hostbound: with the host's time removed the step is its kernels back to back. Bounds by hand: at least
     the measured COMP, at most COMP plus 2 µs per kernel and the measured tail after the last kernel."""
@@ -292,7 +305,7 @@ def test_advise_names_the_hot_expert_ranks_behind_the_ep_wait(db: Path) -> None:
 
 @pytest.mark.parametrize(("spec", "says"), [
     ("speed=2", "expected KEY=VALUE"), ("dim=TP:-1", ">= 0"), ("dim=TP:nan", ">= 0"), ("dim=XX:0.5", "dim is one of"),
-    ("rank=*:0.5", "':median'"), ("stage=0:2", "':median'"), ("rank=5:0.5", "has no rank 5"),
+    ("rank=*:0.5", "':median'"), ("stage=*:2", "must be a number"), ("rank=5:0.5", "has no rank 5"),
     ("overlap=QQ", "overlap takes a dim"), ("kernel=gemm", "TARGET:FACTOR"),
     ("rank=99:median", "has no rank 99"), ("host=foo:0", "host=capturable:FACTOR"), ("stage=3:median", "stages 0..0"),
     ("pg=nope:0.5", "no process group"), ("link=1-1:2", "two different ranks"), ("link=0-9:2", "has no rank 9"),

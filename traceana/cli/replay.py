@@ -52,7 +52,7 @@ def whatif(
     change: Annotated[list[str], typer.Option("--change", help="KEY=TARGET[:FACTOR]: dim=TP:0.5, op=AllToAll:0.7, "
                                               "pg=ID:0.5, link=0-4:2, kernel=*flash*:0.8, kernel=*flash*:roof=60, "
                                               "host=0, host=capturable:0, rank=5:median, rank=5:1.4, "
-                                              "rank=*:median, stage=0:median, "
+                                              "rank=*:median, stage=0:median, stage=0:1.3, "
                                               "overlap=DP, overlap=DP:backward. Repeat to compose.")] = ...,
     step: OneStepOption = None,
     plot: Annotated[Path | None, plot_option("measured vs predicted per rank, grouped by stage")] = None,

@@ -302,7 +302,7 @@ class Tools:
                    "(TP transfers 0.5x as long), op=AllToAll:0.7, pg=ID:0.5 (a process group from info), "
                    "link=0-4:2 (the link between ranks 0 and 4 at half speed), "
                    "kernel=*flash*:0.8 (fnmatch), kernel=*flash*:roof=60 (to 60% of the roof), host=0 (no host "
-                   "time between launches), rank=5:median, rank=5:1.4, rank=*:median, stage=0:median, "
+                   "time between launches), rank=5:median, rank=5:1.4, rank=*:median, stage=0:median, stage=0:1.3, "
                    "overlap=DP (DP no longer waited for), overlap=DP:backward (all DP buckets but each step's last "
                    "beside the backward)."))],
                run_id: RunId = None, step: Step = None, top: Top("ranks (the largest gain kept)") = 16) -> str:

@@ -20,7 +20,8 @@ A change is ``KEY=TARGET[:FACTOR]``; several compose, applied in the order given
 - ``rank=5:median``    rank 5's work scaled to the median COMP of its peers (its stage's other ranks, or all others
                        without a layout), step by step; ``rank=*:median`` every rank to its stage's median;
                        ``rank=5:1.4`` rank 5's work 1.4x (`traceana predict` gives each rank its own factor)
-- ``stage=0:median``   the stage's ranks scaled so its mean COMP is the median of the other stages' means
+- ``stage=0:median``   the stage's ranks scaled so its mean COMP is the median of the other stages' means;
+                       ``stage=0:1.3`` the stage's work 1.3x (every rank of it)
 - ``overlap=DP``       nothing waits for DP communication any more: it runs in the background (the bound)
 - ``overlap=DP:backward`` the gradient reduce overlapped with the backward in the measured buckets: each rank-step's
                        DP collectives but its last (whose gradients the backward makes last) ran beside the backward,
@@ -95,11 +96,11 @@ def parse(spec: str) -> Change:
         raise TraceanaError(f"--change {spec!r}: expected {key}=TARGET:FACTOR")
     if key in ("rank", "stage"):
         median = amount.strip().lower() == "median"
-        if not median and (key == "stage" or target == "*"):
-            raise TraceanaError(f"--change {spec!r}: {key} changes take ':median' (the group's median compute)"
-                                f"{'; one rank also a factor, rank=5:1.4' if key == 'rank' else ''}")
         if not (target == "*" and key == "rank") and not re.fullmatch(r"\d+", target):
             raise TraceanaError(f"--change {spec!r}: {key} must be a number{' or *' if key == 'rank' else ''}")
+        if not median and target == "*":
+            raise TraceanaError(f"--change {spec!r}: every rank takes ':median' (its stage's median compute); one "
+                                "rank or stage also a factor, rank=5:1.4, stage=0:1.3")
         return Change(key, target, None if median else _factor(spec, amount))
     if key == "link":
         ends = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", target)
@@ -145,7 +146,8 @@ def kernel_pattern(target: str) -> re.Pattern[str]:
 
 def selected(graph: Graph, change: Change, roofs: np.ndarray | None = None) -> np.ndarray | None:
     """The events whose lengths ``change`` scales (a mask), or None for a change that is not a set of events
-    (host, median changes, overlap); a ``roof=`` change only those below its roof (``roofs``: :func:`roof_shares`)."""
+    (host, median and stage changes, overlap); a ``roof=`` change only those below its roof (``roofs``:
+    :func:`roof_shares`)."""
     ev = graph.events
     category = ev["category"].to_numpy()
     comm = category == "comm"
@@ -283,6 +285,9 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame, roofs: np.
         elif change.key == "host":
             host = dependency.capturable_host_edges(graph) if change.target else graph.kind == dependency.HOST
             weight[host] *= change.factor
+        elif change.key == "stage" and change.factor is not None:  # every rank of the stage
+            ranks = measured.filter(pl.col("pp") == int(change.target))["rank"].unique()
+            scale(np.where(work & ev["rank"].is_in(ranks.implode()).to_numpy(), change.factor, 1.0))
         else:  # rank or stage to the median
             factors = _to_median(change, measured).with_columns(  # a rank without compute has no median to reach
                 pl.when(pl.col("factor").is_finite()).then("factor").otherwise(1.0).alias("factor"))
@@ -417,6 +422,8 @@ def kind_of(changes: list[Change]) -> str:
     for c in changes:
         if c.key == "rank":
             kinds.add("rank=*:median" if c.target == "*" else "rank:median" if c.factor is None else "rank:factor")
+        elif c.key == "stage" and c.factor is not None:
+            kinds.add("stage:factor")
         else:
             kinds.add(c.key)
     return kinds.pop() if len(kinds) == 1 else "composite"
