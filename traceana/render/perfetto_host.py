@@ -38,7 +38,8 @@ def select(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
         con.execute(f"""
             CREATE OR REPLACE TEMP TABLE x_host AS
             SELECT h.*, row_number() OVER () AS hid, h.kind = 'cpu_op' AS ops, 0 AS nest, NULL::BIGINT AS tid,
-                   row_number() OVER (PARTITION BY h.rank ORDER BY h.depth, h.start_ns, h.thread) <= $cap AS kept
+                   row_number() OVER (PARTITION BY h.rank ORDER BY h.depth, h.start_ns, h.thread, h.end_ns DESC,
+                                       h.op_id NULLS LAST, h.name) <= $cap AS kept
             FROM host_ranges h JOIN {span} s ON s.rank = h.rank AND h.end_ns > s.lo AND h.start_ns < s.hi
             WHERE h.run_id = $r""", {"r": run_id, "cap": cap})
     except duckdb.CatalogException:  # annotations without a thread column: no views host_ranges, event_launchers
