@@ -110,18 +110,16 @@ def score(pairs: Path, work: Path) -> list[dict]:
     return rows
 
 
-# (group, change whatif applies to A, A's synth options, B's synth options): one knob of the synthesizer's truth.
-# A speed-up is predicted from the slowed run back to the base: the synthesizer keeps an op that follows a bubble
-# at its planned time, and the plan is the unscaled estimator's, so a run synthesized with a factor below 1 is held
-# by times a faster link would not keep (TP x0.5: IDLE 0.25 -> 5.3 ms on stage 0), not a run with a faster link.
-
-
 def slow_stage_1(factor: float) -> str:
     """Stage 1's ranks (4-7 in tp=2,pp=2,dp=2) scaled by ``factor``, rank by rank: what `stage=1:F` replays, scored
     under rank:factor."""
     return ";".join(f"rank={r}:{factor:g}" for r in (4, 5, 6, 7))
 
 
+# (group, change whatif applies to A, A's synth options, B's synth options): one knob of the synthesizer's truth.
+# A speed-up is predicted from the slowed run back to the base: the synthesizer keeps an op that follows a bubble
+# at its planned time, and the plan is the unscaled estimator's, so a run synthesized with a factor below 1 is held
+# by times a faster link would not keep (TP x0.5: IDLE 0.25 -> 5.3 ms on stage 0), not a run with a faster link.
 SYNTH_PAIRS = [
     ("tp_x2", "dim=TP:2", [], ["--comm-scale", "TP=2"]),
     ("tp_x0.5", "dim=TP:0.5", ["--comm-scale", "TP=2"], []),

@@ -171,8 +171,7 @@ def _connected(ray: ModuleType, cluster: RayCluster) -> Iterator[None]:
         exc = failed[0]
         if not isinstance(exc, ConnectionError | ValueError | RuntimeError):
             raise exc
-        first = first_line(exc)
-        raise TraceanaError(f"cannot start or reach Ray{at} ({first[:200]})") from None
+        raise TraceanaError(f"cannot start or reach Ray{at} ({first_line(exc)})") from None
     try:
         yield
     finally:

@@ -50,7 +50,6 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-
 @pytest.mark.parametrize("run", ["h200_gpt", "toy8_tp2pp2dp2_1f1b"])
 def test_the_graph_names_each_event_as_the_store_does(db: Path, run: str) -> None:
     # names travel as codes of the run's distinct names (a 1,024-rank dataset's 785 MiB of text could not be
@@ -64,6 +63,7 @@ def test_the_graph_names_each_event_as_the_store_does(db: Path, run: str) -> Non
     joined = events.select("rank", "event_id", pl.col("name").cast(pl.String)).join(
         stored, on=["rank", "event_id"], suffix="_stored")
     assert joined.height == events.height and (joined["name"] == joined["name_stored"]).all()
+
 
 def _replayed(db: Path, run: str) -> pl.DataFrame:
     with store.connect(db, read_only=True) as con:
@@ -119,7 +119,6 @@ def test_a_rank_factor_scales_that_ranks_compute_alone(db: Path) -> None:
     assert all(after == pytest.approx(before, rel=1e-3) for r, (before, after) in comp.items() if r != 1)
 
 
-
 def test_a_stage_factor_is_each_of_its_ranks_at_that_factor(db: Path) -> None:
     # toy8 (tp2 pp2 dp2): stage 1 is ranks 4-7 (the ranks table); stage=1:1.3 must replay as those four rank changes
     with store.connect(db, read_only=True) as con:
@@ -131,6 +130,7 @@ def test_a_stage_factor_is_each_of_its_ranks_at_that_factor(db: Path) -> None:
     assert by_stage["predicted_TOTAL_ms"].to_list() == by_ranks["predicted_TOTAL_ms"].to_list()
     slowed = by_stage.filter(pl.col("rank").is_in(ranks))
     assert (slowed["predicted_COMP_ms"] > 1.2 * slowed["COMP_ms"]).all()  # the change matters
+
 
 def test_host_zero_leaves_the_device_work_of_a_host_bound_step(db: Path) -> None:
     """h200_hostbound: with the host's time removed the step is its kernels back to back. Bounds by hand: at least

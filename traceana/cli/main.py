@@ -58,15 +58,14 @@ def main(argv: list[str] | None = None) -> None:
             typer.echo(f"error: {db}: a sum over the store's rows is past 2^63 (times or sizes no ingested trace "
                        "holds: a store written or changed by other means?)", err=True)
             raise SystemExit(2) from None
+        line = next(iter(str(exc).strip().splitlines()), "")
         if os.environ.get("TRACEANA_DEBUG", "") not in ("", "0"):
             traceback.print_exc()
         elif isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryException":
-            line = next(iter(str(exc).strip().splitlines()), "")
             typer.echo(f"error: out of memory: the run is larger than this command can hold on this machine "
                        f"({type(exc).__name__}{': ' + line if line else ''}); docs/performance.md gives each "
                        "command's memory at scale", err=True)
         else:
-            line = next(iter(str(exc).strip().splitlines()), "")
             typer.echo(f"error: internal error: {type(exc).__name__}: {line} "
                        "(run again with TRACEANA_DEBUG=1 for the traceback)", err=True)
         raise SystemExit(1) from None

@@ -53,17 +53,17 @@ BARRIER_NS = 20_000         # ranks whose hosts start a step this close together
 
 # every device event in a step window (its step: the window it starts in), and those begun before a rank's first
 # window that run into it (given the first step)
-# the run's distinct event names, in order: event names go out as their index here (:func:`events`)
-NAMES_SQL = "SELECT DISTINCT name FROM device_events WHERE run_id = $run AND name IS NOT NULL ORDER BY name"
-EVENTS_SQL = f"""
+# the run's distinct event names: EVENTS_SQL gives each event's name as its index in these (:func:`_events`, which
+# registers them as ``event_names``)
+NAMES_SQL = "SELECT DISTINCT name FROM device_events WHERE run_id = $run AND name IS NOT NULL"
+EVENTS_SQL = """
 WITH first AS (SELECT rank, min(start_ns) AS first_ns, arg_min(step, start_ns) AS first_step
-               FROM step_windows WHERE run_id = $run GROUP BY rank),
-names AS (SELECT name, (row_number() OVER (ORDER BY name) - 1)::UINTEGER AS name_id FROM ({NAMES_SQL}))
+               FROM step_windows WHERE run_id = $run GROUP BY rank)
 SELECT e.rank, e.event_id, e.stream, e.start_ns, e.end_ns, n.name_id AS name, e.category, e.launch_ns,
        c.op, c.dim, c.pg, c.instance, c.peer, g.ranks AS pg_ranks, coalesce(w.step, f.first_step) AS step
 FROM device_events e
 JOIN first f ON f.rank = e.rank
-LEFT JOIN names n ON n.name = e.name
+LEFT JOIN event_names n ON n.name = e.name
 LEFT JOIN step_windows w ON w.run_id = e.run_id AND w.rank = e.rank AND e.start_ns >= w.start_ns
                          AND e.start_ns < w.end_ns
 LEFT JOIN collectives c ON c.run_id = e.run_id AND c.rank = e.rank AND c.event_id = e.event_id
@@ -148,10 +148,13 @@ def _events(con: duckdb.DuckDBPyConnection, params: dict) -> pl.DataFrame:
     import pyarrow as pa
 
     names = con.sql(NAMES_SQL, params=params).arrow().read_all()["name"].combine_chunks()
-    table = con.sql(EVENTS_SQL, params=params).arrow().read_all()
-    codes = table["name"].combine_chunks()
+    con.register("event_names", pa.table({"name": names, "name_id": pa.array(range(len(names)), pa.uint32())}))
+    try:
+        table = con.sql(EVENTS_SQL, params=params).arrow().read_all()
+    finally:
+        con.unregister("event_names")
     return pl.from_arrow(table.set_column(table.schema.get_field_index("name"), "name",
-                                          pa.DictionaryArray.from_arrays(codes, names)))
+                                          pa.DictionaryArray.from_arrays(table["name"].combine_chunks(), names)))
 
 
 # host regions a CUDA graph of the steady forward / backward leaves out (Kineto's own annotations): the optimizer
