@@ -40,7 +40,6 @@ sys.path.insert(0, str(ROOT))
 from traceana import store  # noqa: E402
 from traceana.estimator.config import load  # noqa: E402
 from traceana.model import intervals  # noqa: E402
-from traceana.model.predict import kind_of  # noqa: E402
 
 
 class Refused(Exception):
@@ -177,14 +176,7 @@ def predict_one(g: dict, run: str, db: Path) -> tuple[float, dict]:
         out = cli("whatif", run, *[x for c in changes for x in ("--change", c)], "--json", "--db", db)
         return out["predicted_step_ms"], out["sources"]
     out = cli("predict", run, "--config", ROOT / g["config_A"], "--to", ROOT / g["config_B"], "--json", "--db", db)
-    total = next(r for r in out["step"] if r["dim"] == "TOTAL")
-    return total["predicted_B_ms"], {"sigma_log": _sigma(out), "kind": kind_of(load(ROOT / g["config_A"]),
-                                                                                load(ROOT / g["config_B"]))}
-
-
-def _sigma(prediction: dict) -> float:
-    total = next(r for r in prediction["step"] if r["dim"] == "TOTAL")
-    return float(np.log(total["high"] / total["predicted_B_ms"]) / intervals.Z[intervals.LEVEL])
+    return out["interval"]["value"], out["interval"]["sources"]
 
 
 def calibrate(rows: list[dict]) -> dict:

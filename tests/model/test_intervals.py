@@ -99,6 +99,11 @@ def test_predict_to_the_balanced_run_holds_its_measured_step(db: Path) -> None:
                                "--json").stdout)["by_dimension"]
     measured = next(r["measured_ms"] for r in truth if r["dim"] == "TOTAL")
     assert total["low"] <= measured <= total["high"]
+    # the interval's own record: the TOTAL row's bounds, and the σ and kind that set them (what a calibration reads)
+    interval = out["interval"]
+    assert (interval["value"], interval["low"], interval["high"]) == (total["predicted_B_ms"], total["low"],
+                                                                      total["high"])
+    assert interval["sources"]["kind"] == "routing" and interval["sources"]["sigma_log"] > 0
 
 
 def test_advise_refuses_a_config_of_another_job_at_once(db: Path) -> None:

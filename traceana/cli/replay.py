@@ -185,7 +185,7 @@ def predict(
     if json:
         emit_json({"run_id": rid, "config": str(config), "target": str(to), "step": result.step.to_dicts(),
                    "stages": result.stages.to_dicts(), "memory": result.memory, "schedule": result.schedule,
-                   "notes": notes})
+                   "interval": result.interval.to_json(), "notes": notes})
         return
     numbers = ("measured_A_ms", "predicted_B_ms", "estimated_B_ms")
     shown = (pl.col("dim").is_in(("COMP", "TOTAL"))

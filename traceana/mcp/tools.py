@@ -354,13 +354,14 @@ class Tools:
         """Another configuration of the same job (layout, micro-batches, schedule) predicted from the measured run:
         per dim measured_A_ms, ratio, predicted_B_ms with error_bar_ms, estimated_B_ms (the estimator alone) and
         source, for the typical step and per stage; peak memory (MiB); the schedule; notes on what the trace could
-        not inform. As `traceana predict --json`."""
+        not inform; the TOTAL's interval with the sources that set its width. As `traceana predict --json`."""
         source, target = self._config(config, "config"), self._config(to, "to")
         traces = self._traces(run_id)
         rid = traces.read(None, lambda _con, rid: rid)
         found = traces.predict(source, target)
         result = Result(run_id=rid, step="typical (mean over steps after the first)", config=str(source),
-                        target=str(target), memory=found.memory, schedule=found.schedule, notes=found.notes)
+                        target=str(target), memory=found.memory, schedule=found.schedule,
+                        interval=found.interval.to_json(), notes=found.notes)
         result.rows("step", found.step, top)
         result.rows("stages", found.stages, top)
         return result.to_json()

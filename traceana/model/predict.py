@@ -67,7 +67,8 @@ Row = tuple[int, dict[str, float], dict[str, float], dict[str, float | None], di
 class Prediction:
     """``stages``: per target stage and dim, ms: measured_A (the run), ratio, predicted_B, error_bar, estimated_B
     (the estimator alone) and what the prediction rests on (``source``). ``step``: the same over stages (mean, as
-    compare reports a run). ``memory``: peak MiB measured, predicted with its error bar, and estimated."""
+    compare reports a run). ``memory``: peak MiB measured, predicted with its error bar, and estimated.
+    ``interval``: the predicted TOTAL's, with the sources that set its width (the TOTAL row's low and high)."""
 
     run_id: str
     config: str
@@ -77,6 +78,7 @@ class Prediction:
     memory: dict[str, float | str | None]
     schedule: dict[str, float]  # the simulated steps and the p2p transfer each was fed, ms; empty when replayed
     notes: list[str]
+    interval: intervals.Interval
 
 
 def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Config) -> Prediction:
@@ -147,8 +149,7 @@ def predict(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, target: Co
                "source": "trace (the same configuration)"}
     else:
         mem = _memory(con, run_id, est_a, est_b, notes)
-    return Prediction(run_id, cfg.source, target.source, stages, step, mem,
-                      schedule, notes)
+    return Prediction(run_id, cfg.source, target.source, stages, step, mem, schedule, notes, interval)
 
 
 def kind_of(cfg: Config, target: Config) -> str:
