@@ -37,9 +37,11 @@ HOST_DELAYS_MS = (1.0, 5.0, 20.0)
 MICRO_BATCHES = (1, 2, 4, 8)
 SKEWS = ((40, 24), (48, 16), (56, 8))  # an EP rank's token splits to expert 0 and 1, out of 64; balanced (32, 32)
 
-DP_BASES = ((64, 1024), (64, 4096), (256, 256), (256, 1024), (512, 128), (512, 256))  # (D, T): DP 64 KiB-4 MiB
-PP_BASES = ((512, 1024, 64), (256, 512, 64), (512, 1024, 128), (256, 1024, 128))  # (d_in, hidden, batch)
-EP_BASES = (2048, 1024)  # the expert's FFN width
+# Sizes whose steps last 20 ms or more: a shorter step moves by a scheduler tick between recordings (3-11 ms steps
+# varied 0.2-0.37 in log-SD over back-to-back recordings, 20-30 ms ones 0.08; sample_traces/README.md, "Noise floor").
+DP_BASES = ((128, 4096), (128, 8192), (256, 1024), (256, 2048), (512, 256), (512, 512))  # (D, T): DP 256 KiB-4 MiB
+PP_BASES = ((512, 1024, 256), (256, 1024, 512), (512, 2048, 256), (1024, 1024, 256))  # (d_in, hidden, batch)
+EP_BASES = (4096, 2048)  # the expert's FFN width
 
 
 @dataclass(frozen=True)
