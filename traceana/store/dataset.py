@@ -282,9 +282,9 @@ def _connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.D
             check_tables(con, folder, read_only=read_only)
         if read_only:
             _check_files(con, folder)
-            _view_files(con, folder)
-            if views:
+            if views:  # bound against the empty tables: over the files, every view would glob every table it reads
                 define_views(con)
+            _view_files(con, folder)
         yield con
         if not read_only:
             merge(con, folder)
