@@ -82,6 +82,20 @@ def test_a_partition_value_that_is_not_a_number_is_one_line(copy) -> None:
     assert one_line(copy).startswith(f"error: {copy}: cannot read the dataset (Conversion Error: ")
 
 
+def test_files_written_before_a_column_existed_read_it_as_null(copy) -> None:
+    """Not damage: a dataset written by a version without device_events.launch_thread still reads, that column NULL
+    and the Hive columns (run_id, rank) from the folders."""
+    files = sorted((copy / "device_events").rglob("*.parquet"))
+    for file in files:
+        rewrite(file, "* EXCLUDE (launch_thread)")
+    code, out, err = run_main("sql", "SELECT count(*) FILTER (WHERE launch_thread IS NOT NULL) AS threads, "
+                              "count(DISTINCT rank) AS ranks, count(DISTINCT run_id) AS runs FROM device_events",
+                              "--db", copy, "--format", "json")
+    assert code == 0, err
+    assert '"threads": 0' in out and '"ranks": 2' in out and '"runs": 1' in out
+    assert run_main("breakdown", "--db", copy)[0] == 0
+
+
 def test_reingesting_and_exporting_keep_the_counts_right(dataset, tmp_path) -> None:
     """The row counts follow the runs through a replacing ingest, a second run and export/import."""
     db = tmp_path / "runs.parquet"
