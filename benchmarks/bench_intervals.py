@@ -15,9 +15,10 @@ traceana.model.intervals.conformal) and writes traceana/model/intervals.json wit
 kind). Then, per family and kind on the CHECK split: groups, stated level, coverage with its Clopper-Pearson 95%
 band, median half-width (% of step), and the run-to-run floor (the `null` kind's median |s|) beside it.
 
---synth checks instead the GPU-format what-if intervals on the synthesizer's truth pairs (SYNTH_PAIRS: `traceana synth`
-runs of examples/synth_gpt_tp2pp2.yaml, 8 ranks, launched kernels, one knob changed, three seeds each): check only,
-they set no width, as a synthesized schedule is not a real GPU's noise.
+--synth checks instead the GPU-format what-if and predict intervals on the synthesizer's truth pairs (SYNTH_PAIRS,
+SYNTH_PREDICT: `traceana synth` runs of examples/synth_gpt_tp2pp2.yaml, 8 ranks, launched kernels, one knob or one
+config key changed, three seeds each): check only, they set no width, as a synthesized schedule is not a real GPU's
+noise.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -134,16 +136,27 @@ SYNTH_PAIRS = [
     ("stage1_x1/1.3", slow_stage_1(1 / 1.3), ["--straggler-stage", "1"], []),
     ("null", "rank=*:1", [], []),
 ]
+# (group, B's config: the base's sections with these keys changed): `predict A --config base --to B` against B run
+# as synthesized from its own config; 16 sequences a step throughout but for seq_2048.
+SYNTH_PREDICT = [
+    ("micro_batches_8_to_16", {"parallel": {"global_batch": 32}}),
+    ("micro_batches_8_to_4", {"parallel": {"global_batch": 8}}),
+    ("micro_batch_size_2", {"parallel": {"micro_batch": 2}}),
+    ("seq_len_2048", {"model": {"seq_len": 2048}}),
+    ("layout_tp4_dp1", {"parallel": {"tp": 4, "dp": 1}}),
+    ("layout_pp1_dp4", {"parallel": {"pp": 1, "dp": 4}}),
+]
 SYNTH_SEEDS = {"A": (0, 1, 2), "B": (10, 11, 12)}  # a recording's own jitter: A's and B's draws are independent
 
 
 def synthesized_pairs(work: Path) -> Path:
-    """SYNTH_PAIRS written as a pairs folder (manifest.csv, recordings.csv) under ``work``, every split `check`."""
-    config, made = ROOT / "examples" / "synth_gpt_tp2pp2.yaml", {}
+    """SYNTH_PAIRS and SYNTH_PREDICT written as a pairs folder (manifest.csv, recordings.csv, B's configs) under
+    ``work``, every split `check`."""
+    base, made = ROOT / "examples" / "synth_gpt_tp2pp2.yaml", {}
     recordings, manifest = [], []
 
-    def synthesize(options: list[str], side: str) -> str:
-        name = f"{side}:{' '.join(options)}"
+    def synthesize(options: list[str], side: str, config: Path = base) -> str:
+        name = f"{side}:{config}:{' '.join(options)}"
         if name not in made:
             made[name] = f"s{len(made)}"
             for seed in SYNTH_SEEDS[side]:
@@ -152,11 +165,22 @@ def synthesized_pairs(work: Path) -> Path:
                 recordings.append({"config": made[name], "repeat": seed, "path": out / "traces"})
         return made[name]
 
+    row = {"layout": "tp=2,pp=2,dp=2", "layout_B": "", "change": "", "config_A": "", "config_B": "", "split": "check",
+           "notes": "synthesized"}
     for group, change, a, b in SYNTH_PAIRS:
-        manifest.append({"group": f"synth:{group}", "kind": "null" if group == "null" else group, "family": "whatif",
-                         "A": synthesize(a, "A"), "B": synthesize(b, "B"), "layout": "tp=2,pp=2,dp=2",
-                         "layout_B": "", "change": change, "config_A": "", "config_B": "", "split": "check",
-                         "notes": "synthesized"})
+        manifest.append({**row, "group": f"synth:{group}", "kind": "null" if group == "null" else group,
+                         "family": "whatif", "A": synthesize(a, "A"), "B": synthesize(b, "B"), "change": change})
+    (work / "configs").mkdir()
+    for group, changes in SYNTH_PREDICT:
+        raw = yaml.safe_load(base.read_text())
+        for section, keys in changes.items():
+            raw[section] = {**raw[section], **keys}
+        config = work / "configs" / f"{group}.yaml"
+        config.write_text(yaml.safe_dump(raw, sort_keys=False))
+        p = raw["parallel"]
+        manifest.append({**row, "group": f"synth:{group}", "kind": group, "family": "predict",
+                         "A": synthesize([], "A"), "B": synthesize([], "B", config),
+                         "layout_B": f"tp={p['tp']},pp={p['pp']},dp={p['dp']}", "config_A": base, "config_B": config})
     folder = work / "synth_pairs"
     folder.mkdir()
     for name, rows in (("manifest.csv", manifest), ("recordings.csv", recordings)):
@@ -289,8 +313,8 @@ def check_synthesized() -> None:
     """Each synthesized pair's prediction against its truth, then the coverage table of traceana's 'gpu' intervals."""
     with tempfile.TemporaryDirectory() as work:
         rows = score(synthesized_pairs(Path(work)), Path(work))
-    print(f"synthesized GPU-format pairs ({len(SYNTH_PAIRS)} groups x {len(SYNTH_SEEDS['A'])} recordings of A, "
-          "check only):")
+    print(f"synthesized GPU-format pairs ({len(SYNTH_PAIRS) + len(SYNTH_PREDICT)} groups x {len(SYNTH_SEEDS['A'])} "
+          "recordings of A, check only):")
     for r in (r for r in rows if r["kind"] != "null"):  # null: the floor, A's truth against B's
         lo, hi = (r["value"] * np.exp(q * r["sigma"]) for q in quantiles("gpu", r["kind"], r["family"]))
         print(f"  {r['group']:<28}{r['kind']:<14} truth {r['truth']:8.3f} ms  predicted {r['value']:8.3f} "
