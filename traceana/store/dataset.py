@@ -281,12 +281,10 @@ def _connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.D
                 raise TraceanaError(f"{schema}: not a traceana schema ({first_line(exc)})") from None
             check_tables(con, folder, read_only=read_only)
         if read_only:
-            _read_footers(con, folder)
             _check_files(con, folder)
             if views:  # bound against the empty tables: over the files, every view would glob every table it reads
                 define_views(con)
             _view_files(con, folder)
-            con.execute("DROP TABLE _footers")
         yield con
         if not read_only:
             merge(con, folder)
@@ -303,31 +301,18 @@ def _connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.D
             shutil.rmtree(spill, ignore_errors=True)
 
 
-def _read_footers(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
-    """Every table's file footers, read once into the temporary table ``_footers`` (tbl, file_name, row_group_id,
-    rows, path, nulls: one row per column chunk) for the damage checks and the views (each pass over 8,196 files of
-    1,024 ranks took 0.6-0.9 s)."""
-    names = [name for name, _, _ in _tables(con) if (folder / name).is_dir()]
-    scans = [f"""SELECT '{name}' AS tbl, file_name, row_group_id, row_group_num_rows AS rows, path_in_schema AS path,
-                 stats_null_count AS nulls FROM parquet_metadata('{_sql_path(folder / name)}/**/*.parquet')"""
-             for name in names]
-    con.execute("CREATE OR REPLACE TEMP TABLE _footers AS " + (" UNION ALL ".join(scans) if scans else
-                "SELECT ''::VARCHAR AS tbl, ''::VARCHAR AS file_name, 0::BIGINT AS row_group_id, 0::BIGINT AS rows, "
-                "''::VARCHAR AS path, 0::BIGINT AS nulls WHERE false"))
-
-
 def _check_files(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
     """A one-line error for a damaged dataset, which would otherwise read as a run with ranks idle or rows gone:
     a table's files holding other row counts per run and rank than were written (ROWS: a partition, a file or a
-    table folder missing), or a NULL where the schema says NOT NULL. Only the files' footers are read
-    (:func:`_read_footers`)."""
+    table folder missing), or a NULL where the schema says NOT NULL. Only the files' footers are read."""
     for name, _, _ in _tables(con):
         required = [r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = ? "
                                               "AND NOT is_nullable", [name]).fetchall()]
         if (folder / name).is_dir() and required:
-            nulls = con.execute(f"""SELECT file_name, path FROM _footers WHERE tbl = ? AND nulls > 0
-                                    AND path IN ({", ".join("?" * len(required))}) LIMIT 1""",
-                                [name, *required]).fetchall()
+            nulls = con.execute(f"""SELECT file_name, path_in_schema FROM parquet_metadata(
+                                    '{_sql_path(folder / name)}/**/*.parquet') WHERE stats_null_count > 0
+                                    AND path_in_schema IN ({", ".join("?" * len(required))}) LIMIT 1""",
+                                required).fetchall()
             if nulls:
                 raise TraceanaError(f"{nulls[0][0]}: NULL {nulls[0][1]} values, which no {name} row may have "
                                     "(a damaged or foreign file); restore the dataset or ingest the run again")
@@ -342,16 +327,16 @@ def _check_counts(con: duckdb.DuckDBPyConnection, folder: Path, key: str) -> Non
             hive_partitioning = true, hive_types_autocast = false)""").fetchall()}
     ids = {i for _, i, _ in written}
     found: dict[tuple[str, str, int | None], int] = {}
-    tables = {t for t, _, _ in written}
-    for name, file, rows in con.execute("SELECT tbl, file_name, sum(rows) FROM (SELECT DISTINCT tbl, file_name, "
-                                        "row_group_id, rows FROM _footers) GROUP BY ALL").fetchall():
-        if name not in tables:
+    for name in {t for t, _, _ in written}:
+        if not (folder / name).is_dir():
             continue
-        parts = dict(part.split("=", 1) for part in Path(file).relative_to(folder / name).parts if "=" in part)
-        rank = parts.get("rank")
-        where = (name, unquote(parts.get(key, "")), int(rank) if rank and rank.isdigit() else None)
-        if where[1] in ids:
-            found[where] = found.get(where, 0) + int(rows)
+        for file, rows in con.execute(f"SELECT file_name, num_rows FROM parquet_file_metadata("
+                                      f"'{_sql_path(folder / name)}/**/*.parquet')").fetchall():
+            parts = dict(part.split("=", 1) for part in Path(file).relative_to(folder / name).parts if "=" in part)
+            rank = parts.get("rank")
+            where = (name, unquote(parts.get(key, "")), int(rank) if rank and rank.isdigit() else None)
+            if where[1] in ids:
+                found[where] = found.get(where, 0) + rows
     for where in sorted(written.keys() | found.keys(), key=repr):
         if written.get(where, 0) != found.get(where, 0):
             name, ident, rank = where
@@ -367,16 +352,12 @@ def _quoted(column: str) -> str:
 
 def _view_files(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
     """Replace each table that has files by a view over them, cast to the table's columns (NULL for a column no
-    file has: the dataset predates it; the columns from :func:`_read_footers`)."""
+    file has: the dataset predates it)."""
     for name, _, _ in _tables(con):
         if not (folder / name).is_dir():
             continue
         files = reader(folder / name)
-        names, first = con.execute("SELECT list(DISTINCT split_part(path, ', ', 1)), min(file_name) FROM _footers "
-                                   "WHERE tbl = ?", [name]).fetchall()[0]
-        keys = [part.split("=", 1)[0] for part in Path(first).relative_to(folder / name).parts if "=" in part] \
-            if first else []  # Hive partition columns, from the folders
-        present = {*(names or []), *keys}
+        present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {files}").fetchall()}
         columns = con.execute(f'SELECT column_name, column_type FROM (DESCRIBE "{name}")').fetchall()
         select = ", ".join(f'CAST({_quoted(c) if c in present else "NULL"} AS {kind}) AS {_quoted(c)}'
                            for c, kind in columns)
