@@ -192,9 +192,9 @@ class Traces:
         """Another configuration of the job that ran (``to``, an estimator YAML, and / or ``changes``,
         "parallel.micro_batch=1" as `--set` takes them), predicted from the run, which ``config`` describes (None:
         inferred from the trace), as `traceana predict --json`: ``.step`` and ``.stages`` (per dim measured_A_ms,
-        ratio, predicted_B_ms, error_bar_ms, estimated_B_ms, source; the TOTAL row's low, high, level), ``.memory``,
-        ``.schedule`` and ``.notes`` (what was inferred, what the trace could not inform, how the interval was
-        built)."""
+        ratio, predicted_B_ms, error_bar_ms, estimated_B_ms, source; the TOTAL row's low, high, level),
+        ``.interval`` (that TOTAL's Interval with the sources that set its width), ``.memory``, ``.schedule`` and
+        ``.notes`` (what was inferred, what the trace could not inform, how the interval was built)."""
         from dataclasses import replace
 
         from traceana.analyses.job import configs
