@@ -92,7 +92,7 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
     if proposed:
         base = whatif.baseline(con, run_id)
         parsed = [[whatif.parse(c) for c in changes] for _, _, changes in proposed]
-        g, frames, _ = whatif.whatif_runs(con, run_id, parsed, base)
+        g, frames, _ = whatif.whatif_runs(con, run_id, parsed, base, step=step)
         for (finding, evidence, changes), frame, changed in zip(proposed, frames, parsed, strict=True):
             frame = frame.filter(pl.col("step") == step)
             interval = whatif.step_interval(base, frame, changed, platform)

@@ -362,10 +362,11 @@ def baseline(con: duckdb.DuckDBPyConnection, run_id: str) -> Baseline:
 
 
 def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[list[Change]],
-                base: Baseline | None = None, path_step: int | None = None
+                base: Baseline | None = None, path_step: int | None = None, step: int | None = None
                 ) -> tuple[Graph, list[pl.DataFrame], pl.DataFrame | None]:
-    """(graph, per set of ``change_sets`` its rows of :func:`whatif_run`, critical path segments of ``path_step``
-    after the first set) for each set applied to the whole run on its own, replayed together."""
+    """(graph, per set of ``change_sets`` its rows of :func:`whatif_run` (every step's, or ``step``'s), critical
+    path segments of ``path_step`` after the first set) for each set applied to the whole run on its own, replayed
+    together."""
     from traceana.model import replay
 
     base = base or baseline(con, run_id)
@@ -375,12 +376,11 @@ def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[l
         roofs = roof_shares(con, run_id, base.graph) if roofed else None
     except TraceanaError as e:
         raise TraceanaError(f"--change {roofed}: {e}") from None
-    edits = []
-    for changes in change_sets:
+    for changes in change_sets:  # every set checked before any is replayed
         check_targets(changes, sorted(set(m["rank"].to_list())), set(m["pp"].to_list()), run_id, set(base.groups))
         check_matches(base.graph, changes, roofs)
-        edits.append(replay.Edit(*edit(base.graph, changes, m, roofs)))
-    changed, segments = replay.simulate(con, base.graph, edits, path_step)
+    edits = (replay.Edit(*edit(base.graph, changes, m, roofs)) for changes in change_sets)  # made as replayed
+    changed, segments = replay.simulate(con, base.graph, edits, path_step, step)
     fixed = base.graph.windows.select("rank", "step", (pl.col("external_ns") / 1e6).alias("fixed_ms"))
     frames = [predicted(m, base.replayed, c).join(fixed, on=["rank", "step"], how="left")
               .with_columns(pl.max_horizontal("predicted_TOTAL_ms", pl.col("fixed_ms").fill_null(0.0)))
@@ -389,15 +389,16 @@ def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[l
 
 
 def whatif_run(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], path_step: int | None = None,
-               base: Baseline | None = None) -> tuple[Graph, pl.DataFrame, pl.DataFrame | None]:
-    """(graph, per rank and step: measured and predicted TOTAL and parts in ms with the error bar, critical path
-    segments of ``path_step`` after the change) for ``changes`` applied to the whole run (``base``: its
-    :func:`baseline`, when already built)."""
+               base: Baseline | None = None, step: int | None = None
+               ) -> tuple[Graph, pl.DataFrame, pl.DataFrame | None]:
+    """(graph, per rank and step (every step, or ``step``): measured and predicted TOTAL and parts in ms with the
+    error bar, critical path segments of ``path_step`` after the change) for ``changes`` applied to the whole run
+    (``base``: its :func:`baseline`, when already built)."""
     from traceana.analyses.breakdown import check_step
 
     if path_step is not None:
         check_step(con, run_id, path_step)
-    g, (frame,), segments = whatif_runs(con, run_id, [changes], base, path_step)
+    g, (frame,), segments = whatif_runs(con, run_id, [changes], base, path_step, step)
     return g, frame, segments
 
 
@@ -411,8 +412,8 @@ def whatif_step(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Chang
 
     step = default_step(con, run_id) if step is None else step
     check_step(con, run_id, step)
-    g, frame, segments = whatif_run(con, run_id, changes, step if path else None, base)
-    return step, g, frame.filter(pl.col("step") == step), segments
+    g, frame, segments = whatif_run(con, run_id, changes, step if path else None, base, step)
+    return step, g, frame, segments
 
 
 def kind_of(changes: list[Change]) -> str:
