@@ -508,11 +508,32 @@ def test_advise_names_the_slow_stage_of_a_synthesized_run_first(synthesized: Pat
     assert abs(first["predicted_step_ms"] - truth) <= 0.03 * truth  # what the stage would take, balanced
 
 
-def test_a_graph_whose_nodes_wait_on_each_other_is_a_one_line_error() -> None:
+@pytest.mark.parametrize("run", [*SHARED_RUNS, *SAMPLE_RUNS])
+def test_both_walks_give_every_node_the_same_time(db: Path, run: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The longest path walked node by node (narrow graphs) and level by level (from replay.WIDE ranks) agree to the
+    ns on every real graph, as measured and with a what-if's edit (weights halved, every seventh edge dropped)."""
+    from traceana.model import graph as dependency
+
+    with store.connect(db, read_only=True) as con:
+        g = dependency.build(con, run)
+    edit = {"weight": g.weight // 2, "keep": np.arange(len(g.src)) % 7 != 3}
+    walked = []
+    for wide in (0, 10 ** 9):
+        monkeypatch.setattr(replay, "WIDE", wide)
+        walked.append((replay.longest_path(g), replay.longest_path(g, **edit)))
+    assert all(np.array_equal(a, b) for a, b in zip(*walked, strict=True))
+    assert not np.array_equal(*walked[0])  # the edit moved something
+
+
+@pytest.mark.parametrize("wide", [0, 10 ** 9])
+def test_a_graph_whose_nodes_wait_on_each_other_is_a_one_line_error(wide: int, monkeypatch: pytest.MonkeyPatch
+                                                                    ) -> None:
     """Instances matched in an order the ranks did not run them could close a cycle; the replay then says so
-    instead of returning times for half the graph."""
+    instead of returning times for half the graph (either walk)."""
     from traceana.errors import TraceanaError
     from traceana.model.graph import RUN, Graph
+
+    monkeypatch.setattr(replay, "WIDE", wide)
 
     cycle = Graph("r", pl.DataFrame(), pl.DataFrame(), n_nodes=3, src=np.array([0, 1, 2]), dst=np.array([1, 2, 1]),
                   weight=np.zeros(3, np.int64), kind=np.full(3, RUN, np.int8), event=np.full(3, -1),
