@@ -116,19 +116,22 @@ class Graph:
 class _Edges:
     """Edge arrays collected part by part, one list of parts per column (src, dst, weight, kind, event), so that
     :meth:`arrays` lets each column's parts go as it joins them: the parts and all five joined columns at once were
-    the graph's peak (33 bytes an edge twice; 21 M edges at 1,024 synthesized ranks). A graph's edges are sorted by
-    source node (:attr:`Graph.src`), so the longest path needs no sort of its own per replay."""
+    the graph's peak (21 M edges at 1,024 synthesized ranks). Node and event numbers are int32 where the nodes
+    fit (21 bytes an edge, 33 with int64). A graph's edges are sorted by source node (:attr:`Graph.src`), so the
+    longest path needs no sort of its own per replay."""
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: int) -> None:
         self.columns: tuple[list[np.ndarray], ...] = ([], [], [], [], [])
+        self.node_type = np.int32 if nodes < 2 ** 31 else np.int64
 
     def add(self, kind: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | int,
             event: np.ndarray | None = None) -> None:
-        src = np.asarray(src, np.int64)
-        for column, part in zip(self.columns, (
-                src, np.asarray(dst, np.int64), np.broadcast_to(np.asarray(weight, np.int64), src.shape),
-                np.full(src.shape, kind, np.int8),
-                np.full(src.shape, -1, np.int64) if event is None else np.asarray(event, np.int64)), strict=True):
+        node = self.node_type
+        src = np.asarray(src, node)
+        parts = (src, np.asarray(dst, node), np.broadcast_to(np.asarray(weight, np.int64), src.shape),
+                 np.full(src.shape, kind, np.int8),
+                 np.full(src.shape, -1, node) if event is None else np.asarray(event, node))
+        for column, part in zip(self.columns, parts, strict=True):
             column.append(part)
 
     def arrays(self) -> tuple[np.ndarray, ...]:
@@ -250,7 +253,7 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
                  .join(windows.select("rank", "step").with_row_index("w"), on=["rank", "step"], how="left")
                  .sort("i")["w"].to_numpy().astype(np.int64))
     idx = np.arange(n, dtype=np.int64)
-    edges, counts, missing = _Edges(), {}, []
+    counts, missing = {}, []
 
     # node numbering: S = i, E = n + i, then H per launched event, A per instance, R per host wait, W per rank
     h_of = np.full(n, -1, np.int64)
@@ -262,6 +265,7 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     w_base = r_base + syncs.height
     b_base = w_base + len(ranks)
     n_nodes = b_base + windows["step"].n_unique()
+    edges = _Edges(n_nodes)
 
     # run and transfer
     solo = ~member
@@ -464,14 +468,17 @@ def _host_chain(edges: _Edges, counts: dict[str, int], n: int, launches: tuple[n
 
 
 def _row_lookup(events: pl.DataFrame):
-    """A function (ranks, event ids) -> row numbers in ``events`` (-1 where absent)."""
-    key = events.select("rank", "event_id").with_row_index("row")
+    """A function (ranks, event ids) -> row numbers in ``events`` (-1 where absent). The asked keys are few (syncs)
+    and the events many: an inner join hashes the asked side (a left join of them hashed every event: at 1,024
+    synthesized ranks the graph's peak)."""
+    key = events.select(pl.col("rank").cast(pl.Int32), "event_id").with_row_index("row")
 
     def rows(ranks: pl.Series, ids: pl.Series) -> np.ndarray:
-        asked = pl.DataFrame({"rank": ranks.cast(pl.Int32), "event_id": ids.cast(pl.Int64)})
-        joined = asked.with_row_index("i").join(key.with_columns(pl.col("rank").cast(pl.Int32)),
-                                                on=["rank", "event_id"], how="left")
-        return joined.sort("i")["row"].fill_null(-1).cast(pl.Int64).to_numpy()
+        asked = pl.DataFrame({"rank": ranks.cast(pl.Int32), "event_id": ids.cast(pl.Int64)}).with_row_index("i")
+        found = key.join(asked, on=["rank", "event_id"], how="inner")
+        out = np.full(asked.height, -1, np.int64)
+        out[found["i"].to_numpy()] = found["row"].to_numpy()
+        return out
 
     return rows
 
