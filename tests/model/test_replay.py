@@ -525,6 +525,20 @@ def test_both_walks_give_every_node_the_same_time(db: Path, run: str, monkeypatc
     assert not np.array_equal(*walked[0])  # the edit moved something
 
 
+@pytest.mark.parametrize("run", ["toy8_tp2pp2dp2_1f1b", "moe_skewed", "pp2_mb8", "h200_hostbound", "hta_rank0of16"])
+def test_advise_prices_its_step_from_the_events_that_meet_it(db: Path, run: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """advise measures its one step of each replayed change from the events that touch that step's windows only:
+    the same findings, predictions and intervals as from every event of the run."""
+    columns = ["change", "predicted_step_ms", "low", "high", "gain_ms"]
+    with store.connect(db, read_only=True) as con:
+        _, kept = advise.findings(con, run)
+        monkeypatch.setattr(replay, "_meeting", lambda events, windows: events)
+        _, every = advise.findings(con, run)
+    assert kept.height > 0
+    assert kept.select(columns).equals(every.select(columns))
+
+
 @pytest.mark.parametrize("wide", [0, 10 ** 9])
 def test_a_graph_whose_nodes_wait_on_each_other_is_a_one_line_error(wide: int, monkeypatch: pytest.MonkeyPatch
                                                                     ) -> None:

@@ -242,8 +242,12 @@ def simulate(con: duckdb.DuckDBPyConnection, graph: Graph, edits: Iterable[Edit]
     one at a time: from a generator, only one edit's arrays (an int64 weight per edge) live at once."""
     from traceana.analyses import critical_path
 
-    runs = [(f"{graph.run_id}#{i}", *timeline(graph, longest_path(graph, e.weight, e.keep), e.ends_window))
-            for i, e in enumerate(edits)]
+    runs = []
+    for i, e in enumerate(edits):
+        events, windows = timeline(graph, longest_path(graph, e.weight, e.keep), e.ends_window)
+        if step is not None and path_step is None:  # only what meets the step's windows reaches its breakdown
+            events = _meeting(events, windows.filter(pl.col("step") == step))
+        runs.append((f"{graph.run_id}#{i}", events, windows))
     names = [name for name, _, _ in runs]
     with simulated_store(runs, ranks_of(con, graph.run_id)) as sim:
         segments = (critical_path.walk(*critical_path.load_step(sim, names[0], path_step))
@@ -251,6 +255,18 @@ def simulate(con: duckdb.DuckDBPyConnection, graph: Graph, edits: Iterable[Edit]
         frame = breakdown_of(sim, step=step)
     parted = frame.partition_by("run_id", as_dict=True, include_key=False)
     return [parted.get((name,), frame.clear().drop("run_id")) for name in names], segments
+
+
+def _meeting(events: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """The events that touch their rank's window in ``windows`` (ends included): advise replays five or more
+    changes of the whole run and measures one step, whose breakdown reads no other event."""
+    rank, at = events["rank"].to_numpy(), windows["rank"].to_numpy()
+    size = int(max(rank.max(initial=0), at.max(initial=0))) + 1
+    lo = np.full(size, np.iinfo(np.int64).max)  # a rank without a window there keeps nothing
+    hi = np.full(size, np.iinfo(np.int64).min)
+    lo[at], hi[at] = windows["start_ns"].to_numpy(), windows["end_ns"].to_numpy()
+    meets = (events["end_ns"].to_numpy() >= lo[rank]) & (events["start_ns"].to_numpy() <= hi[rank])
+    return events.filter(pl.Series(meets))
 
 
 def replay_run(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None) -> tuple[Graph, pl.DataFrame]:
