@@ -525,7 +525,8 @@ def test_both_walks_give_every_node_the_same_time(db: Path, run: str, monkeypatc
     assert not np.array_equal(*walked[0])  # the edit moved something
 
 
-@pytest.mark.parametrize("run", ["toy8_tp2pp2dp2_1f1b", "moe_skewed", "pp2_mb8", "h200_hostbound", "hta_rank0of16"])
+# hta_rank0of16 has events begun before the step that run into it; moe_skewed, six findings on four CPU ranks
+@pytest.mark.parametrize("run", ["moe_skewed", "hta_rank0of16"])
 def test_advise_prices_its_step_from_the_events_that_meet_it(db: Path, run: str,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """advise measures its one step of each replayed change from the events that touch that step's windows only:
