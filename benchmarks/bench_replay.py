@@ -1,7 +1,10 @@
 """Replay and what-if of one step against ranks: synthetic Kineto runs of N ranks (`traceana synth`, GPT on tp2 pp2,
 dp scaled), ingested with their layout, then `traceana replay --step S` and `traceana whatif --step S --change
-dim=TP:0.5`, each its own process: wall seconds and peak RSS (os.wait4). Prints one table. Run:
+dim=TP:0.5`, each its own process: wall seconds and peak RSS (os.wait4). Prints one table. With --store, the
+whole-run commands over a store already there instead (a Parquet dataset from `bench_scale.py --parquet --keep`):
+`replay`, `whatif --change dim=TP:0.5` and `advise`, each --json, each its own process. Run:
     .venv/bin/python benchmarks/bench_replay.py [--ranks 16,64,256,1024] [--kernel-us 200] [--workdir DIR]
+    .venv/bin/python benchmarks/bench_replay.py --store DIR/r1024.parquet
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ def main() -> None:
     parser.add_argument("--ranks", default="16,64,256,1024")
     parser.add_argument("--kernel-us", type=float, default=200.0)
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--store", type=Path, help="time the whole-run commands over this store instead")
     args = parser.parse_args()
+    if args.store:
+        return whole_run(args.store)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="traceana-replay-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
@@ -55,6 +61,16 @@ def main() -> None:
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def whole_run(store: Path) -> None:
+    """replay, whatif and advise of the store's latest run, each --json in its own process: wall s, peak RSS."""
+    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+          f"load average {os.getloadavg()[0]:.1f} at start; store {store}")
+    print(f"{'command':<34}{'wall s':>8}{'peak RSS MiB':>14}", flush=True)
+    for command in (["replay"], ["whatif", "--change", "dim=TP:0.5"], ["advise"]):
+        wall, _, rss = measure([*TRACEANA, *command, "--db", str(store), "--json"])
+        print(f"{' '.join(command):<34}{wall:>8.1f}{rss:>14,.0f}", flush=True)
 
 
 if __name__ == "__main__":
