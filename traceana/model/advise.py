@@ -94,7 +94,6 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
         parsed = [[whatif.parse(c) for c in changes] for _, _, changes in proposed]
         g, frames, _ = whatif.whatif_runs(con, run_id, parsed, base, step=step)
         for (finding, evidence, changes), frame, changed in zip(proposed, frames, parsed, strict=True):
-            frame = frame.filter(pl.col("step") == step)
             interval = whatif.step_interval(base, frame, changed, platform)
             rows.append({"finding": finding, "evidence": evidence, "change": " ".join(changes),
                          "measured_step_ms": total / 1e6, **_row(total / 1e6, interval),

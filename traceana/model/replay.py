@@ -83,7 +83,8 @@ def _by_levels(ptr: np.ndarray, dst: np.ndarray, w: np.ndarray, waiting: np.ndar
     once, the nodes whose last predecessor that was the next level."""
     ready = np.flatnonzero(waiting == 0)
     while ready.size:
-        first, count = ptr[ready], ptr[ready + 1] - ptr[ready]
+        first = ptr[ready]
+        count = ptr[ready + 1] - first
         total = int(count.sum())
         if not total:
             break
