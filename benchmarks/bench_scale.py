@@ -1,6 +1,7 @@
 """The scale curve: synthetic Kineto runs of N ranks (same trace per rank, ~110k JSON events as in
-hta_rank3of8_6steps), written by `traceana synth`, ingested by `traceana ingest`, then the breakdown and stragglers
-commands; and a command's fixed cost (`--help`, `runs`).
+hta_rank3of8_6steps), written by `traceana synth` or copied from one real rank (`--replicate`), ingested by
+`traceana ingest`, then the breakdown, stragglers and critical-path commands; and a command's fixed cost (`--help`,
+`runs`).
 
 Each step runs as its own process, timed wall-clock, with its peak RSS from os.wait4 (the largest single process);
 for the ingest also the main process's own peak and the largest worker's (VmHWM, polled from /proc). Prints one
@@ -8,12 +9,17 @@ table. Run:
     .venv/bin/python benchmarks/bench_scale.py --ranks 16,64,256 [--steps 8 --kernel-us 3] [--workdir DIR]
     .venv/bin/python benchmarks/bench_scale.py --traces DIR [--workdir DIR]   (an existing synth folder's traces/)
     .venv/bin/python benchmarks/bench_scale.py --ranks 4096 --parquet --jobs 2   (out of core: a Parquet dataset)
+    .venv/bin/python benchmarks/bench_scale.py --ranks 1024 \
+        --replicate ../shared/traces/kineto/hta_rank3of8_6steps.json.gz   (a real trace's size: N copies of one
+        rank, each its own distributedInfo rank, as bench_vs_hta.py does; the "synth" columns time the copying)
 The work folder (default: a temporary one) holds the traces and stores; it is removed unless --keep is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import os
 import platform
 import shutil
@@ -79,6 +85,21 @@ def run(*args: object) -> tuple[float, float, float]:
     return measure([*TRACEANA, *map(str, args)])
 
 
+def replicate(source: Path, folder: Path, ranks: int) -> tuple[float, float, float]:
+    """Write ``ranks`` copies of the Kineto trace ``source`` (JSON or .json.gz) into ``folder``, each with its own
+    distributedInfo rank and world size, one event a line as `traceana synth` writes them; measure()'s figures of
+    the writing (this process's)."""
+    began, cpu = time.perf_counter(), time.process_time()
+    trace = json.loads(gzip.decompress(data) if (data := source.read_bytes())[:2] == b"\x1f\x8b" else data)
+    events = b",\n".join(json.dumps(e, separators=(",", ":")).encode() for e in trace.pop("traceEvents"))
+    folder.mkdir(parents=True)
+    for rank in range(ranks):
+        trace["distributedInfo"] = {**trace.get("distributedInfo", {}), "rank": rank, "world_size": ranks}
+        head = json.dumps(trace, separators=(",", ":"))[:-1].encode() + b',"traceEvents":[\n'
+        (folder / f"rank{rank}.json").write_bytes(head + events + b"\n]}\n")
+    return time.perf_counter() - began, time.process_time() - cpu, float("nan")
+
+
 def lines(folder: Path) -> tuple[int, int]:
     """(bytes, trace events) of the Kineto files: the writer puts one event per line, after a 1-line header."""
     size = events = 0
@@ -110,6 +131,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--kernel-us", type=float, default=3.0)
     parser.add_argument("--traces", type=Path, help="ingest this folder of Kineto traces instead of synthesizing")
+    parser.add_argument("--replicate", type=Path, help="copy this one-rank Kineto trace to every rank instead of "
+                        "synthesizing")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--parquet", action="store_true", help="ingest into a Parquet dataset, not a DuckDB file")
@@ -121,7 +144,7 @@ def main() -> None:
           f"Python {platform.python_version()}; load average {os.getloadavg()[0]:.1f} at start")
     header = (f"{'ranks':>6}{'GB':>7}{'events':>13}{'synth s':>9}{'synth MB/s':>11}{'ingest s':>10}"
               f"{'MB/s':>7}{'events/s':>11}{'peak RSS MiB':>13}{'main MiB':>9}{'worker MiB':>11}{'store GB':>9}"
-              f"{'breakdown s':>12}{'MiB':>6}{'stragglers s':>13}{'MiB':>6}")
+              f"{'breakdown s':>12}{'MiB':>6}{'stragglers s':>13}{'MiB':>6}{'crit-path s':>12}{'MiB':>6}")
     rows = []
     try:
         for ranks in [len(list(args.traces.iterdir()))] if args.traces else map(int, args.ranks.split(",")):
@@ -129,6 +152,10 @@ def main() -> None:
             shutil.rmtree(db, ignore_errors=True) if db.is_dir() else db.unlink(missing_ok=True)
             if args.traces:
                 traces, synth = args.traces, (float("nan"),) * 3
+            elif args.replicate:
+                shutil.rmtree(out, ignore_errors=True)
+                traces = out / "traces"
+                synth = replicate(args.replicate, traces, ranks)
             else:
                 shutil.rmtree(out, ignore_errors=True)
                 synth = run("synth", CONFIG, out, "--ranks", ranks, "--steps", args.steps, "--kernel-us",
@@ -140,10 +167,12 @@ def main() -> None:
                                    f"tp=2,dp={ranks // 4},pp=2", *jobs])
             breakdown = run("breakdown", "--db", db, "--json")
             stragglers = run("stragglers", "--db", db, "--json")
+            critical = run("critical-path", "--db", db, "--json")
             rows.append(f"{ranks:>6}{size / 1e9:>7.2f}{events:>13,}{synth[0]:>9.1f}{size / 1e6 / synth[0]:>11.0f}"
                         f"{ingest[0]:>10.1f}{size / 1e6 / ingest[0]:>7.1f}{events / ingest[0]:>11,.0f}"
                         f"{ingest[2]:>13,.0f}{ingest[3]:>9,.0f}{ingest[4]:>11,.0f}{disk(db) / 1e9:>9.2f}"
-                        f"{breakdown[0]:>12.1f}{breakdown[2]:>6,.0f}{stragglers[0]:>13.1f}{stragglers[2]:>6,.0f}")
+                        f"{breakdown[0]:>12.1f}{breakdown[2]:>6,.0f}{stragglers[0]:>13.1f}{stragglers[2]:>6,.0f}"
+                        f"{critical[0]:>12.1f}{critical[2]:>6,.0f}")
             print(header if len(rows) == 1 else "", rows[-1], sep="\n" if len(rows) == 1 else "", flush=True)
             if not args.traces:
                 shutil.rmtree(out)
