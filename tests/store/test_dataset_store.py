@@ -168,4 +168,4 @@ def test_a_reader_spills_past_its_memory_limit_into_a_private_folder_removed_aft
                                   "current_setting('temp_directory')").fetchone()
         assert Path(temp).is_dir() and Path(temp).name.startswith("traceana-read-")
         assert con.execute("SELECT count(*) FROM rank_breakdown").fetchone()[0] > 0
-    assert limit == "1.0 GiB" and not Path(temp).exists()
+    assert limit == "640.0 MiB" and not Path(temp).exists()

@@ -243,8 +243,11 @@ def connect(folder: Path, *, read_only: bool, views: bool) -> Iterator[duckdb.Du
 
 
 # DuckDB's memory for a reader of a dataset (the out-of-core store): a breakdown of 1,024 synthesized ranks (16M
-# events) took 1.7 GiB with DuckDB's default (80% of RAM), 0.9 GiB at 600 MB, in the same 23.5 s.
-READ_MEMORY = "1GiB"
+# events) took 1.7 GiB with DuckDB's default (80% of RAM), 0.9 GiB at 600 MB, in the same 23.5 s. Since step
+# windows are computed once (store.open_run), 640 MiB against 1 GiB costs no time: at 1,024 ranks breakdown 861 /
+# 1,203 MiB (9.5 / 9.1 s), kernels, idle, ops 0.92-0.95 / 1.32-1.35 GiB (and ops ran out of memory at 1 GiB); at
+# 4,096 breakdown 1,151 / 1,543 MiB, stragglers 1,388 / 1,774, critical-path 1,494 / 2,437 (31 / 45 s).
+READ_MEMORY = "640MiB"
 
 
 @contextmanager
