@@ -44,7 +44,7 @@ def con(tmp_path_factory: pytest.TempPathFactory) -> Iterator[duckdb.DuckDBPyCon
 
 
 def path_of(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> pl.DataFrame:
-    segments = cp.walk(*cp.load_step(con, run_id, step))
+    segments = cp.of_step(con, run_id, step)[2]
     assert segments["start_ns"][1:].to_list() == segments["end_ns"][:-1].to_list()  # the segments tile the step
     return segments
 
@@ -131,7 +131,7 @@ def test_a_step_without_work_is_one_idle_segment() -> None:
     windows = pl.DataFrame({"rank": [0], "pp": [None], "start_ns": [100], "end_ns": [400]},
                            schema={"rank": pl.Int32, "pp": pl.Int32, "start_ns": pl.Int64, "end_ns": pl.Int64})
     nodes = pl.DataFrame(schema={"rank": pl.Int32, "start_ns": pl.Int64, "end_ns": pl.Int64, "category": pl.String,
-                                 "name": pl.String, "dim": pl.String, "ranks_seen": pl.Int32, "last_rank": pl.Int32,
+                                 "event_id": pl.Int64, "dim": pl.String, "ranks_seen": pl.Int32, "last_rank": pl.Int32,
                                  "last_start_ns": pl.Int64, "launch_ns": pl.Int64})
     assert cp.walk(windows, nodes).select("rank", "kind", "start_ns", "end_ns").rows() == [(0, "idle", 100, 400)]
 

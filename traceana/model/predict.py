@@ -492,8 +492,11 @@ def _run_hardware(con: duckdb.DuckDBPyConnection, run_id: str, cfg: Config, note
 
 def _spread(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[tuple[int | None, str], float]:
     """Per (stage, part), and (None, part) over the whole run: stddev / mean of the part over every rank-step
-    (the first step too: it is the run's own evidence of how much one step varies from the next)."""
-    parts = ", ".join(f"coalesce(stddev_samp({d}_ns) / nullif(avg({d}_ns), 0), 0) AS {d}" for d in DIMS)
+    (the first step too: it is the run's own evidence of how much one step varies from the next). Each aggregate
+    reads its rows in one order: summed in the order threads finish, the last digit changed from process to
+    process."""
+    parts = ", ".join(f"coalesce(stddev_samp({d}_ns ORDER BY rank, step) / nullif(avg({d}_ns ORDER BY rank, step), "
+                      f"0), 0) AS {d}" for d in DIMS)
     frame = con.sql(f"SELECT coalesce(pp, 0) AS stage, {parts} FROM rank_step_breakdown WHERE run_id = $run "
                     "GROUP BY GROUPING SETS ((coalesce(pp, 0)), ())", params={"run": run_id}).pl()
     return {(None if r["stage"] is None else int(r["stage"]), d): float(r[d])

@@ -251,8 +251,7 @@ def simulate(con: duckdb.DuckDBPyConnection, graph: Graph, edits: Iterable[Edit]
         runs.append((f"{graph.run_id}#{i}", events, windows))
     names = [name for name, _, _ in runs]
     with simulated_store(runs, ranks_of(con, graph.run_id)) as sim:
-        segments = (critical_path.walk(*critical_path.load_step(sim, names[0], path_step))
-                    if path_step is not None else None)
+        segments = critical_path.of_step(sim, names[0], path_step)[2] if path_step is not None else None
         frame = breakdown_of(sim, step=step)
     parted = frame.partition_by("run_id", as_dict=True, include_key=False)
     return [parted.get((name,), frame.clear().drop("run_id")) for name in names], segments
