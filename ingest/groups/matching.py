@@ -15,11 +15,13 @@ from the matching alone. The same function serves gloo threads, CUDA streams and
 from __future__ import annotations
 
 import itertools
+import tempfile
 from collections import Counter
 
 import duckdb
 import polars as pl
 
+_MEMORY = "512MiB"  # DuckDB's cap while matching: beyond it the tables spill to a temporary folder
 _SEARCH_LIMIT = 200_000  # assignments the members check may visit before it keeps the timing's choice
 
 
@@ -31,57 +33,109 @@ def match_communicators(ops: pl.DataFrame, candidates: pl.DataFrame) -> pl.DataF
     empty = pl.DataFrame(schema={"rank": pl.Int32(), "stream": pl.Int64(), "pg": pl.String()})
     if ops.is_empty() or candidates.is_empty():
         return empty
-    con = duckdb.connect()
-    con.execute("SET threads TO 2")
-    con.register("ops", ops.select("rank", "stream", "event_id", "op", "bytes", "start_ns", "end_ns").to_arrow())
-    con.register("groups", candidates.select("pg", "ranks").to_arrow())
-    partners = con.sql("""
-        WITH members AS (  -- (group, member rank) pairs, so partners are found by equality, not by list scans
-            SELECT pg, len(ranks) AS size, unnest(ranks) AS member FROM groups
-        ), cand AS (  -- every group of a rank is a candidate for each of its communicators
-            SELECT DISTINCT o.rank, o.stream, m.pg, m.size FROM ops o JOIN members m ON m.member = o.rank
-        )  -- for each op and candidate group: ops of other members that match it and overlap it in time
-        SELECT o.rank, o.stream, o.event_id, c.pg, c.size, p.rank AS member, p.stream AS member_stream,
-               CAST(min(abs(p.end_ns - o.end_ns)) AS DOUBLE) AS gap
-        FROM ops o JOIN cand c ON c.rank = o.rank AND c.stream = o.stream
-        JOIN members m ON m.pg = c.pg AND m.member <> o.rank
-        JOIN ops p ON p.rank = m.member AND p.op = o.op
-             AND (p.bytes IS NOT DISTINCT FROM o.bytes OR o.op = 'AllToAll')  -- a2a splits vary
-             AND p.start_ns <= o.end_ns AND o.start_ns <= p.end_ns
-        GROUP BY ALL
-    """).pl()
-    con.close()
-    if partners.is_empty():
-        return empty
-    first = _score(partners, None)
-    assignment = _pick(first)
-    for _ in range(8):  # a partner counts only if its own communicator serves the same group: iterate to a fixed point
-        refined = _pick(_score(partners, assignment))
-        if refined.sort("rank", "stream").equals(assignment.sort("rank", "stream")):
-            break
-        assignment = refined
+    with tempfile.TemporaryDirectory(prefix="traceana-match-") as spill, duckdb.connect(
+            config={"threads": 2, "memory_limit": _MEMORY, "temp_directory": spill}) as con:
+        _prepare(con, ops, candidates)
+        first = _score(con, None)
+        if first.is_empty():
+            return empty
+        assignment = _pick(first)
+        for _ in range(8):  # a partner counts only if its own communicator serves the same group: to a fixed point
+            refined = _pick(_score(con, assignment))
+            if refined.sort("rank", "stream").equals(assignment.sort("rank", "stream")):
+                break
+            assignment = refined
     return _members_agree(ops, candidates, first, assignment)
 
 
-def _score(partners: pl.DataFrame, assignment: pl.DataFrame | None) -> pl.DataFrame:
-    """(rank, stream, pg, hits, gap): ops of the communicator matched on every other member of pg, their end gaps.
+# Partners: for an op and a candidate group of its rank, the ops of the group's other members that match it (same
+# op and size; all-to-all by op, its splits vary) and overlap it in time. Listing them for every member grows with
+# ops x group size (a world group of N ranks: N - 1 rows an op; 20 GiB at 1,024 ranks of 60 collectives a step), so
+# the ops of one kind are first cut into *bursts*: runs of overlapping ops (a new burst where an op starts after
+# every earlier one ended), outside which an op has no partner. A *clean* burst, one op per rank and every op
+# overlapping every other (the usual: one instance of a collective on every member), needs no list: its partners
+# in a group are the group's other ops in the burst, counted per (burst, group) with window functions. Only the ops
+# of other bursts are joined pairwise, within their burst, one row per member communicator with the closest end.
+_PREPARE_SQL = ("""
+CREATE TEMP TABLE members AS  -- (group, member rank) pairs, so partners are found by equality, not by list scans
+    SELECT pg, len(ranks) AS size, unnest(ranks) AS member FROM groups""", """
+CREATE TEMP TABLE bursts AS
+    WITH keyed AS (
+        SELECT *, CASE WHEN op <> 'AllToAll' THEN bytes END AS size_key FROM ops
+    ), reach AS (  -- the latest end of the kind's earlier ops
+        SELECT *, max(end_ns) OVER (PARTITION BY op, size_key ORDER BY start_ns, end_ns, rank, stream, event_id
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM keyed
+    ), numbered AS (
+        SELECT *, sum(CASE WHEN reach IS NULL OR start_ns > reach THEN 1 ELSE 0 END)
+                  OVER (PARTITION BY op, size_key ORDER BY start_ns, end_ns, rank, stream, event_id
+                        ROWS UNBOUNDED PRECEDING) AS burst FROM reach
+    )
+    SELECT rank, stream, event_id, op, size_key, burst, start_ns, end_ns,
+           max(start_ns) OVER b <= min(end_ns) OVER b AND count(*) OVER b = count(DISTINCT rank) OVER b AS clean,
+           end_ns - min(end_ns) OVER b AS end_rel  -- small, so that sums of ends fit
+    FROM numbered WINDOW b AS (PARTITION BY op, size_key, burst)""", """
+CREATE TEMP TABLE clean AS  -- every op of a clean burst once per candidate group of its rank
+    SELECT b.rank, b.stream, b.event_id, b.op, b.size_key, b.burst, b.end_rel, m.pg, m.size
+    FROM bursts b JOIN members m ON m.member = b.rank WHERE b.clean""", """
+CREATE TEMP TABLE partners AS  -- the other bursts' ops: each member communicator's closest matching op
+    WITH other AS (SELECT * FROM bursts WHERE NOT clean)
+    SELECT o.rank, o.stream, o.event_id, m.pg, m.size, p.rank AS member, p.stream AS member_stream,
+           min(abs(p.end_ns - o.end_ns)) AS gap
+    FROM other o JOIN members c ON c.member = o.rank
+    JOIN members m ON m.pg = c.pg AND m.member <> o.rank
+    JOIN other p ON p.rank = m.member AND p.op = o.op AND p.size_key IS NOT DISTINCT FROM o.size_key
+         AND p.burst = o.burst AND p.start_ns <= o.end_ns AND o.start_ns <= p.end_ns
+    GROUP BY ALL""")
+
+
+def _prepare(con: duckdb.DuckDBPyConnection, ops: pl.DataFrame, candidates: pl.DataFrame) -> None:
+    """The tables :func:`_score` reads (members, bursts, clean, partners), in ``con``."""
+    con.register("ops", ops.select("rank", "stream", "event_id", "op", "bytes", "start_ns", "end_ns").to_arrow())
+    con.register("groups", candidates.select("pg", "ranks").to_arrow())
+    for sql in _PREPARE_SQL:
+        con.execute(sql)
+
+
+def _score(con: duckdb.DuckDBPyConnection, assignment: pl.DataFrame | None) -> pl.DataFrame:
+    """(rank, stream, pg, hits, gap): ops of the communicator matched on every other member of pg, and the sum of
+    their partners' end gaps (ns; per member its closest, once per member communicator).
 
     Given the current assignment, an op whose partners all sit on communicators assigned the same group counts 1,
     one matched only through communicators assigned elsewhere counts 0.1: consistent evidence outweighs coincidence.
+    Hits are counted in tenths, so that equal evidence gives equal hits whatever the order of the rows.
     """
     if assignment is None:
-        partners = partners.with_columns(consistent=pl.lit(True))
+        mine, partner, join_clean, join_other = "false", "true", "", ""
     else:
-        partners = partners.join(
-            assignment.rename({"rank": "member", "stream": "member_stream", "pg": "member_pg"}),
-            on=["member", "member_stream"], how="left").with_columns(consistent=pl.col("member_pg") == pl.col("pg"))
-    per_op = partners.group_by("rank", "stream", "event_id", "pg", "size").agg(
-        pl.col("member").n_unique().alias("members"),
-        pl.col("member").filter(pl.col("consistent")).n_unique().alias("consistent"),
-        pl.col("gap").min().over("member").sum().alias("gap"))
-    matched = per_op.filter(pl.col("members") == pl.col("size") - 1).with_columns(
-        pl.when(pl.col("consistent") == pl.col("members")).then(1.0).otherwise(0.1).alias("weight"))
-    return matched.group_by("rank", "stream", "pg").agg(pl.col("weight").sum().alias("hits"), pl.col("gap").sum())
+        con.register("assigned", assignment.to_arrow())
+        mine, partner = "coalesce(a.pg = c.pg, false)", "coalesce(a.pg = p.pg, false)"
+        join_clean = "LEFT JOIN assigned a ON a.rank = c.rank AND a.stream = c.stream"
+        join_other = "LEFT JOIN assigned a ON a.rank = p.member AND a.stream = p.member_stream"
+    consistent = "members" if assignment is None else "sum(mine::INT) OVER g - mine::INT"
+    return con.sql(f"""
+        WITH flagged AS (SELECT c.*, {mine} AS mine FROM clean c {join_clean}
+        ), clean_ops AS (  -- the group's other ops in the burst; their gaps as sums of ends below and above
+            SELECT rank, stream, event_id, pg, size, members, {consistent} AS consistent,
+                   (below * end_rel - (running - end_rel)) + ((total - running) - above * end_rel) AS gap
+            FROM (SELECT *, count(*) OVER g - 1 AS members, count(*) OVER up_to - 1 AS below,
+                         count(*) OVER g - count(*) OVER up_to AS above, sum(end_rel) OVER up_to AS running,
+                         sum(end_rel) OVER g AS total
+                  FROM flagged WINDOW g AS (PARTITION BY op, size_key, burst, pg),
+                                      up_to AS (g ORDER BY end_rel, rank ROWS UNBOUNDED PRECEDING))
+            WINDOW g AS (PARTITION BY op, size_key, burst, pg)
+        ), per_member AS (
+            SELECT p.rank, p.stream, p.event_id, p.pg, p.size, p.member, count(*) * min(p.gap) AS gap,
+                   bool_or({partner}) AS consistent
+            FROM partners p {join_other} GROUP BY ALL
+        ), other_ops AS (
+            SELECT rank, stream, event_id, pg, size, count(*) AS members, count(*) FILTER (consistent) AS consistent,
+                   sum(gap) AS gap
+            FROM per_member GROUP BY ALL
+        ), per_op AS (SELECT * FROM clean_ops UNION ALL SELECT * FROM other_ops)
+        SELECT rank, stream, pg,
+               (10 * count(*) FILTER (consistent = members) + count(*) FILTER (consistent < members)) / 10 AS hits,
+               CAST(sum(gap) AS DOUBLE) AS gap
+        FROM per_op WHERE members = size - 1 GROUP BY ALL ORDER BY rank, stream, pg""").pl()
 
 
 def _creation_order(pg: str) -> int:

@@ -18,7 +18,8 @@ import pytest
 
 from tests.conftest import SAMPLES, TRACES, query, run_cli
 from tests.ingest.test_kineto import SAMPLE_LAYOUTS
-from traceana.ingest.groups.matching import match_communicators
+from traceana.ingest.groups.communicators import _layout_groups
+from traceana.ingest.groups.matching import _PREPARE_SQL, _pick, _prepare, _score, match_communicators
 from traceana.layout import Layout
 
 KINETO = TRACES / "kineto"
@@ -268,3 +269,34 @@ def test_groups_that_tie_on_size_and_time_go_by_their_members() -> None:
     got = {(r, s): pg for r, s, pg in match_communicators(_tied_all_reduces(), groups).iter_rows()}
     truth = {0: ("1", "1", "3", "3"), 1: ("1", "1", "4", "4"), 2: ("2", "2", "3", "3"), 3: ("2", "2", "4", "4")}
     assert got == {(rank, 100 * rank + k): pg for rank, pgs in truth.items() for k, pg in enumerate(pgs)}
+
+
+@pytest.mark.parametrize("experiment", ["toy8_tp2pp2dp2_1f1b", "moe_skewed"])
+def test_clean_bursts_score_as_their_pairwise_partners_do(tmp_path: Path, experiment: str) -> None:
+    """Matching counts the partners of a clean burst's ops (one op per rank, all overlapping) per group with window
+    functions, and lists the other bursts' partners pair by pair (matching._PREPARE_SQL). On a real gloo sample's
+    collectives, which hold both kinds, listing every burst's partners pair by pair gives the same scores: in the
+    first pass and given an assignment."""
+    db = tmp_path / "t.duckdb"
+    run_cli("ingest", SAMPLES / experiment, "--db", db)
+    ops = pl.DataFrame(query(db, "SELECT c.rank, d.stream, c.event_id, c.op, c.bytes, d.start_ns, d.end_ns "
+                                 "FROM collectives c JOIN device_events d USING (run_id, rank, event_id) "
+                                 "WHERE c.op NOT IN ('Send', 'Recv')"), orient="row",
+                       schema=["rank", "stream", "event_id", "op", "bytes", "start_ns", "end_ns"])
+    world = ops["rank"].n_unique()
+    candidates = _layout_groups(Layout.parse(SAMPLE_LAYOUTS[experiment]), world)
+
+    def scores(pairwise: bool) -> tuple[pl.DataFrame, pl.DataFrame, int]:
+        with duckdb.connect() as con:
+            _prepare(con, ops, candidates)
+            clean = con.sql("SELECT count(*) FROM bursts WHERE clean").fetchall()[0][0]
+            if pairwise:
+                con.execute("UPDATE bursts SET clean = false; DROP TABLE clean; DROP TABLE partners")
+                for sql in _PREPARE_SQL[2:]:
+                    con.execute(sql)
+            first = _score(con, None)
+            return first, _score(con, _pick(first)), clean
+
+    fast, slow = scores(False), scores(True)
+    assert 0 < fast[2] < ops.height and slow[2] == fast[2]  # both kinds of bursts are there
+    assert fast[0].height > 0 and fast[0].equals(slow[0]) and fast[1].equals(slow[1])
