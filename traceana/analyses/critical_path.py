@@ -19,7 +19,8 @@ together, the one whose work ends latest) and goes backwards in time:
   their shares add up to 100%.
 
 One step at a time, with two binary searches per segment over each rank's events sorted by start (and the running
-maximum of their ends): the loop runs once per path segment, never once per event of the step. The walk reads the
+maximum of their ends; DuckDB sorts the step, and each rank is a slice of it): the loop runs once per path segment,
+never once per event of the step. The walk reads the
 step's events without their names, which are fetched for the path's few events after it: a step of 1,024 ranks of
 hta_rank3of8_6steps holds 1.6 M events, 516 MiB as a frame with their names.
 """
@@ -35,6 +36,8 @@ from traceana.analyses.breakdown import check_step, steps
 from traceana.errors import TraceanaError
 
 SEGMENT_COLUMNS = ("rank", "stage", "kind", "dim", "name", "start_ns", "end_ns")
+NODE_COLUMNS = ("rank", "event_id", "start_ns", "end_ns", "category", "dim", "ranks_seen", "last_rank",
+                "last_start_ns", "launch_ns")
 
 
 def default_step(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
@@ -46,14 +49,15 @@ def default_step(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
 
 
 def load_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(windows, nodes) of one step: each rank's window, and critical_path_nodes without the events' names."""
+    """(windows, nodes) of one step: each rank's window, and the critical_path_nodes columns :func:`walk` reads
+    (NODE_COLUMNS: not the events' names), in its order."""
     check_step(con, run_id, step)
     windows = con.sql(
         "SELECT w.rank, r.pp, w.start_ns, w.end_ns FROM step_windows w LEFT JOIN ranks r USING (run_id, rank) "
         "WHERE w.run_id = ? AND w.step = ? ORDER BY r.pp NULLS FIRST, w.rank", params=[run_id, step]).pl()
     try:
-        nodes = con.sql("SELECT * EXCLUDE (run_id, step, name) FROM critical_path_nodes WHERE run_id = ? AND step = ?",
-                        params=[run_id, step]).pl()
+        nodes = con.sql(f"SELECT {', '.join(NODE_COLUMNS)} FROM critical_path_nodes WHERE run_id = ? AND step = ? "
+                        "ORDER BY rank, start_ns, end_ns DESC, event_id", params=[run_id, step]).pl()
     except duckdb.CatalogException:
         raise TraceanaError(store.OUTDATED) from None
     return windows, nodes
@@ -84,47 +88,53 @@ def named(con: duckdb.DuckDBPyConnection, run_id: str, walked: pl.DataFrame) -> 
 def walk(windows: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     """The path's segments in time order, ns on the run timeline (see the module doc): SEGMENT_COLUMNS, ``name``
     named only for idle segments ("" for an event's), and ``event_id``, the event a segment is part of
-    (:func:`named` gives it the event's name)."""
+    (:func:`named` gives it the event's name). ``nodes``: NODE_COLUMNS sorted by rank, start_ns, end_ns descending
+    (:func:`load_step`'s order), read in place: each rank is a slice of its columns, not a sorted copy."""
     origin = int(windows["start_ns"].min())
     last_work = nodes.group_by("rank").agg(pl.col("end_ns").max().alias("work_end_ns"))
     end_row = (windows.join(last_work, on="rank", how="left")
                .sort("end_ns", "work_end_ns", "rank", descending=[True, True, False], nulls_last=True)
                .row(0, named=True))
     stage = dict(zip(windows["rank"], windows["pp"], strict=True))
-    ranks = {key[0]: frame.sort("start_ns", "end_ns", descending=[False, True]).with_row_index("row")
-             for key, frame in nodes.group_by(["rank"])}
-    arrays = {r: (f["start_ns"].to_numpy(), np.maximum.accumulate(f["end_ns"].to_numpy()),
-                  f["ranks_seen"].fill_null(0).to_numpy(), f["last_rank"].fill_null(-1).to_numpy(),
-                  f["last_start_ns"].fill_null(0).to_numpy(), f["launch_ns"].fill_null(-1).to_numpy())
-              for r, f in ranks.items()}
+    starts, ends = nodes["start_ns"].to_numpy(), nodes["end_ns"].to_numpy()
+    seen, last_rank = nodes["ranks_seen"].fill_null(0).to_numpy(), nodes["last_rank"].fill_null(-1).to_numpy()
+    last_start, launch = nodes["last_start_ns"].fill_null(0).to_numpy(), nodes["launch_ns"].fill_null(-1).to_numpy()
+    in_order = nodes["rank"].to_numpy()
+    present = np.unique(in_order)
+    bounds = dict(zip(present.tolist(), zip(np.searchsorted(in_order, present, "left").tolist(),
+                                            np.searchsorted(in_order, present, "right").tolist(), strict=True),
+                      strict=True))
+    reach = np.empty_like(ends)  # per rank, the latest end of the events started so far
+    for lo, hi in bounds.values():
+        np.maximum.accumulate(ends[lo:hi], out=reach[lo:hi])
 
     def idle(rank: int, start: int, end: int) -> tuple[int, None, int, int, str]:
         """An idle segment, named by what the event that ends it says: launched after the device ran dry (the host
         was late), already queued (it waited on a dependency), or nothing (no launch record)."""
         name = "idle"
-        if rank in arrays and start > origin:
-            starts, launch = arrays[rank][0], arrays[rank][5]
-            i = int(np.searchsorted(starts, end, "left"))
-            if i < len(starts) and starts[i] == end and launch[i] >= 0:
+        if rank in bounds and start > origin:
+            lo, hi = bounds[rank]
+            i = lo + int(np.searchsorted(starts[lo:hi], end, "left"))
+            if i < hi and starts[i] == end and launch[i] >= 0:
                 name = "idle (host launch)" if launch[i] > start else "idle (queued)"
         return rank, None, start, end, name
 
-    backwards: list[tuple[int, int | None, int, int, str]] = []  # (rank, row in ranks[rank] or None, start, end,
+    backwards: list[tuple[int, int | None, int, int, str]] = []  # (rank, row in nodes or None, start, end,
     #                                                                idle segment's name)
     rank, t = end_row["rank"], int(end_row["end_ns"])
     while t > origin:
-        if rank not in arrays:
+        if rank not in bounds:
             backwards.append(idle(rank, origin, t))
             break
-        starts, reach, seen, last_rank, last_start, _ = arrays[rank]
-        k = int(np.searchsorted(starts, t, "left")) - 1  # events that started before t
-        if k < 0:
+        lo, hi = bounds[rank]
+        k = lo + int(np.searchsorted(starts[lo:hi], t, "left")) - 1  # the rank's events that started before t
+        if k < lo:
             backwards.append(idle(rank, origin, t))
             break
         top = min(int(reach[k]), t)  # t when an event covers it, else the latest end before t
         if top < t:
             backwards.append(idle(rank, top, t))
-        j = int(np.searchsorted(reach, top, "left"))  # the first-started event that reaches top
+        j = lo + int(np.searchsorted(reach[lo:hi], top, "left"))  # the first-started event that reaches top
         arrived = int(last_start[j])
         if seen[j] > 1 and last_rank[j] != rank and starts[j] < arrived < top:
             backwards.append((rank, j, arrived, top, ""))
@@ -134,12 +144,10 @@ def walk(windows: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
             t = int(starts[j])
     path = pl.DataFrame(backwards[::-1], schema={"rank": pl.Int32, "row": pl.Int64, "start_ns": pl.Int64,
                                                  "end_ns": pl.Int64, "idle_name": pl.String}, orient="row")
-    rows = pl.concat([f.select(pl.col("rank").cast(pl.Int32), pl.col("row").cast(pl.Int64), "category", "dim",
-                               "event_id")
-                      for f in ranks.values()]) if ranks else pl.DataFrame(
-        schema={"rank": pl.Int32, "row": pl.Int64, "category": pl.String, "dim": pl.String, "event_id": pl.Int64})
+    used = path["row"].drop_nulls().unique()
+    rows = nodes.select("category", "dim", "event_id").gather(used).with_columns(used.alias("row"))
     before = pl.when(pl.col("start_ns") == origin).then(pl.lit("idle: before the walk's first event on this rank"))
-    return (path.join(rows, on=["rank", "row"], how="left", maintain_order="left")
+    return (path.join(rows, on="row", how="left", maintain_order="left")
             .with_columns(pl.col("rank").replace_strict(stage, default=None, return_dtype=pl.Int32).alias("stage"),
                           pl.col("category").fill_null("idle").alias("kind"),
                           pl.coalesce(pl.when(pl.col("row").is_null()).then(before), "idle_name").alias("name"))
