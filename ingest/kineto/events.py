@@ -5,6 +5,7 @@ its metadata (distributedInfo, baseTimeNanoseconds) checked. The reader (reader.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -12,6 +13,7 @@ import duckdb
 
 from traceana.errors import TraceanaError, first_line
 from traceana.ingest.formats import not_read
+from traceana.ingest.kineto.split import Unsplit, events_pipe
 from traceana.ingest.validate import MAX_RANK, MAX_TIME_NS, checked_rank, rank_list
 
 _SUFFIXES = (".json", ".json.gz")
@@ -22,15 +24,17 @@ FIRST_INPUT_NELEMS = "list_reduce(TRY_CAST(input_dims->0 AS BIGINT[]), lambda x,
 # Only the fields traceana reads; DuckDB ignores the rest. JSON-typed where traces disagree on the type and the
 # value is kept as text; VARCHAR where it is only read as a number (TRY_CAST): DuckDB writes any JSON value as text
 # there, which casts as the JSON's own text would, without parsing that text again per row.
-_EVENT = (
-    "STRUCT(ph VARCHAR, cat VARCHAR, name VARCHAR, pid JSON, tid JSON, ts DECIMAL(24,3), dur DECIMAL(24,3), "
-    'args STRUCT("External id" VARCHAR, correlation VARCHAR, stream VARCHAR, "Collective name" VARCHAR, '
-    '"In msg nelems" VARCHAR, dtype VARCHAR, "Process Group Name" VARCHAR, "Process Group Ranks" JSON, '
-    '"Process Group Description" VARCHAR, "Seq" VARCHAR, "Input Dims" JSON, "Input type" JSON, '
-    '"Concrete Inputs" JSON, "dst rank" VARCHAR, "src rank" VARCHAR, "Total Allocated" VARCHAR, '
-    '"Total Reserved" VARCHAR, "Device Type" VARCHAR, "Group size" VARCHAR, wait_on_stream VARCHAR, '
-    'wait_on_cuda_event_record_corr_id VARCHAR, cuda_sync_kind VARCHAR, labels VARCHAR))[]'
-)
+_FIELDS = {
+    "ph": "VARCHAR", "cat": "VARCHAR", "name": "VARCHAR", "pid": "JSON", "tid": "JSON", "ts": "DECIMAL(24,3)",
+    "dur": "DECIMAL(24,3)",
+    "args": 'STRUCT("External id" VARCHAR, correlation VARCHAR, stream VARCHAR, "Collective name" VARCHAR, '
+            '"In msg nelems" VARCHAR, dtype VARCHAR, "Process Group Name" VARCHAR, "Process Group Ranks" JSON, '
+            '"Process Group Description" VARCHAR, "Seq" VARCHAR, "Input Dims" JSON, "Input type" JSON, '
+            '"Concrete Inputs" JSON, "dst rank" VARCHAR, "src rank" VARCHAR, "Total Allocated" VARCHAR, '
+            '"Total Reserved" VARCHAR, "Device Type" VARCHAR, "Group size" VARCHAR, wait_on_stream VARCHAR, '
+            'wait_on_cuda_event_record_corr_id VARCHAR, cuda_sync_kind VARCHAR, labels VARCHAR)'}
+_EVENT = f"STRUCT({', '.join(f'{name} {kind}' for name, kind in _FIELDS.items())})[]"  # the document's list
+_RECORD = "{" + ", ".join(f"'{name}': '{kind}'" for name, kind in _FIELDS.items()) + "}"  # one record's columns
 
 # Kineto's category of every vintage and accelerator, spelled as CUDA traces have since 2022: the 2021 names
 # (`Operator`, `Runtime`, `Kernel`, `Memcpy`, `Memset`, `User`), any case; every launch API (HIP's too, `xpu_runtime`,
@@ -95,24 +99,17 @@ PHASES = ("B", "E", "X", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", 
 def load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> Loaded:
     """Load one file's events into table ``ev`` (tagged with ``f = index``); return its metadata.
 
-    One typed pass over the JSON: the document lands in a temporary table, from which the metadata values and the
-    events are read (a second read_json for the metadata alone cost as much as the events)."""
+    One typed pass over the JSON (:func:`_read`): the events land in a temporary table, the metadata values are read
+    from the document around them."""
     if file.stat().st_size == 0:
         raise TraceanaError(f"{file}: the file is empty")
-    source = str(file).replace("'", "''")
-    reader = (f"read_json('{source}', format='unstructured', maximum_object_size=4000000000, "
-              f"columns={{'traceEvents': '{_EVENT}', 'distributedInfo': 'JSON', 'baseTimeNanoseconds': 'JSON', "
-              "'deviceProperties': 'JSON', 'schemaVersion': 'JSON'})")
     try:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE kineto_file AS SELECT * FROM {reader}")
-        meta = con.execute("SELECT distributedInfo, baseTimeNanoseconds, len(traceEvents), "
-                           "json_extract_string(deviceProperties, '$[*].name'), schemaVersion FROM kineto_file"
-                           ).fetchall()
+        meta, events = _read(con, file)
         if len(meta) != 1 or meta[0][2] is None:
             raise TraceanaError(f"{file}: {not_read(file)}")
         info, base = _metadata(file, meta[0][0], meta[0][1])
         # Times in HUGEINT, then TRY_CAST: a time no BIGINT holds becomes NULL, and validation drops it with a note.
-        con.execute(_INSERT.format(index=index, base=base, reader="kineto_file"))
+        con.execute(_INSERT.format(index=index, base=base, events=events))
         unphased = con.execute(f"SELECT count(*) FROM ev WHERE f = $f AND (ph IS NULL OR ph NOT IN {PHASES})",
                                {"f": index}).fetchall()[0][0]
         if unphased:
@@ -124,10 +121,45 @@ def load(con: duckdb.DuckDBPyConnection, file: Path, index: int) -> Loaded:
     except (duckdb.Error, UnicodeDecodeError) as exc:  # DuckDB may fail to decode its own message
         raise TraceanaError(f"{file}: not a readable Kineto trace ({first_line(exc)})") from None
     finally:
-        con.execute("DROP TABLE IF EXISTS kineto_file")
+        con.execute("DROP TABLE IF EXISTS kineto_file; DROP TABLE IF EXISTS kineto_events")
     return Loaded(info, [n for n in meta[0][3] or [] if n],
                   _vintage(meta[0][4], set(filter(None, written or [])), bool(meta[0][1]), info.get("backend")),
                   unphased)
+
+
+def _read(con: duckdb.DuckDBPyConnection, file: Path) -> tuple[list[tuple], str]:
+    """(the metadata row, the query of the events as rows ``e``) of ``file``. Its traceEvents array streamed to
+    DuckDB as records (split.py) into table kineto_events, the metadata read from the document around it; where
+    that cannot be (no FIFOs, another layout, a malformed array), the whole document into table kineto_file, one
+    row (a second read_json for the metadata alone cost as much as the events)."""
+    if hasattr(os, "mkfifo"):
+        with events_pipe(file) as pipe:
+            try:
+                con.execute(f"CREATE OR REPLACE TEMP TABLE kineto_events AS SELECT k AS e FROM read_json("
+                            f"'{_quoted(pipe.path)}', format='array', records=true, compression='none', "
+                            f"columns={_RECORD}) k")
+                return con.execute(_META_SQL.format(reader=_document(pipe.document()))).fetchall(), \
+                    "SELECT e FROM kineto_events"
+            except (duckdb.Error, UnicodeDecodeError, Unsplit):
+                con.execute("DROP TABLE IF EXISTS kineto_events")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE kineto_file AS SELECT * FROM {_document(file)}")
+    return con.execute(_META_SQL.format(reader="kineto_file")).fetchall(), \
+        "SELECT unnest(traceEvents) AS e FROM kineto_file"
+
+
+_META_SQL = ("SELECT distributedInfo, baseTimeNanoseconds, len(traceEvents), "
+             "json_extract_string(deviceProperties, '$[*].name'), schemaVersion FROM {reader}")
+
+
+def _document(path: Path) -> str:
+    """read_json of a whole Kineto document: its events one list, the metadata the reader checks as JSON."""
+    return (f"read_json('{_quoted(path)}', format='unstructured', maximum_object_size=4000000000, "
+            f"columns={{'traceEvents': '{_EVENT}', 'distributedInfo': 'JSON', 'baseTimeNanoseconds': 'JSON', "
+            "'deviceProperties': 'JSON', 'schemaVersion': 'JSON'})")
+
+
+def _quoted(path: Path) -> str:
+    return str(path).replace("'", "''")
 
 
 def _vintage(schema: str | None, categories: set[str], based: bool, backend: str | None) -> str:
@@ -150,7 +182,7 @@ def _vintage(schema: str | None, categories: set[str], based: bool, backend: str
 
 
 _INSERT = """INSERT INTO ev
-        WITH raw AS (SELECT unnest(traceEvents) AS e FROM {reader}),
+        WITH raw AS ({events}),
         devices AS (SELECT DISTINCT e.pid->>'$' AS pid FROM raw  -- the processes the trace labels "GPU 0", "MTIA 9"
                     WHERE e.ph = 'M' AND e.name = 'process_labels' AND e.args.labels <> 'CPU')
         SELECT {index} AS f, e.ph, """ + _CATEGORY + """ AS cat, e.name, e.pid->>'$' AS pid, e.tid->>'$' AS tid,
