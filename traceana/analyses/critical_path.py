@@ -50,14 +50,14 @@ def default_step(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
 
 def load_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(windows, nodes) of one step: each rank's window, and the critical_path_nodes columns :func:`walk` reads
-    (NODE_COLUMNS: not the events' names), in its order."""
+    (NODE_COLUMNS: not the events' names), in its order and in one chunk, so that its arrays are views of them."""
     check_step(con, run_id, step)
     windows = con.sql(
         "SELECT w.rank, r.pp, w.start_ns, w.end_ns FROM step_windows w LEFT JOIN ranks r USING (run_id, rank) "
         "WHERE w.run_id = ? AND w.step = ? ORDER BY r.pp NULLS FIRST, w.rank", params=[run_id, step]).pl()
     try:
         nodes = con.sql(f"SELECT {', '.join(NODE_COLUMNS)} FROM critical_path_nodes WHERE run_id = ? AND step = ? "
-                        "ORDER BY rank, start_ns, end_ns DESC, event_id", params=[run_id, step]).pl()
+                        "ORDER BY rank, start_ns, end_ns DESC, event_id", params=[run_id, step]).pl().rechunk()
     except duckdb.CatalogException:
         raise TraceanaError(store.OUTDATED) from None
     return windows, nodes
