@@ -133,15 +133,15 @@ def _read(con: duckdb.DuckDBPyConnection, file: Path) -> tuple[list[tuple], str]
     that cannot be (no FIFOs, another layout, a malformed array), the whole document into table kineto_file, one
     row (a second read_json for the metadata alone cost as much as the events)."""
     if hasattr(os, "mkfifo"):
-        with events_pipe(file) as pipe:
-            try:
+        try:
+            with events_pipe(file) as pipe:
                 con.execute(f"CREATE OR REPLACE TEMP TABLE kineto_events AS SELECT k AS e FROM read_json("
                             f"'{_quoted(pipe.path)}', format='array', records=true, compression='none', "
                             f"columns={_RECORD}) k")
                 return con.execute(_META_SQL.format(reader=_document(pipe.document()))).fetchall(), \
                     "SELECT e FROM kineto_events"
-            except (duckdb.Error, UnicodeDecodeError, Unsplit):
-                con.execute("DROP TABLE IF EXISTS kineto_events")
+        except (duckdb.Error, UnicodeDecodeError, OSError, Unsplit):  # OSError: no temporary folder or FIFO
+            con.execute("DROP TABLE IF EXISTS kineto_events")
     con.execute(f"CREATE OR REPLACE TEMP TABLE kineto_file AS SELECT * FROM {_document(file)}")
     return con.execute(_META_SQL.format(reader="kineto_file")).fetchall(), \
         "SELECT unnest(traceEvents) AS e FROM kineto_file"
