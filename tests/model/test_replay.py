@@ -555,3 +555,45 @@ def test_a_graph_whose_nodes_wait_on_each_other_is_a_one_line_error(wide: int, m
                   roots=np.array([0]), root_ns=np.array([0]))
     with pytest.raises(TraceanaError, match=r"run 'r': 2 nodes of its dependency graph wait on each other"):
         replay.longest_path(cycle)
+
+
+def test_a_stream_carried_into_the_first_step_is_anchored_to_the_nanosecond(db: Path) -> None:
+    """hta_rank0of16's streams were busy before its first window (epoch-scale ns): the first event of each such
+    stream follows the rank's root by exactly (the stream's last end before the window - the window's start),
+    both taken from the store by SQL. Through a float64, as before, these were off by up to 128 ns."""
+    from traceana.model import graph as dependency
+
+    with store.connect(db, read_only=True) as con:
+        g = dependency.build(con, "hta_rank0of16")
+        expected = con.sql(f"""
+            WITH c AS ({dependency.CARRIED_SQL}),
+                 f AS (SELECT rank, min(start_ns) AS first_ns FROM step_windows WHERE run_id = $run GROUP BY rank)
+            SELECT c.rank, c.stream, c.busy_until_ns - f.first_ns AS offset_ns FROM c JOIN f USING (rank)""",
+                           params={"run": "hta_rank0of16"}).pl()
+    heads = g.events.with_row_index("i").group_by("rank", "stream").agg(pl.col("i").first())
+    anchors = pl.DataFrame({"i": g.dst, "offset_ns": g.weight, "kind": g.kind, "src": g.src}).filter(
+        (pl.col("kind") == dependency.ANCHOR) & pl.col("src").is_in(g.roots.tolist())).cast({"i": pl.UInt32})
+    got = (heads.join(expected, on=["rank", "stream"]).join(anchors, on="i", suffix="_graph")
+           .group_by("rank", "stream").agg((pl.col("offset_ns_graph") == pl.col("offset_ns")).any().alias("exact")))
+    assert got.height == expected.height > 0  # (an event begun before the window has its own anchor beside it)
+    assert got["exact"].all()
+    assert (expected["offset_ns"] % 1000 == 0).all()  # the trace's µs: a rounded offset would not be
+
+
+def test_the_latest_end_before_each_start_is_duckdbs_asof_match(db: Path) -> None:
+    """What held a start (graph._latest_end_before, a binary search per rank) equals DuckDB's ASOF join of the
+    same on toy8's events, ties in end (which the ASOF join breaks either way) aside."""
+    import duckdb
+
+    from traceana.model import graph as dependency
+
+    with store.connect(db, read_only=True) as con:
+        ev = dependency.build(con, "toy8_tp2pp2dp2_1f1b").events
+    rank, start, end = ev["rank"].to_numpy(), ev["start_ns"].to_numpy(), ev["end_ns"].to_numpy()
+    found = dependency._latest_end_before(rank, start, rank, end, start)
+    starts = pl.DataFrame({"i": np.arange(len(rank)), "rank": rank, "t": start})  # noqa: F841 - read by DuckDB
+    ends = pl.DataFrame({"j": np.arange(len(end)), "rank": rank, "t": end}).filter(pl.Series(end > start))  # noqa
+    asof = duckdb.sql("SELECT s.i, e.t FROM starts s ASOF LEFT JOIN ends e ON s.rank = e.rank AND s.t >= e.t "
+                      "ORDER BY s.i").pl()["t"].to_numpy()
+    assert (found >= 0).sum() > 0.9 * len(rank)
+    assert np.array_equal(np.where(found >= 0, end[np.maximum(found, 0)], -1), np.nan_to_num(asof, nan=-1))

@@ -160,10 +160,12 @@ def selected(graph: Graph, change: Change, roofs: np.ndarray | None = None) -> n
         a, b = map(int, change.target.split("-"))
         rank, peer = ev["rank"], ev["peer"]
         p2p = ((rank == a) & (peer == b)) | ((rank == b) & (peer == a))  # a message: its two ends alone
-        both = peer.is_null() & ev["pg_ranks"].list.contains(a) & ev["pg_ranks"].list.contains(b)
+        ranks = graph.groups["ranks"]
+        both = peer.is_null() & ev["pg"].cast(pl.String).is_in(
+            graph.groups.filter(ranks.list.contains(a) & ranks.list.contains(b))["pg"].implode())
         return comm & (p2p | both).fill_null(False).to_numpy()
     if change.key == "op":
-        return comm & (ev["op"].fill_null("").str.to_lowercase() == change.target.lower()).to_numpy()
+        return comm & (ev["op"].cast(pl.String).fill_null("").str.to_lowercase() == change.target.lower()).to_numpy()
     if change.key == "kernel":
         pattern = kernel_pattern(change.target)
         names = [name for name in ev["name"].unique().to_list() if pattern.match(name)]  # once per name
@@ -204,7 +206,7 @@ def but_last(graph: Graph, mask: np.ndarray) -> np.ndarray:
 
 
 def _dims(graph: Graph) -> np.ndarray:
-    return graph.events["dim"].fill_null("").str.split("-").list.first().fill_null("").to_numpy()
+    return graph.events["dim"].cast(pl.String).fill_null("").str.split("-").list.first().fill_null("").to_numpy()
 
 
 def check_matches(graph: Graph, changes: list[Change], roofs: np.ndarray | None = None) -> None:
