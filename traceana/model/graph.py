@@ -532,6 +532,7 @@ def _latest_end_before(rank: np.ndarray, start: np.ndarray, end_rank: np.ndarray
     for r in np.unique(rank).tolist():
         q = asking[np.searchsorted(rank, r, "left", sorter=asking):np.searchsorted(rank, r, "right", sorter=asking)]
         lo, hi = np.searchsorted(ranks, r, "left"), np.searchsorted(ranks, r, "right")
-        at = np.searchsorted(ends[lo:hi], start[q], "right") - 1
-        out[q] = np.where(at >= 0, by_end[lo:hi][np.maximum(at, 0)], -1)
+        if hi > lo:  # else no candidate on the rank: -1
+            at = np.searchsorted(ends[lo:hi], start[q], "right") - 1
+            out[q] = np.where(at >= 0, by_end[lo:hi][np.maximum(at, 0)], -1)
     return out
