@@ -366,18 +366,18 @@ def kernels(con: duckdb.DuckDBPyConnection, run_id: str, step: int, total_ns: fl
                 f"{(kernel_ns - costed_ns) / 1e6:.3f} of the step's {kernel_ns / 1e6:.3f} ms of compute kernels "
                 f"({100 * (1 - costed_ns / kernel_ns):.0f}%)") if kernel_ns else ""
     launched = con.sql("""
-        SELECT k.op, k.input_dims, k.kernel, n.short_name, e.name, e.end_ns - e.start_ns AS ns
+        SELECT k.op, k.input_dims, k.kernel, n.short_name, e.name, count(*) AS n, sum(e.end_ns - e.start_ns) AS ns
         FROM op_kernels k JOIN event_ops o ON o.run_id = k.run_id AND o.rank = k.rank AND o.op_id = k.op_id
         JOIN device_events e ON e.run_id = o.run_id AND e.rank = o.rank AND e.event_id = o.event_id
         JOIN kernel_names n ON n.run_id = e.run_id AND n.name = e.name
-        WHERE k.run_id = $run AND e.category = 'compute'""", params={"run": run_id}).pl()
+        WHERE k.run_id = $run AND e.category = 'compute' GROUP BY ALL""", params={"run": run_id}).pl()
     work = con.sql("SELECT name, count(*) AS n FROM device_events WHERE run_id = $run AND category IN "
                    f"{tuple(whatif.WORK)} GROUP BY name", params={"run": run_id}).pl()
     out: list[Proposal] = []
     unpriced: list[str] = []
     for row in rows.iter_rows(named=True):
         mine = launched.filter(*(pl.col(k).eq_missing(row[k]) for k in keys))
-        counts = mine.group_by("name").len()
+        counts = mine.group_by("name").agg(pl.col("n").sum().alias("len"))
         target = row["target_pct"]
         patterns, covered = [], 0
         for short in sorted(mine["short_name"].unique().to_list()):

@@ -147,9 +147,11 @@ def _z(level: float) -> float:
 
 
 def log_spread(values: np.ndarray) -> float:
-    """The standard deviation of log(values) over the positive ones (0 with fewer than two)."""
+    """The standard deviation of log(values) over the positive ones (0 with fewer than two); of them sorted, so that
+    the order a group_by gives them in does not move its last bits (an advise at 1,024 ranks differed so run to
+    run)."""
     v = np.asarray(values, float)
-    v = v[v > 0]
+    v = np.sort(v[v > 0])
     return float(np.std(np.log(v), ddof=1)) if len(v) > 1 else 0.0
 
 

@@ -149,9 +149,8 @@ def selected(graph: Graph, change: Change, roofs: np.ndarray | None = None) -> n
     (host, median and stage changes, overlap); a ``roof=`` change only those below its roof (``roofs``:
     :func:`roof_shares`)."""
     ev = graph.events
-    category = ev["category"].to_numpy()
-    comm = category == "comm"
-    work = np.isin(category, WORK)
+    comm = _of_category(graph, "comm")
+    work = _of_category(graph, *WORK)
     if change.key in ("dim", "overlap"):
         return comm & (_dims(graph) == change.target)
     if change.key == "pg":
@@ -205,6 +204,12 @@ def but_last(graph: Graph, mask: np.ndarray) -> np.ndarray:
     return out
 
 
+def _of_category(graph: Graph, *categories: str) -> np.ndarray:
+    """Per event, whether its category is one of ``categories``: compared in polars on the categorical's codes, not
+    as an array of Python strings (5.5 s of advise at 9.7 M events)."""
+    return graph.events["category"].is_in(categories).fill_null(False).to_numpy()
+
+
 def _dims(graph: Graph) -> np.ndarray:
     return graph.events["dim"].cast(pl.String).fill_null("").str.split("-").list.first().fill_null("").to_numpy()
 
@@ -229,7 +234,7 @@ def check_matches(graph: Graph, changes: list[Change], roofs: np.ndarray | None 
             continue
         comm = ev.filter(pl.col("category") == "comm")
         if change.key in ("dim", "overlap"):
-            dims = sorted(set(_dims(graph)[ev["category"].to_numpy() == "comm"]) - {""})
+            dims = sorted(set(_dims(graph)[_of_category(graph, "comm")]) - {""})
             has = f"communication of dims {', '.join(dims)}" if dims else "no communication"
         elif change.key == "op":
             has = f"collective ops {', '.join(sorted(comm['op'].drop_nulls().unique().to_list())) or 'none'}"
@@ -262,7 +267,7 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame, roofs: np.
     keep = np.ones(len(weight), bool)
     ends_window = np.ones(graph.n, bool)
     ev = graph.events
-    work = np.isin(ev["category"].to_numpy(), WORK)
+    work = _of_category(graph, *WORK)
     lengths = (graph.kind == dependency.RUN) | (graph.kind == dependency.TRANSFER)
     length_of = np.where((graph.event >= 0) & lengths, graph.event, -1)
     hit = length_of >= 0
