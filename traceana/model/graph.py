@@ -248,7 +248,7 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     stream = events["stream"].fill_null(-1).to_numpy()
     start = events["start_ns"].to_numpy()
     end = events["end_ns"].to_numpy()
-    launch = events["launch_ns"].to_numpy()
+    launch = events["launch_ns"].fill_null(0).to_numpy()  # int64: with its nulls a float64, off by up to 128 ns
     firsts = windows.group_by("rank").agg(pl.col("start_ns").min()).sort("rank")
     ranks = firsts["rank"].to_numpy().astype(np.int64)
     rank_row = np.full(int(max(ranks.max(initial=0), rank.max(initial=0))) + 1, -1, np.int64)
@@ -257,17 +257,16 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     ws = first_ns[rank_row[rank]] if n else np.zeros(0, np.int64)  # each event's rank's root
     straddles = start < ws
     launched = ~events["launch_ns"].is_null().to_numpy() & ~straddles  # launched before the trace's steps
-    instance = events["instance"].to_numpy()
     member = ~events["instance"].is_null().to_numpy()
     window_of = _window_rows(rank, events["step"].to_numpy(), windows)
-    idx = np.arange(n, dtype=np.int64)
     counts, missing = {}, []
+    # (an array per event costs 74 MiB at 9.7 M events: rows are taken as np.flatnonzero(mask), not from an index
+    # array, and the arrays of what held a start dropped once their edges are made)
 
     # node numbering: S = i, E = n + i, then H per launched event, A per instance, R per host wait, W per rank
-    h_of = np.full(n, -1, np.int64)
-    h_of[launched] = 2 * n + np.arange(int(launched.sum()))
-    inst_values, inst_of = np.unique(instance[member], return_inverse=True) if member.any() else (
-        np.zeros(0, np.int64), np.zeros(0, np.int64))
+    h_nodes = 2 * n + np.arange(int(launched.sum()))  # the H of each launched event, in row order
+    inst_values, inst_of = (np.unique(events["instance"].drop_nulls().to_numpy(), return_inverse=True)
+                            if member.any() else (np.zeros(0, np.int64), np.zeros(0, np.int64)))
     a_base = 2 * n + int(launched.sum())
     r_base = a_base + len(inst_values)
     w_base = r_base + syncs.height
@@ -276,9 +275,10 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     edges = _Edges(n_nodes)
 
     # run and transfer
-    solo = ~member
-    edges.add(RUN, idx[solo], n + idx[solo], end[solo] - start[solo], idx[solo])
-    m = idx[member]
+    solo = np.flatnonzero(~member)
+    edges.add(RUN, solo, n + solo, end[solo] - start[solo], solo)
+    del solo
+    m = np.flatnonzero(member)
     a_node = a_base + inst_of
     latest = np.full(len(inst_values), np.iinfo(np.int64).min)
     np.maximum.at(latest, inst_of, start[m])
@@ -293,11 +293,12 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     # stream order (events are sorted by rank, stream, start)
     same = np.zeros(n, bool)
     same[1:] = (rank[1:] == rank[:-1]) & (stream[1:] == stream[:-1])
-    prev = np.where(same, idx - 1, -1)
+    prev = np.where(same, np.arange(-1, n - 1), -1)
+    del same
     has_prev = prev >= 0
     touching = has_prev & (end[np.maximum(prev, 0)] <= start + SLACK_NS)
     overlap = has_prev & ~touching
-    edges.add(STREAM, prev[overlap], idx[overlap], 0)  # overlapping events on one stream keep their start order
+    edges.add(STREAM, prev[overlap], np.flatnonzero(overlap), 0)  # overlapping ones on a stream keep their order
     counts["overlapping on a stream"] = int(overlap.sum())
 
     # the event that ended last before each start, in the step or (carried over) on a stream of the step before,
@@ -306,11 +307,12 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     c_end = carried["busy_until_ns"].to_numpy()
     end_all = np.concatenate([end, c_end])
     stream_all = np.concatenate([stream, carried["stream"].fill_null(-1).to_numpy()])
-    node_all = np.concatenate([n + idx, w_base + rank_row[c_rank]])
+    node_all = np.concatenate([np.arange(n, 2 * n), w_base + rank_row[c_rank]])
     offset_all = np.concatenate([np.zeros(n, np.int64), c_end - first_ns[rank_row[c_rank]]])
     other = _latest_end_before(rank, start, np.concatenate([rank, c_rank]), end_all, np.concatenate([start, c_end - 1]))
     found = other >= 0
     o = np.maximum(other, 0)
+    del other
 
     # per rank: the launch latency, the median start - launch of kernels launched after their stream ran dry, with
     # nothing else on the rank ending between launch and start (where none was, the least start - launch: a bound
@@ -320,27 +322,29 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     lat = _per_rank_quantile(rank[dry], (start - launch)[dry], len(rank_row), 0.5)
     least = _per_rank_quantile(rank[launched], (start - launch)[launched], len(rank_row), 0.0)
     lat = np.maximum(np.where(lat >= 0, lat, least), 0)
-    edges.add(LAUNCH, h_of[launched], idx[launched], lat[rank[launched]])
+    edges.add(LAUNCH, h_nodes, np.flatnonzero(launched), lat[rank[launched]])
     queued = touching & launched & (launch < end[np.maximum(prev, 0)]) & (end_all[o] <= end[np.maximum(prev, 0)])
     spacing = np.maximum(_per_rank_quantile(rank[queued], (start - end[prev])[queued], len(rank_row), 0.25), 0)
     counts["launch"] = int(launched.sum())
 
-    edges.add(STREAM, n + prev[touching], idx[touching], np.where(launched[touching], spacing[rank[touching]], 0))
+    edges.add(STREAM, n + prev[touching], np.flatnonzero(touching),
+              np.where(launched[touching], spacing[rank[touching]], 0))
 
     # the first event of a stream in the step follows the step before on that stream
     heads = np.flatnonzero(~has_prev)  # joined alone: a join of every event took 0.9 GiB at 9.7 M events
     found_busy = (events[["rank", "stream"]][heads].with_row_index("i")
                   .join(carried, on=["rank", "stream"], how="inner").drop_nulls("busy_until_ns"))
+    by_row = np.argsort(heads[found_busy["i"].to_numpy()])
+    f_rows = heads[found_busy["i"].to_numpy()][by_row]  # in row order, as the edges of every other kind
+    f_busy = found_busy["busy_until_ns"].to_numpy()[by_row]
     follows = np.zeros(n, bool)
-    busy = np.zeros(n, np.int64)
-    follows[heads[found_busy["i"].to_numpy()]] = True
-    busy[heads[found_busy["i"].to_numpy()]] = found_busy["busy_until_ns"].to_numpy()
-    edges.add(ANCHOR, w_base + rank_row[rank[follows]], idx[follows], busy[follows] - ws[follows])
-    counts["carried over"] = int(follows.sum())
+    follows[f_rows] = True
+    edges.add(ANCHOR, w_base + rank_row[rank[f_rows]], f_rows, f_busy - ws[f_rows])
+    counts["carried over"] = len(f_rows)
 
     # measured readiness from what is recorded, to find what the records leave unexplained
     ready = np.full(n, np.iinfo(np.int64).min)
-    ready[follows] = busy[follows]
+    ready[f_rows] = f_busy
     ready[touching] = end[prev[touching]] + np.where(launched[touching], spacing[rank[touching]], 0)
     ready[launched] = np.maximum(ready[launched], launch[launched] + lat[rank[launched]])
     row_of = _row_lookup(events)
@@ -357,33 +361,36 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     # host chains: launches and wait returns of each rank in time order
     host_waits = syncs.filter(pl.col("kind") == "host_wait")
     step = events["step"].to_numpy()
-    _host_chain(edges, counts, n, (rank[launched], launch[launched], h_of[launched], step[launched]), step,
-                host_waits, row_of, end, r_base, w_base + rank_row, first_ns[rank_row], b_base)
+    _host_chain(edges, counts, n, (launched, rank, launch, h_nodes), step, host_waits, row_of, end, r_base,
+                w_base + rank_row, first_ns[rank_row], b_base)
+    del row_of, h_nodes
 
     held = (start > ready + SLACK_NS) & ~straddles
     cross = held & found & (stream_all[o] != stream) & (end_all[o] > ready)
     infer = cross & launched & (start - end_all[o] <= INFER_WITHIN_NS)
     lag = np.maximum(_per_rank_quantile(rank[infer], (start - end_all[o])[infer], len(rank_row), 0.5), 0)
-    edges.add(INFERRED, node_all[o[infer]], idx[infer], offset_all[o[infer]] + lag[rank[infer]])
+    edges.add(INFERRED, node_all[o[infer]], np.flatnonzero(infer), offset_all[o[infer]] + lag[rank[infer]])
     counts["inferred"] = int(infer.sum())
     unexplained = held & launched & ~infer
     external = unexplained & (start - ready > EXTERNAL_NS)
     unexplained &= ~external
     counts["unexplained"] = int(unexplained.sum())
-    hold = np.where(unexplained, start - ready, 0)
+    hold = (window_of[unexplained], start[unexplained] - ready[unexplained])  # (window, ns) of each
     e_from = external & found
-    edges.add(EXTERNAL, node_all[o[e_from]], idx[e_from], start[e_from] - end_all[o[e_from]] + offset_all[o[e_from]])
+    edges.add(EXTERNAL, node_all[o[e_from]], np.flatnonzero(e_from),
+              start[e_from] - end_all[o[e_from]] + offset_all[o[e_from]])
     e_root = external & ~found
-    edges.add(EXTERNAL, w_base + rank_row[rank[e_root]], idx[e_root], start[e_root] - ws[e_root])
+    edges.add(EXTERNAL, w_base + rank_row[rank[e_root]], np.flatnonzero(e_root), start[e_root] - ws[e_root])
     counts["external"] = int(external.sum())
-    outside = np.where(external, start - ready, 0)
+    outside = (window_of[external], start[external] - ready[external])
+    del ready
     gap = held & ~launched & (cross | touching)
     g_node = np.where(cross, node_all[o], n + np.maximum(prev, 0))[gap]
     g_end = np.where(cross, end_all[o], end[np.maximum(prev, 0)])[gap]
-    edges.add(GAP, g_node, idx[gap], start[gap] - g_end + np.where(cross, offset_all[o], 0)[gap])
+    edges.add(GAP, g_node, np.flatnonzero(gap), start[gap] - g_end + np.where(cross, offset_all[o], 0)[gap])
     counts["gap"] = int(gap.sum())
     anchored = straddles | (~launched & ~cross & ~touching & (held | ~(has_prev | follows)))
-    edges.add(ANCHOR, w_base + rank_row[rank[anchored]], idx[anchored], start[anchored] - ws[anchored])
+    edges.add(ANCHOR, w_base + rank_row[rank[anchored]], np.flatnonzero(anchored), start[anchored] - ws[anchored])
     counts["anchor"] = int(anchored.sum())
     if n and not launched.any():
         missing.append("no launch records (CPU-only or Ascend run): stream gaps that no recorded wait explains are "
@@ -400,8 +407,8 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     if n:
         np.maximum.at(last_end, window_of, end)
         np.minimum.at(first_start, window_of[~straddles], start[~straddles])
-        np.add.at(held_ns, window_of, hold)
-        np.add.at(external_ns, window_of, outside)
+        np.add.at(held_ns, *hold)
+        np.add.at(external_ns, *outside)
     has = last_end > np.iinfo(np.int64).min
     starts = first_start < np.iinfo(np.int64).max
     windows = windows.with_columns(tail_ns=pl.Series(np.where(has, windows["end_ns"].to_numpy() - last_end, 0)),
@@ -435,10 +442,13 @@ def _window_rows(rank: np.ndarray, step: np.ndarray, windows: pl.DataFrame) -> n
 def _host_chain(edges: _Edges, counts: dict[str, int], n: int, launches: tuple[np.ndarray, ...], step: np.ndarray,
                 host_waits: pl.DataFrame, row_of, end: np.ndarray, r_base: int, w_of_rank: np.ndarray,
                 root_of_rank: np.ndarray, b_base: int) -> None:
-    """Chain each rank's host points (``launches``: rank, time, node, step of each launch; wait returns) in time
-    order with their measured gaps; a wait's return also follows the end of the event it waited for; and a step the
-    hosts started together follows a barrier (module doc). ``step``: each event's step."""
-    rank, t, node, launched_step = launches
+    """Chain each rank's host points (``launches``: which events were launched, each event's rank and launch time,
+    the launched ones' H nodes; wait returns) in time order with their measured gaps; a wait's return also follows
+    the end of the event it waited for; and a step the hosts started together follows a barrier (module doc).
+    ``step``: each event's step. The points' arrays are built here and sorted one at a time: copies of the
+    launches' columns passed in, and the points' before and after sorting, were the graph's peak (+1.1 GiB at
+    9.7 M events)."""
+    launched, rank, launch, h_nodes = launches
     waited = row_of(host_waits["rank"], host_waits["waited_event_id"])
     ok = waited >= 0
     w_start, w_end = host_waits["start_ns"].to_numpy()[ok], host_waits["end_ns"].to_numpy()[ok]
@@ -448,15 +458,18 @@ def _host_chain(edges: _Edges, counts: dict[str, int], n: int, launches: tuple[n
     r_node = r_base + np.flatnonzero(ok)
     # a point is reached from the previous one after (its time - previous time); a blocked return after
     # (call start - previous time) only: the rest of the call was the wait
-    p_rank = np.concatenate([rank, w_rank])
-    p_time = np.concatenate([t, w_end])
-    p_node = np.concatenate([node, r_node])
-    p_own = np.concatenate([t, np.where(blocked, w_start, w_end)])
-    p_step = np.concatenate([launched_step, step[w_event]])
-    p_launch = np.concatenate([np.ones(len(t), bool), np.zeros(len(w_end), bool)])
-    order = np.lexsort((p_time, p_rank))  # one array at a time, each unsorted one freed as its sorted one comes
-    p_rank, p_time, p_node = p_rank[order], p_time[order], p_node[order]
-    p_own, p_step, p_launch = p_own[order], p_step[order], p_launch[order]
+    n_launched = len(h_nodes)
+    p_rank = np.concatenate([rank[launched].astype(np.int32), w_rank.astype(np.int32)])
+    p_time = np.concatenate([launch[launched], w_end])
+    order = np.lexsort((p_time, p_rank))
+    p_rank, p_time = p_rank[order], p_time[order]
+    p_node = np.concatenate([h_nodes, r_node]).astype(edges.node_type)[order]
+    p_step = np.concatenate([step[launched], step[w_event]])[order]
+    p_launch = order < n_launched
+    p_own = p_time.copy()  # a launch's own time is its time; a wait return's, the call's start where it blocked
+    returns = np.flatnonzero(~p_launch)
+    p_own[returns] = np.where(blocked, w_start, w_end)[order[returns] - n_launched]
+    del order, returns
     first = np.ones(len(p_rank), bool)
     first[1:] = p_rank[1:] != p_rank[:-1]
     chained = ~first
