@@ -257,6 +257,15 @@ class Roofline:
     notes: list[str]
 
 
+# op_kernels' calls of one signature and longest kernel counted together: a row a call held the 1,024 copies of a
+# real rank's calls, their JSON shapes included, in 5.3 GiB for 34 s (the roofline then groups them anyway)
+CALLS_SQL = """
+SELECT op, input_dims, input_types, concrete_inputs, kernel, count(*) AS calls, sum(launched)::BIGINT AS launched,
+       sum(kernel_ns)::BIGINT AS kernel_ns
+FROM op_kernels WHERE run_id = ? GROUP BY ALL
+"""
+
+
 def measure(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "shape", profile: str | None = None,
             top: int | None = None) -> Roofline:
     """The roofline of run ``run_id``, one row per op, input shapes, dtype and kernel (``by="shape"``) or per kernel
@@ -271,7 +280,7 @@ def measure(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "shape", prof
     if top is not None and top < 1:
         raise TraceanaError(f"--top {top}: must be >= 1")
     try:  # a store written before event_ops (and runs.device) has no op_kernels view
-        calls = con.sql("SELECT * FROM op_kernels WHERE run_id = ?", params=[run_id]).pl()
+        calls = con.sql(CALLS_SQL, params=[run_id]).pl()
     except duckdb.CatalogException:
         raise TraceanaError(OUTDATED) from None
     device, fmt = con.execute("SELECT device, source_format FROM runs WHERE run_id = ?", [run_id]).fetchall()[0]
@@ -303,10 +312,11 @@ def measure(con: duckdb.DuckDBPyConnection, run_id: str, by: str = "shape", prof
         *([pl.concat_str(pl.col("op").unique().sort().head(4).str.join(", "),
                          pl.when(pl.col("op").n_unique() > 4).then(pl.lit(" ...")).otherwise(pl.lit("")))
            .alias("op")] if by == "kernel" else []),
-        pl.len().alias("calls"), (pl.col("launched").sum() / pl.len()).alias("launched"),
-        pl.col("kernel_ns").sum().alias("ns"), pl.col("flops").sum().alias("total_flops"),
-        pl.col("bytes").sum().alias("total_bytes"))
-        .sort(["ns", "kernel", "op"], descending=[True, False, False]))
+        pl.col("calls").sum(), (pl.col("launched").sum() / pl.col("calls").sum()).alias("launched"),
+        pl.col("kernel_ns").sum().alias("ns"), (pl.col("flops") * pl.col("calls")).sum().alias("total_flops"),
+        (pl.col("bytes") * pl.col("calls")).sum().alias("total_bytes"))
+        .sort(order := ["ns", "kernel", "op", *(["input_dims"] if by == "shape" else []), "dtype"],
+              descending=[True] + [False] * (len(order) - 1), nulls_last=True))  # ties in a stated order
     if top is not None:
         frame = frame.head(top)
     hbm = roof.hbm_gb_per_s
@@ -359,7 +369,7 @@ def shapes(input_dims: str) -> str:
 
 def _left_out(con: duckdb.DuckDBPyConnection, run_id: str, calls: pl.DataFrame, priced: pl.DataFrame) -> list[str]:
     """What the roofline leaves out, counted: kernels no op call owns, calls without shapes, ops without a model,
-    dtypes the profile has no peak for."""
+    dtypes the profile has no peak for (``calls``: CALLS_SQL's rows, ``priced``: them with their costs)."""
     compute_ns = con.execute("SELECT sum(end_ns - start_ns) FROM device_events WHERE run_id = ? AND category = "
                              "'compute'", [run_id]).fetchall()[0][0] or 0
     ns = calls["kernel_ns"].sum()
@@ -369,18 +379,18 @@ def _left_out(con: duckdb.DuckDBPyConnection, run_id: str, calls: pl.DataFrame, 
         notes.append(f"{(compute_ns - ns) / 1e6:,.3f} ms of compute kernel time ({share:.1f}%) has no launching CPU "
                      "op in the trace and is not in the roofline")
     if (bare := calls.filter(pl.col("input_dims").is_null())).height:
-        notes.append(f"{bare.height} op calls ({bare['kernel_ns'].sum() / 1e6:,.3f} ms of kernels) recorded no "
+        notes.append(f"{bare['calls'].sum()} op calls ({bare['kernel_ns'].sum() / 1e6:,.3f} ms of kernels) recorded no "
                      "shapes and are left out")
     unmodelled = priced.filter(pl.col("flops").is_null())
     if unmodelled.height:
-        top = (unmodelled.group_by("op").agg(pl.len().alias("n"), pl.col("kernel_ns").sum().alias("ns"))
+        top = (unmodelled.group_by("op").agg(pl.col("calls").sum().alias("n"), pl.col("kernel_ns").sum().alias("ns"))
                .sort(["ns", "op"], descending=[True, False]))
         listed = ", ".join(f"{op} {n}" for op, n, _ in top.head(4).iter_rows())
-        notes.append(f"{unmodelled.height} op calls ({unmodelled['kernel_ns'].sum() / 1e6:,.3f} ms of kernels, "
+        notes.append(f"{unmodelled['calls'].sum()} op calls ({unmodelled['kernel_ns'].sum() / 1e6:,.3f} ms of kernels, "
                      f"{100 * unmodelled['kernel_ns'].sum() / ns:.1f}% of the linked kernel time) have no cost model "
                      f"for their op or inputs and are left out ({listed}{' ...' if top.height > 4 else ''})")
     if (peakless := priced.filter(pl.col("flops").is_not_null() & pl.col("peak_TFLOP_per_s").is_null())).height:
         dtypes = ", ".join(sorted(set(peakless["dtype"].to_list())))
-        notes.append(f"{peakless.height} op calls of dtype {dtypes}: the profile has no peak for them, so no ridge, "
-                     "bound or share of peak")
+        notes.append(f"{peakless['calls'].sum()} op calls of dtype {dtypes}: the profile has no peak for them, so no "
+                     "ridge, bound or share of peak")
     return notes
