@@ -152,7 +152,7 @@ def selected(graph: Graph, change: Change, roofs: np.ndarray | None = None) -> n
     comm = _of_category(graph, "comm")
     work = _of_category(graph, *WORK)
     if change.key in ("dim", "overlap"):
-        return comm & (_dims(graph) == change.target)
+        return comm & (_dims(graph) == change.target).fill_null(False).to_numpy()
     if change.key == "pg":
         return comm & (ev["pg"].cast(pl.String).fill_null("") == change.target).to_numpy()
     if change.key == "link":
@@ -210,8 +210,10 @@ def _of_category(graph: Graph, *categories: str) -> np.ndarray:
     return graph.events["category"].is_in(categories).fill_null(False).to_numpy()
 
 
-def _dims(graph: Graph) -> np.ndarray:
-    return graph.events["dim"].cast(pl.String).fill_null("").str.split("-").list.first().fill_null("").to_numpy()
+def _dims(graph: Graph) -> pl.Series:
+    """Each event's dim, its first part where a dim joins several (EP-DP: EP); null for none. Split as text only
+    where there is one (most events have none: 0.65 s a call at 9.7 M events when every row was split)."""
+    return graph.events["dim"].cast(pl.String).str.split("-").list.first()
 
 
 def check_matches(graph: Graph, changes: list[Change], roofs: np.ndarray | None = None) -> None:
@@ -234,7 +236,7 @@ def check_matches(graph: Graph, changes: list[Change], roofs: np.ndarray | None 
             continue
         comm = ev.filter(pl.col("category") == "comm")
         if change.key in ("dim", "overlap"):
-            dims = sorted(set(_dims(graph)[_of_category(graph, "comm")]) - {""})
+            dims = sorted(set(_dims(graph).filter(pl.Series(_of_category(graph, "comm"))).drop_nulls()) - {""})
             has = f"communication of dims {', '.join(dims)}" if dims else "no communication"
         elif change.key == "op":
             has = f"collective ops {', '.join(sorted(comm['op'].drop_nulls().unique().to_list())) or 'none'}"
