@@ -267,7 +267,7 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     h_nodes = 2 * n + np.arange(int(launched.sum()))  # the H of each launched event, in row order
     inst_values, inst_of = (np.unique(events["instance"].drop_nulls().to_numpy(), return_inverse=True)
                             if member.any() else (np.zeros(0, np.int64), np.zeros(0, np.int64)))
-    a_base = 2 * n + int(launched.sum())
+    a_base = 2 * n + len(h_nodes)
     r_base = a_base + len(inst_values)
     w_base = r_base + syncs.height
     b_base = w_base + len(ranks)
@@ -333,10 +333,10 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     # the first event of a stream in the step follows the step before on that stream
     heads = np.flatnonzero(~has_prev)  # joined alone: a join of every event took 0.9 GiB at 9.7 M events
     found_busy = (events[["rank", "stream"]][heads].with_row_index("i")
-                  .join(carried, on=["rank", "stream"], how="inner").drop_nulls("busy_until_ns"))
-    by_row = np.argsort(heads[found_busy["i"].to_numpy()])
-    f_rows = heads[found_busy["i"].to_numpy()][by_row]  # in row order, as the edges of every other kind
-    f_busy = found_busy["busy_until_ns"].to_numpy()[by_row]
+                  .join(carried, on=["rank", "stream"], how="inner").drop_nulls("busy_until_ns")
+                  .sort("i"))  # in row order, as the edges of every other kind
+    f_rows = heads[found_busy["i"].to_numpy()]
+    f_busy = found_busy["busy_until_ns"].to_numpy()
     follows = np.zeros(n, bool)
     follows[f_rows] = True
     edges.add(ANCHOR, w_base + rank_row[rank[f_rows]], f_rows, f_busy - ws[f_rows])
