@@ -170,6 +170,7 @@ STORE_DAMAGE = {
     "bytes unknown": "UPDATE collectives SET bytes = NULL",
     "zero-length events": "UPDATE device_events SET end_ns = start_ns",
     "huge times": f"UPDATE device_events SET end_ns = {2**62} WHERE event_id % 7 = 0",
+    "sentinel launches": f"UPDATE device_events SET launch_ns = {-(2**63 - 1)} WHERE event_id % 5 = 0",
     "layout gone": "UPDATE ranks SET tp = NULL, pp = NULL, dp = NULL",
     "one step": "DELETE FROM steps WHERE step > (SELECT min(step) FROM steps)",
     "world size 0": "UPDATE runs SET world_size = 0",
@@ -214,10 +215,12 @@ def test_a_damaged_store_is_read_or_one_line(damaged_stores, tmp_path_factory, d
 
 @pytest.mark.parametrize(("damage", "command"), [
     ("no process groups", "advise"), ("no process groups", "report"), ("no events", "report"),
-    ("zero-length events", "report"), ("zero-length events", "whatif"), ("huge times", "diff-html")])
+    ("zero-length events", "report"), ("zero-length events", "whatif"), ("huge times", "diff-html"),
+    ("sentinel launches", "replay"), ("sentinel launches", "advise")])
 def test_the_damaged_stores_the_fuzz_found(damaged_stores, tmp_path_factory, damage, command) -> None:
     """Each was an internal error (or a numpy warning) before: a slow group the store names no pg of, a report of
-    a run without compute, a rank-to-median change where a rank has no compute, a sum past int64."""
+    a run without compute, a rank-to-median change where a rank has no compute, a sum past int64, a -2^63 launch
+    (the replay graph's int64 arithmetic overflowed)."""
     test_a_damaged_store_is_read_or_one_line.hypothesis.inner_test(damaged_stores, tmp_path_factory, damage, command)
 
 

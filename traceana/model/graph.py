@@ -42,6 +42,8 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from traceana.errors import TraceanaError
+
 KINDS = ("run", "transfer", "stream", "launch", "host", "host_wait", "stream_wait", "inferred", "gap", "external",
          "barrier", "anchor")
 (RUN, TRANSFER, STREAM, LAUNCH, HOST, HOST_WAIT, STREAM_WAIT, INFERRED, GAP, EXTERNAL, BARRIER,
@@ -50,6 +52,7 @@ SLACK_NS = 1_000            # a start later than every recorded constraint by mo
 INFER_WITHIN_NS = 20_000    # ... and an other-stream end at most this long before it is taken as what held it
 EXTERNAL_NS = 1_000_000     # a launched event held this long past everything the trace shows waited on the outside
 BARRIER_NS = 20_000         # ranks whose hosts start a step this close together, after arriving farther apart, met
+CLOCK_NS = 2 ** 62          # times beyond +-this (a damaged store's -2^63 sentinel) would overflow the int64 arithmetic
 
 # every device event in a step window (its step: the window it starts in), and those begun before a rank's first
 # window that run into it (given the first step)
@@ -249,6 +252,10 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     start = events["start_ns"].to_numpy()
     end = events["end_ns"].to_numpy()
     launch = events["launch_ns"].fill_null(0).to_numpy()  # int64: with its nulls a float64, off by up to 128 ns
+    if n and (min(start.min(), end.min(), launch.min()) <= -CLOCK_NS
+              or max(start.max(), end.max(), launch.max()) > CLOCK_NS):
+        raise TraceanaError(f"run {run_id!r}: device event times beyond +-2^62 ns (a sentinel such as -2^63 in a "
+                            "damaged store?): the run cannot be replayed")
     firsts = windows.group_by("rank").agg(pl.col("start_ns").min()).sort("rank")
     ranks = firsts["rank"].to_numpy().astype(np.int64)
     rank_row = np.full(int(max(ranks.max(initial=0), rank.max(initial=0))) + 1, -1, np.int64)
