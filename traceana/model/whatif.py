@@ -361,13 +361,15 @@ class Baseline:
     groups: frozenset[str]
 
 
-def baseline(con: duckdb.DuckDBPyConnection, run_id: str) -> Baseline:
+def baseline(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None) -> Baseline:
+    """The run's :class:`Baseline`; its plain replay measured at ``step`` alone when what-ifs of that step only
+    will be compared with it (the replay's breakdown of every step of 1,024 ranks took 11 s of advise's 130)."""
     from traceana.model import replay
 
     g = dependency.build(con, run_id)
     groups = frozenset(r[0] for r in con.execute("SELECT pg FROM process_groups WHERE run_id = ?",
                                                  [run_id]).fetchall())
-    return Baseline(g, replay.breakdown_of(con, run_id), replay.simulate(con, g)[0][0], groups)
+    return Baseline(g, replay.breakdown_of(con, run_id), replay.simulate(con, g, step=step)[0][0], groups)
 
 
 def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[list[Change]],
@@ -378,7 +380,7 @@ def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[l
     together."""
     from traceana.model import replay
 
-    base = base or baseline(con, run_id)
+    base = base or baseline(con, run_id, step)
     m = base.measured
     roofed = next((c for changes in change_sets for c in changes if c.roof is not None), None)
     try:
@@ -496,9 +498,13 @@ def absent_wait_ms(graph: Graph, step: int) -> pl.DataFrame:
 def whatif_interval(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], step: int | None = None
                     ) -> tuple[int, Graph, pl.DataFrame, pl.DataFrame | None, Interval]:
     """:func:`whatif_step` with the critical path after the change, and the predicted step's interval."""
+    from traceana.analyses.breakdown import check_step
+    from traceana.analyses.critical_path import default_step
     from traceana.model.intervals import platform_of
 
-    base = baseline(con, run_id)
+    step = default_step(con, run_id) if step is None else step
+    check_step(con, run_id, step)
+    base = baseline(con, run_id, step)
     step, g, frame, segments = whatif_step(con, run_id, changes, step, base, path=True)
     return step, g, frame, segments, step_interval(base, frame, changes, platform_of(con, run_id))
 

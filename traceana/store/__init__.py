@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from traceana.errors import TraceanaError
 from traceana.store import database, dataset
 from traceana.store.database import (
+    forget,
     materialize,
     open_run,
     resolve_run,
@@ -29,7 +30,7 @@ from traceana.store.schema import OUTDATED
 if TYPE_CHECKING:
     import duckdb
 
-__all__ = ["DEFAULT_DB", "OUTDATED", "check_path", "check_writer", "connect", "materialize", "open_run",
+__all__ = ["DEFAULT_DB", "OUTDATED", "check_path", "check_writer", "connect", "forget", "materialize", "open_run",
            "remove_leftovers", "resolve_run", "restrict_to_run", "show_every_run", "transaction", "write_run"]
 
 DEFAULT_DB = "traceana.duckdb"

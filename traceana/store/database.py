@@ -230,3 +230,10 @@ def materialize(con: duckdb.DuckDBPyConnection, view: str, run_id: str) -> None:
     several ways (`comm`: collective_bandwidth four times)."""
     con.execute(f"CREATE OR REPLACE TEMP TABLE _{view}_rows AS SELECT * FROM {view} WHERE run_id = ?", [run_id])
     con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM _{view}_rows")
+
+
+def forget(con: duckdb.DuckDBPyConnection, view: str) -> None:
+    """Undo :func:`materialize`: drop the rows (DuckDB memory the rest of the command may need) and show the
+    installed view again."""
+    con.execute(f"DROP VIEW IF EXISTS temp.main.{view}")
+    con.execute(f"DROP TABLE IF EXISTS temp.main._{view}_rows")
