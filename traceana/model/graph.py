@@ -183,7 +183,9 @@ def _events(con: duckdb.DuckDBPyConnection, params: dict) -> pl.DataFrame:
                              pa.DictionaryArray.from_arrays(table["name"].combine_chunks(), names))
     for column in CODED:
         table = table.set_column(table.schema.get_field_index(column), column, table[column].dictionary_encode())
-    return pl.from_arrow(table)
+    # in one chunk: DuckDB's batches (79 at 9.7 M events) made every frame that joins them with the replayed times
+    # (one chunk each) a copy of all their columns (+0.55 GiB a what-if or replay)
+    return pl.from_arrow(table).rechunk()
 
 
 # host regions a CUDA graph of the steady forward / backward leaves out (Kineto's own annotations): the optimizer
@@ -246,6 +248,15 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
                 carried: pl.DataFrame) -> Graph:
     """The graph from a run's events (sorted by rank, stream, start; with their step), step windows, syncs and the
     times each stream was held until before the rank's first window (rank, stream, busy_until_ns)."""
+    graph, edges = _collected(run_id, events, windows, syncs, carried)
+    # sorted once the arrays per event made on the way are gone: with them, the sort was the graph's peak
+    graph.src, graph.dst, graph.weight, graph.kind, graph.event = edges.arrays()
+    return graph
+
+
+def _collected(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs: pl.DataFrame,
+               carried: pl.DataFrame) -> tuple[Graph, _Edges]:
+    """:func:`from_frames`' graph without its edge arrays, and its edges as collected."""
     n = events.height
     rank = events["rank"].to_numpy().astype(np.int64)
     stream = events["stream"].fill_null(-1).to_numpy()
@@ -307,6 +318,35 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     overlap = has_prev & ~touching
     edges.add(STREAM, prev[overlap], np.flatnonzero(overlap), 0)  # overlapping ones on a stream keep their order
     counts["overlapping on a stream"] = int(overlap.sum())
+    counts["launch"] = int(launched.sum())  # its edges below, once the latency is known
+
+    # the first event of a stream in the step follows the step before on that stream
+    heads = np.flatnonzero(~has_prev)  # joined alone: a join of every event took 0.9 GiB at 9.7 M events
+    found_busy = (events[["rank", "stream"]][heads].with_row_index("i")
+                  .join(carried, on=["rank", "stream"], how="inner").drop_nulls("busy_until_ns")
+                  .sort("i"))  # in row order, as the edges of every other kind
+    f_rows = heads[found_busy["i"].to_numpy()]
+    f_busy = found_busy["busy_until_ns"].to_numpy()
+    follows = np.zeros(n, bool)
+    follows[f_rows] = True
+    edges.add(ANCHOR, w_base + rank_row[rank[f_rows]], f_rows, f_busy - ws[f_rows])
+    counts["carried over"] = len(f_rows)
+
+    # recorded cross-stream waits; then the host chains: launches and wait returns of each rank in time order
+    # (built before the arrays below exist: with them, the chain's sort was the graph's peak)
+    row_of = _row_lookup(events)
+    stream_waits = syncs.filter(pl.col("kind") == "stream_wait", pl.col("waiter_event_id").is_not_null())
+    waited = row_of(stream_waits["rank"], stream_waits["waited_event_id"])
+    waiter = row_of(stream_waits["rank"], stream_waits["waiter_event_id"])
+    ok = (waited >= 0) & (waiter >= 0)
+    waited, waiter = waited[ok], waiter[ok]
+    edges.add(STREAM_WAIT, n + waited, waiter, 0)
+    if stream_waits.height:
+        counts["stream_wait"] = len(waiter)
+    _host_chain(edges, counts, n, (launched, rank, launch, h_nodes), events["step"].to_numpy(),
+                syncs.filter(pl.col("kind") == "host_wait"), row_of, end, r_base, w_base + rank_row,
+                first_ns[rank_row], b_base)
+    del row_of
 
     # the event that ended last before each start, in the step or (carried over) on a stream of the step before,
     # whose end then comes from the rank's root: what held a start that nothing recorded explains
@@ -332,45 +372,16 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     edges.add(LAUNCH, h_nodes, np.flatnonzero(launched), lat[rank[launched]])
     queued = touching & launched & (launch < end[np.maximum(prev, 0)]) & (end_all[o] <= end[np.maximum(prev, 0)])
     spacing = np.maximum(_per_rank_quantile(rank[queued], (start - end[prev])[queued], len(rank_row), 0.25), 0)
-    counts["launch"] = int(launched.sum())
 
     edges.add(STREAM, n + prev[touching], np.flatnonzero(touching),
               np.where(launched[touching], spacing[rank[touching]], 0))
-
-    # the first event of a stream in the step follows the step before on that stream
-    heads = np.flatnonzero(~has_prev)  # joined alone: a join of every event took 0.9 GiB at 9.7 M events
-    found_busy = (events[["rank", "stream"]][heads].with_row_index("i")
-                  .join(carried, on=["rank", "stream"], how="inner").drop_nulls("busy_until_ns")
-                  .sort("i"))  # in row order, as the edges of every other kind
-    f_rows = heads[found_busy["i"].to_numpy()]
-    f_busy = found_busy["busy_until_ns"].to_numpy()
-    follows = np.zeros(n, bool)
-    follows[f_rows] = True
-    edges.add(ANCHOR, w_base + rank_row[rank[f_rows]], f_rows, f_busy - ws[f_rows])
-    counts["carried over"] = len(f_rows)
 
     # measured readiness from what is recorded, to find what the records leave unexplained
     ready = np.full(n, np.iinfo(np.int64).min)
     ready[f_rows] = f_busy
     ready[touching] = end[prev[touching]] + np.where(launched[touching], spacing[rank[touching]], 0)
     ready[launched] = np.maximum(ready[launched], launch[launched] + lat[rank[launched]])
-    row_of = _row_lookup(events)
-
-    stream_waits = syncs.filter(pl.col("kind") == "stream_wait", pl.col("waiter_event_id").is_not_null())
-    if stream_waits.height:
-        waited = row_of(stream_waits["rank"], stream_waits["waited_event_id"])
-        waiter = row_of(stream_waits["rank"], stream_waits["waiter_event_id"])
-        ok = (waited >= 0) & (waiter >= 0)
-        edges.add(STREAM_WAIT, n + waited[ok], waiter[ok], 0)
-        np.maximum.at(ready, waiter[ok], end[waited[ok]])
-        counts["stream_wait"] = int(ok.sum())
-
-    # host chains: launches and wait returns of each rank in time order
-    host_waits = syncs.filter(pl.col("kind") == "host_wait")
-    step = events["step"].to_numpy()
-    _host_chain(edges, counts, n, (launched, rank, launch, h_nodes), step, host_waits, row_of, end, r_base,
-                w_base + rank_row, first_ns[rank_row], b_base)
-    del row_of, h_nodes
+    np.maximum.at(ready, waiter, end[waited])
 
     held = (start > ready + SLACK_NS) & ~straddles
     cross = held & found & (stream_all[o] != stream) & (end_all[o] > ready)
@@ -406,7 +417,6 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
         missing.append("no recorded synchronizations (syncs table empty or absent): host waits are not modeled, "
                        "cross-stream waits are inferred from timing")
 
-    src, dst, weight, kind, event = edges.arrays()
     rows = windows.height
     last_end = np.full(rows, np.iinfo(np.int64).min)
     first_start = np.full(rows, np.iinfo(np.int64).max)
@@ -427,8 +437,9 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
         missing.append(f"{int(external.sum())} launched events sat more than {EXTERNAL_NS / 1e6:g} ms past everything "
                        "the trace shows (device idle with the work queued: a wait on something outside the trace); "
                        "replayed as measured fixed delays ('external' edges, external_hold_ms)")
-    return Graph(run_id, events, windows, n_nodes, src, dst, weight, kind, event, w_base + np.arange(len(ranks)),
-                 first_ns, straddles, counts, missing)
+    none = np.zeros(0, np.int64)
+    return Graph(run_id, events, windows, n_nodes, none, none, none, none, none, w_base + np.arange(len(ranks)),
+                 first_ns, straddles, counts, missing), edges
 
 
 def _window_rows(rank: np.ndarray, step: np.ndarray, windows: pl.DataFrame) -> np.ndarray:

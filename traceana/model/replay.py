@@ -42,7 +42,8 @@ WIDE = 32
 
 def longest_path(graph: Graph, weight: np.ndarray | None = None, keep: np.ndarray | None = None) -> np.ndarray:
     """Each node's earliest time: roots at their measured times, every other node the max over its incoming edges
-    of (predecessor's time + weight). ``weight`` and ``keep`` (a mask of edges) are a what-if's edits."""
+    of (predecessor's time + weight). ``weight`` and ``keep`` (a mask of edges; None: all) are a what-if's
+    edits."""
     src, dst = graph.src, graph.dst
     w = graph.weight if weight is None else weight
     if keep is not None:

@@ -261,12 +261,12 @@ def check_matches(graph: Graph, changes: list[Change], roofs: np.ndarray | None 
 
 
 def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame, roofs: np.ndarray | None = None
-         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(weights, kept edges, events that still end their window) after ``changes``. ``measured``: the run's
-    breakdown per rank and step (rank, pp, step, COMP_ns), for the median changes, which take each step's own;
-    ``roofs``: :func:`roof_shares`, for ``roof=`` changes."""
+         ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """(weights, kept edges (None: every edge), events that still end their window) after ``changes``.
+    ``measured``: the run's breakdown per rank and step (rank, pp, step, COMP_ns), for the median changes, which
+    take each step's own; ``roofs``: :func:`roof_shares`, for ``roof=`` changes."""
     weight = graph.weight.astype(np.float64)
-    keep = np.ones(len(weight), bool)
+    keep = None
     ends_window = np.ones(graph.n, bool)
     ev = graph.events
     work = _of_category(graph, *WORK)
@@ -286,8 +286,9 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame, roofs: np.
             out_of = np.zeros(graph.n_nodes, bool)
             out_of[graph.n + np.flatnonzero(background)] = True
             # they still hold their stream, except the buckets before the last: those ran during the backward
-            held = np.zeros_like(keep) if change.backward else graph.kind == dependency.STREAM
-            keep &= ~(out_of[graph.src] & ~held)
+            held = np.zeros(len(weight), bool) if change.backward else graph.kind == dependency.STREAM
+            dropped = out_of[graph.src] & ~held
+            keep = ~dropped if keep is None else keep & ~dropped
             ends_window &= ~background
         elif mask is not None:
             scale(np.where(mask, change.factor, 1.0))
@@ -303,7 +304,7 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame, roofs: np.
             per_event = (ev.select("rank", "step").join(factors, on=["rank", "step"], how="left")
                          ["factor"].fill_null(1.0).to_numpy())
             scale(np.where(work, per_event, 1.0))
-    return np.round(weight).astype(np.int64), keep, ends_window
+    return np.round(weight, out=weight).astype(np.int64), keep, ends_window  # rounded in place: 8 bytes an edge
 
 
 def _to_median(change: Change, measured: pl.DataFrame) -> pl.DataFrame:
