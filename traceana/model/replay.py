@@ -126,10 +126,12 @@ def timeline(graph: Graph, times: np.ndarray, ends_window: np.ndarray | None = N
     n = graph.n
     start, end = times[:n], np.maximum(times[n:2 * n], times[:n])
     events = graph.events.with_columns(start_ns=pl.Series(start), end_ns=pl.Series(end))
-    counted = pl.Series(np.ones(n, bool) if ends_window is None else ends_window)
-    last = events.filter(counted).group_by("rank", "step").agg(pl.col("end_ns").max().alias("last_ns"))
-    first = (events.filter(~pl.Series(graph.straddles, dtype=pl.Boolean)).group_by("rank", "step")
-             .agg(pl.col("start_ns").min().alias("first_ns")))
+    ends = events.select("rank", "step", "end_ns")  # the columns each filter copies: not all of them (0.5 GiB)
+    if ends_window is not None:
+        ends = ends.filter(pl.Series(ends_window))
+    last = ends.group_by("rank", "step").agg(pl.col("end_ns").max().alias("last_ns"))
+    first = (events.select("rank", "step", "start_ns").filter(~pl.Series(graph.straddles, dtype=pl.Boolean))
+             .group_by("rank", "step").agg(pl.col("start_ns").min().alias("first_ns")))
     rank = pl.col("rank")
     opens = (rank != rank.shift(1)).fill_null(True)
     windows = (graph.windows.join(last, on=["rank", "step"], how="left").join(first, on=["rank", "step"], how="left")
