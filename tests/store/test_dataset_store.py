@@ -79,6 +79,27 @@ def test_runs_lists_the_datasets_runs(stores: tuple[Path, Path]) -> None:
     assert sorted((r["run_id"], r["world_size"]) for r in runs) == [("nsys", 2), ("pg", 2), ("toy8", 8)]
 
 
+def test_a_session_moves_between_runs_as_fresh_reads_do(stores: tuple[Path, Path]) -> None:
+    """One connection (a report's session) reading a run, every run, then another: the views a run held the rows
+    of (its step windows, advise's measured breakdown) compute again for the next. On a dataset, whose views are
+    all temporary, moving on dropped step_windows for good (`report` was an internal error); on either store the
+    next run read the last one's breakdown rows."""
+    import traceana
+
+    for target in stores:
+        traces = traceana.open(target)
+        fresh = {run: traces.breakdown(run=run) for run in ("toy8", "pg")}
+        with traces.session():
+            traces.advise(run="pg")
+            toy8, _, pg = traces.breakdown(run="toy8"), traces.runs(), traces.breakdown(run="pg")
+        assert toy8.equals(fresh["toy8"]) and pg.equals(fresh["pg"]) and toy8.height and pg.height, target
+
+
+def test_report_reads_a_dataset(stores: tuple[Path, Path], tmp_path: Path) -> None:
+    pytest.importorskip("bokeh")
+    assert "wrote" in ok("report", "toy8", "--db", stores[1], "--html", tmp_path / "toy8.html")
+
+
 def test_reingest_replaces_a_run_and_keeps_the_others(stores: tuple[Path, Path], tmp_path: Path) -> None:
     dataset = tmp_path / "d"
     shutil.copytree(stores[1], dataset)

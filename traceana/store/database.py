@@ -204,11 +204,14 @@ def open_run(con: duckdb.DuckDBPyConnection, run: str | None) -> str:
 
 
 def show_every_run(con: duckdb.DuckDBPyConnection) -> None:
-    """Undo :func:`restrict_to_run`: the tables show every run again."""
+    """Undo :func:`restrict_to_run` and every :func:`materialize`: the tables show every run again, and the views
+    compute over them (a session's connection moving to another run: the rows kept were the last run's)."""
     from traceana.ingest.run_data import TABLES
 
-    for table in ("runs", *TABLES, "step_windows"):
+    for table in ("runs", *TABLES):
         con.execute(f"DROP VIEW IF EXISTS temp.main.{table}")
+    for view in _materialized(con):
+        forget(con, view)
 
 
 def restrict_to_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
@@ -225,15 +228,35 @@ def restrict_to_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
 
 def materialize(con: duckdb.DuckDBPyConnection, view: str, run_id: str) -> None:
     """Compute view ``view`` once for run ``run_id`` on this connection: its rows go to a temporary table, and a
-    temporary view of the same name over that table shadows the installed one, so the queries after it (and every
-    view built on it) read the rows instead of computing them again. For a command that reads one costly view
-    several ways (`comm`: collective_bandwidth four times)."""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE _{view}_rows AS SELECT * FROM {view} WHERE run_id = ?", [run_id])
+    temporary view of the same name over that table shadows the installed one (kept aside under another name), so
+    the queries after it (and every view built on it) read the rows instead of computing them again. For a command
+    that reads one costly view several ways (`comm`: collective_bandwidth four times). Rows computed before are
+    computed again."""
+    if view in _materialized(con):
+        forget(con, view)
+    con.execute(f"CREATE TEMP TABLE _{view}_rows AS SELECT * FROM {view} WHERE run_id = ?", [run_id])
+    if _temporary_view(con, view):
+        con.execute(f"ALTER VIEW temp.main.{view} RENAME TO _{view}_installed")
     con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM _{view}_rows")
 
 
 def forget(con: duckdb.DuckDBPyConnection, view: str) -> None:
     """Undo :func:`materialize`: drop the rows (DuckDB memory the rest of the command may need) and show the
-    installed view again."""
+    installed view again. (Renamed back, not defined again: a view is bound as it is defined, which over a
+    dataset's files globs every table it reads: 11 s of advise over 1,024 ranks.)"""
     con.execute(f"DROP VIEW IF EXISTS temp.main.{view}")
     con.execute(f"DROP TABLE IF EXISTS temp.main._{view}_rows")
+    if _temporary_view(con, f"_{view}_installed"):
+        con.execute(f"ALTER VIEW temp.main._{view}_installed RENAME TO {view}")
+
+
+def _temporary_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_views() WHERE temporary AND view_name = ?",
+                            [name]).fetchall()[0][0])
+
+
+def _materialized(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The views :func:`materialize` holds the rows of on this connection."""
+    return [name[1:-len("_rows")] for (name,) in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE temporary AND starts_with(table_name, '_') "
+        "AND ends_with(table_name, '_rows')").fetchall()]
