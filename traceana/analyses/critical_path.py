@@ -48,6 +48,14 @@ def default_step(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
     return known[1] if len(known) > 1 else known[0]
 
 
+def checked_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None) -> int:
+    """``step`` (check_step's one-line error where the run lacks it), else :func:`default_step`: the step a
+    one-step report reads."""
+    step = default_step(con, run_id) if step is None else step
+    check_step(con, run_id, step)
+    return step
+
+
 def load_step(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(windows, nodes) of one step: each rank's window, and the critical_path_nodes columns :func:`walk` reads
     (NODE_COLUMNS: not the events' names), in its order and in one chunk, so that its arrays are views of them."""

@@ -40,7 +40,6 @@ import polars as pl
 
 from traceana import store
 from traceana.analyses import critical_path
-from traceana.analyses.breakdown import check_step
 from traceana.errors import TraceanaError
 from traceana.estimator import config
 from traceana.model import predict, whatif
@@ -71,8 +70,7 @@ def findings(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
 
     if roof_target is not None:
         whatif.roof_percent(roof_target, f"--roof-target {roof_target:g}")
-    step = critical_path.default_step(con, run_id) if step is None else step
-    check_step(con, run_id, step)
+    step = critical_path.checked_step(con, run_id, step)
     if config_path is not None:  # refuse a config that does not describe the run before any search
         from traceana.model.compare import check_matches
 

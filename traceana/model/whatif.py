@@ -419,11 +419,9 @@ def whatif_step(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Chang
                 ) -> tuple[int, Graph, pl.DataFrame, pl.DataFrame | None]:
     """(step, graph, its rows of :func:`whatif_run`, its critical path after the change when ``path``) for one step,
     by default the second (the first carries warm-up)."""
-    from traceana.analyses.breakdown import check_step
-    from traceana.analyses.critical_path import default_step
+    from traceana.analyses.critical_path import checked_step
 
-    step = default_step(con, run_id) if step is None else step
-    check_step(con, run_id, step)
+    step = checked_step(con, run_id, step)
     g, frame, segments = whatif_run(con, run_id, changes, step if path else None, base, step)
     return step, g, frame, segments
 
@@ -499,12 +497,10 @@ def absent_wait_ms(graph: Graph, step: int) -> pl.DataFrame:
 def whatif_interval(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], step: int | None = None
                     ) -> tuple[int, Graph, pl.DataFrame, pl.DataFrame | None, Interval]:
     """:func:`whatif_step` with the critical path after the change, and the predicted step's interval."""
-    from traceana.analyses.breakdown import check_step
-    from traceana.analyses.critical_path import default_step
+    from traceana.analyses.critical_path import checked_step
     from traceana.model.intervals import platform_of
 
-    step = default_step(con, run_id) if step is None else step
-    check_step(con, run_id, step)
+    step = checked_step(con, run_id, step)  # before the baseline, which replays this step only
     base = baseline(con, run_id, step)
     step, g, frame, segments = whatif_step(con, run_id, changes, step, base, path=True)
     return step, g, frame, segments, step_interval(base, frame, changes, platform_of(con, run_id))
