@@ -12,6 +12,10 @@ A range's path is its parent's path and its name, the parent being the last rang
 from __future__ import annotations
 
 SEPARATOR = " / "  # between the names of a path, outermost first
+# For every connection that runs these sweeps: DuckDB runs an ASOF join as a nested loop over every pair of a thread
+# when it guesses the left side holds under 64 rows, and it guesses so for the CTEs here whatever they hold (1.3 s
+# for the 9k CPU ops of one thread in a real H200 trace, quadratic; 0.07 s as an ASOF join).
+SWEEP_CONFIG = {"asof_loop_join_threshold": 0}
 
 
 def open_ranges_sql(ranges: str, points: str, thread: str, outer_first: str = "name") -> str:

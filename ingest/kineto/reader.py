@@ -36,6 +36,7 @@ from traceana.ingest.parallel.spill import Spill, new_spill, spill_file
 from traceana.ingest.ranks import rank_in_file_name, require_distinct, require_unique_ranks
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import SCHEMAS, RunData
+from traceana.ingest.scopes import SWEEP_CONFIG
 from traceana.ingest.step_windows import StepLinks
 from traceana.ingest.syncs.edges import SyncCounts
 from traceana.ingest.validate import Dropped, rank_list
@@ -99,7 +100,7 @@ def parse_file(file: Path, *, rules: list[Rule], spill: Path, threads: int = 1) 
     """Everything about one file that needs no other file (run in a worker process, or in-process for --jobs 1):
     parse, link kernels to their launches, the rank's step windows, validation; device events, annotations and
     memory samples are written to ``spill``, the rest comes back. Rows carry rank 0 until the run knows ranks."""
-    con = duckdb.connect(config={"threads": threads})
+    con = duckdb.connect(config={"threads": threads, **SWEEP_CONFIG})
     con.execute("SET enable_progress_bar = false")  # a worker's bar would garble the CLI's
     con.execute(EVENT_TABLE)
     info, device_names, vintage, unphased = load(con, file, 0)

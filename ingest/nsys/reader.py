@@ -42,7 +42,7 @@ from traceana.ingest.parallel.spill import Spill, new_spill, spill_file
 from traceana.ingest.ranks import rank_in_file_name, require_distinct, require_unique_ranks
 from traceana.ingest.rules import Rule
 from traceana.ingest.run_data import RunData
-from traceana.ingest.scopes import open_ranges_sql
+from traceana.ingest.scopes import SWEEP_CONFIG, open_ranges_sql
 from traceana.ingest.step_windows import StepLinks, marker_steps, step_windows_of
 from traceana.ingest.syncs.edges import SyncCounts
 from traceana.ingest.validate import Dropped
@@ -193,7 +193,7 @@ def parse_report(source: Path, *, cache_dir: Path, rules: list[Rule], marker: st
 def _nvtx_scopes(device: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
     """event_scopes' nvtx: the NVTX ranges open on each event's launching thread when its runtime call ran, as a
     path outermost first (ingest/scopes.py), a named domain's range as 'domain:name' so domains stay apart."""
-    con = duckdb.connect()
+    con = duckdb.connect(config=SWEEP_CONFIG)
     con.register("device", device.select("rank", "event_id", "pid", "launch_thread", "launch_ns", "correlationId"))
     con.register("nvtx", ranges.select("pid", "tid", "start_ns", "end_ns", "name", "domain"))
     ranges_sql = ("(SELECT pid, tid, start_ns, end_ns, CASE WHEN domain IS NULL THEN name "
