@@ -6,9 +6,11 @@ from the headers of queries/*.sql, so that no quoted output or column can drift 
 
 Conventions (docs/contributing.md says them for page authors):
 - ``<!-- example: ID -->`` (optionally ``exit=N``) on the line before a ```` ```console ```` fence: each ``$ `` line in
-  the fence is a command, run with bash in one working folder shared by every page (the samples, examples/ and
-  ../shared linked in, and the store of SETUP built once), its output (stdout and stderr, 100 columns) written below
-  it. Pages run in file-name order, blocks in page order.
+  the fence is a command, run in one working folder shared by every page (the samples, examples/ and ../shared
+  linked in, and the store of SETUP built once), its output (stdout and stderr, 100 columns) written below it. A
+  plain ``traceana ARGS`` line runs through the CLI's entry point in this process (an interpreter start and the
+  imports per command were half the docs' time), any other line with bash. Pages run in file-name order, blocks in
+  page order.
 - ``<!-- quotes: ID [ID...] -->`` on the line after a paragraph: every number in the paragraph must appear in the
   output (or the commands) of those examples.
 - ``<!-- views -->`` ... ``<!-- /views -->``: replaced by each view's header comment from queries/*.sql.
@@ -17,11 +19,14 @@ Conventions (docs/contributing.md says them for page authors):
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
+from contextlib import chdir, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +51,8 @@ QUOTES = re.compile(r"<!-- quotes: (?P<ids>[\w -]+?) -->")
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?%?")
 # What truly varies between two runs of one command (the working folder is replaced as it is printed): when a run
 # was ingested, and how long a command took ("3.9 MB in 0.3 s", "55 simulated, 0.5 s").
+WIDTH = 100  # the columns every example is printed at
+SHELL = "|&;<>()$`\\*?[]#~{}\n"  # a command holding one of these runs in bash (quotes shlex reads as bash does)
 VARIES = [(re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?"), "<time>"),
           (re.compile(r"(?<=[ (])\d+(?:\.\d+)? s\b"), "<seconds>")]
 
@@ -73,16 +80,38 @@ class Session:
     def run(self, command: str, expect: int) -> str:
         if command in self.cache:
             return self.cache[command]
-        env = {**os.environ, "COLUMNS": "100", "PYTHONUNBUFFERED": "1", "TERM": "dumb",
-               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-        done = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=self.work, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
-        if done.returncode != expect:
-            raise RuntimeError(f"`{command}` exited {done.returncode}, the docs say {expect}:\n{done.stdout}")
-        text = done.stdout
+        argv = shlex.split(command)
+        if argv[0] == "traceana" and not set(command) & set(SHELL):
+            code, text = self.run_in_process(argv[1:])
+        else:
+            env = {**os.environ, "COLUMNS": str(WIDTH), "PYTHONUNBUFFERED": "1", "TERM": "dumb",
+                   "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+            done = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=self.work, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+            code, text = done.returncode, done.stdout
+        if code != expect:
+            raise RuntimeError(f"`{command}` exited {code}, the docs say {expect}:\n{text}")
         for path, shown in ((self.work, "."), (SHARED.resolve(), "../shared"), (ROOT, ".")):
             text = text.replace(str(path), shown)
         return "\n".join(line.rstrip() for line in text.rstrip().splitlines())
+
+    def run_in_process(self, args: list[str]) -> tuple[int, str]:
+        """`traceana ARGS` through its entry point, in the working folder: (exit code, stdout and stderr as written,
+        interleaved), the tables WIDTH columns wide as a pipe with COLUMNS=WIDTH prints them."""
+        from traceana.cli.main import main
+        from traceana.render import console
+
+        out, width = io.StringIO(), console.console.width
+        console.console.width = WIDTH
+        try:
+            with chdir(self.work), redirect_stdout(out), redirect_stderr(out):
+                main(args)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        finally:
+            console.console.width = width
+        return code, out.getvalue()
 
 
 def render_page(text: str, session: Session) -> str:
