@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import chdir, contextmanager
 from pathlib import Path
@@ -14,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    import duckdb
+
     from traceana.estimator.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,17 +134,70 @@ def store_rows(db: Path) -> dict[str, list[tuple]]:
 
 def ingested(db: Path, runs: dict[str, tuple[Path, str | None]]) -> Path:
     """A store at ``db`` holding each run (name -> its trace file or folder and the ``--layout`` it needs, or None),
-    read in-process with its format detected and the parse cache beside the store: the analysis tests' fixture."""
+    its format detected: the analysis tests' fixture (each run parsed once per session: :func:`add_run`)."""
     from traceana import store
-    from traceana.ingest.dispatch import IngestOptions, read_run
-    from traceana.layout import Layout
 
     with store.connect(db) as con:
         for name, (path, layout) in runs.items():
-            options = IngestOptions(layout=None if layout is None else Layout.parse(layout),
-                                    cache_dir=db.parent / "cache")
-            store.write_run(con, name, read_run([path], "auto", options))
+            add_run(con, name, [path], layout=layout)
     return db
+
+
+def add_run(con: duckdb.DuckDBPyConnection, run_id: str, paths: list[Path], fmt: str = "auto",
+            layout: str | None = None) -> None:
+    """Write run ``run_id`` of ``paths`` into the store at ``con`` as `traceana ingest` would (read_run, write_run),
+    for stores the analysis tests read: the run is parsed once per test session, into a store of its own that
+    every worker shares (RUN_CACHE, built under a lock), and copied from there (twenty modules read the same
+    samples and shared traces: parsing each every time cost a minute of the suite). ``ingested_at`` is the copy's,
+    so the latest run is the last one added, as with ingest. The ingest tests read their traces themselves."""
+    from traceana import store
+    from traceana.ingest.run_data import TABLES
+
+    cached = _parsed_once([Path(p) for p in paths], fmt, layout)
+    con.execute(f"ATTACH '{cached}' AS cached (READ_ONLY)")
+    try:
+        with store.transaction(con):
+            for table in ("runs", *TABLES):
+                con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * REPLACE (?::VARCHAR AS run_id) FROM cached.{table}",
+                            [run_id])
+            con.execute("UPDATE runs SET ingested_at = ? WHERE run_id = ?",
+                        [dt.datetime.now(dt.UTC).replace(tzinfo=None), run_id])
+    finally:
+        con.execute("DETACH cached")
+
+
+def _parsed_once(paths: list[Path], fmt: str, layout: str | None) -> Path:
+    """The store holding ``paths`` read with ``fmt`` and ``layout`` (run id "run"), built by the first worker that
+    asks for it."""
+    from traceana import store
+    from traceana.ingest.dispatch import IngestOptions, detect, read_run
+    from traceana.layout import Layout
+
+    if fmt == "auto":  # as read_run decides it: one parse for a trace read as "auto" and by its format's name
+        fmt = detect(paths[0])
+    key = hashlib.sha256(repr(([str(p.resolve()) for p in paths], fmt, layout)).encode()).hexdigest()[:16]
+    target = Path(os.environ[RUN_CACHE]) / f"{key}.duckdb"
+    with open(target.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            building = target.with_suffix(".building")
+            building.unlink(missing_ok=True)
+            options = IngestOptions(layout=None if layout is None else Layout.parse(layout),
+                                    cache_dir=target.parent / "exports")
+            with store.connect(building) as con:
+                store.write_run(con, "run", read_run(paths, fmt, options))
+            building.rename(target)
+    return target
+
+
+RUN_CACHE = "TRACEANA_TEST_RUN_CACHE"  # the folder of add_run's parsed runs: one per session, all workers
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if RUN_CACHE not in os.environ:  # the controller (or a run without -n); workers inherit its folder
+        os.environ[RUN_CACHE] = tempfile.mkdtemp(prefix="traceana-test-runs-")
+        config.add_cleanup(lambda: shutil.rmtree(os.environ.pop(RUN_CACHE), ignore_errors=True))
 
 
 def job_config(base: dict, **sections: dict) -> Config:

@@ -25,11 +25,10 @@ import duckdb
 import polars as pl
 import pytest
 
-from tests.conftest import SAMPLES, TRACES, params, run_cli
+from tests.conftest import SAMPLES, TRACES, add_run, params, run_cli
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
-from traceana.ingest.dispatch import FORMATS, IngestOptions, read_run
-from traceana.layout import Layout
+from traceana.ingest.dispatch import FORMATS
 
 WAITS = "MP_WAIT_ns + CP_WAIT_ns + EP_WAIT_ns + DP_WAIT_ns + PP_WAIT_ns + OTHER_WAIT_ns"
 Run = tuple[str, str, list[Path], str | None]  # (run id, format, inputs, layout)
@@ -54,8 +53,7 @@ def con(tmp_path_factory: pytest.TempPathFactory) -> Iterator[duckdb.DuckDBPyCon
         for run_id, fmt, paths, spec in RUNS.values():
             if run_id == "sample_nsys" and shutil.which("nsys") is None:
                 continue  # its tests skip with the reason; the other runs need no nsys
-            options = IngestOptions(layout=Layout.parse(spec) if spec else None, cache_dir=folder / "cache")
-            store.write_run(connection, run_id, read_run(paths, fmt, options))
+            add_run(connection, run_id, paths, fmt, spec)
         yield connection
 
 

@@ -14,14 +14,12 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from tests.conftest import SAMPLES, TRACES
+from tests.conftest import SAMPLES, TRACES, add_run
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.analyses.comm import slow_links
 from traceana.cli.main import app
-from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.ingest.run_data import RunData
-from traceana.layout import Layout
 from traceana.render import console
 from traceana.render.units import BINARY_BYTES, unit_for
 
@@ -56,11 +54,9 @@ def con(tmp_path_factory: pytest.TempPathFactory) -> Iterator[duckdb.DuckDBPyCon
     with store.connect(folder / "t.duckdb") as connection:
         store.write_run(connection, "hand", hand_run())
         for name in ("pp2_mb1", "pp2_mb8"):
-            options = IngestOptions(layout=Layout.parse(EXPERIMENTS[name][0]), cache_dir=folder / "cache")
-            store.write_run(connection, name, read_run([SAMPLES / name], "kineto", options))
-        store.write_run(connection, "pg_args", read_run([TRACES / "kineto" / "hta_rank0of2_pg_args.json.gz"],
-                                                        "kineto", IngestOptions(cache_dir=folder / "cache")))
-        store.write_run(connection, "npu", read_run([ASCEND], "ascend", IngestOptions(cache_dir=folder / "cache")))
+            add_run(connection, name, [SAMPLES / name], "kineto", EXPERIMENTS[name][0])
+        add_run(connection, "pg_args", [TRACES / "kineto" / "hta_rank0of2_pg_args.json.gz"], "kineto")
+        add_run(connection, "npu", [ASCEND], "ascend")
         yield connection
 
 

@@ -16,13 +16,11 @@ from typer.testing import CliRunner
 from tests.analyses.test_breakdown import run_data
 from tests.analyses.test_breakdown_real import _union_ns
 from tests.analyses.test_stragglers import EVENTS, INSTANCE_OF, STEPS
-from tests.conftest import ROOT, SAMPLES, TRACES
+from tests.conftest import ROOT, SAMPLES, TRACES, add_run
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.analyses import critical_path as cp
 from traceana.cli.main import app
-from traceana.ingest.dispatch import IngestOptions, read_run
-from traceana.layout import Layout
 
 REAL = {"moe_skewed": SAMPLES / "moe_skewed", "toy8_tp2pp2dp2_1f1b": SAMPLES / "toy8_tp2pp2dp2_1f1b",
         "hta_rank3of8_6steps": TRACES / "kineto" / "hta_rank3of8_6steps.json.gz",
@@ -37,9 +35,7 @@ def con(tmp_path_factory: pytest.TempPathFactory) -> Iterator[duckdb.DuckDBPyCon
             EVENTS, STEPS, pp={0: 0, 1: 0, 2: 1, 3: 1},
             instances={(EVENTS[i][0], i): inst for i, inst in INSTANCE_OF.items()}))
         for name, path in REAL.items():
-            spec = EXPERIMENTS[name][0] if name in EXPERIMENTS else None
-            options = IngestOptions(layout=Layout.parse(spec) if spec else None, cache_dir=folder / "cache")
-            store.write_run(connection, name, read_run([path], "kineto", options))
+            add_run(connection, name, [path], "kineto", EXPERIMENTS[name][0] if name in EXPERIMENTS else None)
         yield connection
 
 

@@ -14,14 +14,12 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from tests.analyses.test_kernels import short
-from tests.conftest import SAMPLES, TRACES
+from tests.conftest import SAMPLES, TRACES, add_run
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.analyses.breakdown import PARTS
 from traceana.analyses.diff import breakdown_diff, collective_diff, kernel_diff
 from traceana.cli.main import app
-from traceana.ingest.dispatch import IngestOptions, read_run
-from traceana.layout import Layout
 from traceana.render import console
 
 H200 = {"gpt": TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz",
@@ -33,13 +31,11 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("diff")
     with store.connect(folder / "t.duckdb") as con:
         for name in ("pp2_mb1", "pp2_mb8", "moe_balanced", "moe_skewed"):
-            options = IngestOptions(layout=Layout.parse(EXPERIMENTS[name][0]), cache_dir=folder / "cache")
-            store.write_run(con, name, read_run([SAMPLES / name], "kineto", options))
+            add_run(con, name, [SAMPLES / name], "kineto", EXPERIMENTS[name][0])
         for name, path in H200.items():
-            store.write_run(con, name, read_run([path], "kineto", IngestOptions(cache_dir=folder / "cache")))
+            add_run(con, name, [path], "kineto")
         for name in ("torch_npu_2rank_level1", "torch_npu_2rank_level1_db"):
-            store.write_run(con, name, read_run([TRACES / "ascend" / name], "ascend",
-                                                IngestOptions(cache_dir=folder / "cache")))
+            add_run(con, name, [TRACES / "ascend" / name], "ascend")
     return folder / "t.duckdb"
 
 

@@ -22,14 +22,12 @@ from typer.testing import CliRunner
 
 import traceana
 from tests.analyses.test_breakdown_real import _union_ns
-from tests.conftest import SAMPLES, TRACES, one_line, run_cli, run_main
+from tests.conftest import SAMPLES, TRACES, add_run, one_line, run_cli, run_main
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.analyses.kernels import top_kernels
 from traceana.cli.main import app
-from traceana.ingest.dispatch import IngestOptions, read_run
 from traceana.ingest.run_data import RunData
-from traceana.layout import Layout
 
 H200 = TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz"
 
@@ -51,9 +49,8 @@ def short(name: str) -> str:
 def con(tmp_path_factory: pytest.TempPathFactory) -> Iterator[duckdb.DuckDBPyConnection]:
     folder = tmp_path_factory.mktemp("kernels")
     with store.connect(folder / "t.duckdb") as connection:
-        store.write_run(connection, "h200", read_run([H200], "kineto", IngestOptions(cache_dir=folder / "cache")))
-        options = IngestOptions(layout=Layout.parse(EXPERIMENTS["pp2_mb1"][0]), cache_dir=folder / "cache")
-        store.write_run(connection, "pp2_mb1", read_run([SAMPLES / "pp2_mb1"], "kineto", options))
+        add_run(connection, "h200", [H200], "kineto")
+        add_run(connection, "pp2_mb1", [SAMPLES / "pp2_mb1"], "kineto", EXPERIMENTS["pp2_mb1"][0])
         yield connection
 
 
@@ -98,7 +95,7 @@ def test_by_stage_and_the_command(con: duckdb.DuckDBPyConnection, tmp_path: Path
     assert (1, "aten::mse_loss") in calls and (0, "aten::mse_loss") not in calls
     db = tmp_path / "k.duckdb"
     with store.connect(db) as writer:
-        store.write_run(writer, "h200", read_run([H200], "kineto", IngestOptions(cache_dir=tmp_path / "cache")))
+        add_run(writer, "h200", [H200], "kineto")
     result = CliRunner().invoke(app, ["kernels", "--db", str(db), "--top", "3", "--json"])
     assert result.exit_code == 0, result.output
     assert [r["calls"] for r in json.loads(result.stdout)] == [r["calls"] for r in top_kernels(con, "h200", 3)

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import TRACES
+from tests.conftest import TRACES, add_run
 from traceana import store
 from traceana.cli.main import app
-from traceana.ingest.dispatch import IngestOptions, read_run
 
 H200 = TRACES / "kineto" / "h200_gpt_h2048_L8_s1024_gb4.json.gz"
 NO_MEMORY = TRACES / "kineto" / "hta_rank3of8_6steps.json.gz"
@@ -23,7 +22,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("memory")
     with store.connect(folder / "t.duckdb") as con:
         for run_id, path in (("h200", H200), ("nomem", NO_MEMORY)):
-            store.write_run(con, run_id, read_run([path], "kineto", IngestOptions(cache_dir=folder / "cache")))
+            add_run(con, run_id, [path], "kineto")
     return folder / "t.duckdb"
 
 

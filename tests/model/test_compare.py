@@ -13,13 +13,12 @@ import polars as pl
 import pytest
 
 from tests.analyses.test_breakdown import run_data
-from tests.conftest import ROOT, SAMPLES, run_cli
+from tests.conftest import ROOT, SAMPLES, add_run, run_cli
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.estimator import config
 from traceana.estimator.estimate import estimate
 from traceana.ingest.dispatch import IngestOptions, read_run
-from traceana.layout import Layout
 from traceana.model.compare import compare_run
 
 CONFIGS = ROOT / "sample_traces" / "configs"
@@ -31,8 +30,7 @@ def sample_store(path: Path) -> Path:
     """Every sample run ingested with its layout into ``path``, as `traceana ingest DIR --layout SPEC` stores it."""
     with store.connect(path) as con:
         for name, (layout, _) in EXPERIMENTS.items():
-            data = read_run([SAMPLES / name], "kineto", IngestOptions(layout=Layout.parse(layout)))
-            store.write_run(con, name, data)
+            add_run(con, name, [SAMPLES / name], "kineto", layout)
     return path
 
 

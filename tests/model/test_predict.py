@@ -17,14 +17,12 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import SAMPLES, run_cli
+from tests.conftest import SAMPLES, add_run, run_cli
 from tests.test_sample_traces import RECORDED
 from traceana import store
 from traceana.api import Traces
 from traceana.estimator import config
 from traceana.estimator.estimate import estimate
-from traceana.ingest.dispatch import IngestOptions, read_run
-from traceana.layout import Layout
 
 CONFIGS = SAMPLES.parent / "configs"
 PAIRS = [("pp2_mb1", "pp2_mb8"), ("tp2dp2_mlp", "tp2dp2_mlp_sp"), ("moe_balanced", "moe_skewed")]
@@ -39,8 +37,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("predict") / "pairs.duckdb"
     with store.connect(path) as con:
         for name in sorted({n for pair in PAIRS for n in pair} | {TOY}):
-            options = IngestOptions(layout=Layout.parse(RECORDED[name][0]))
-            store.write_run(con, name, read_run([SAMPLES / name], "kineto", options))
+            add_run(con, name, [SAMPLES / name], "kineto", RECORDED[name][0])
     return path
 
 

@@ -12,11 +12,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tests.conftest import SAMPLES, TRACES, run_cli, run_main
+from tests.conftest import SAMPLES, TRACES, add_run, run_cli, run_main
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
-from traceana.ingest.dispatch import IngestOptions, read_run
-from traceana.layout import Layout
 from traceana.model import advise, replay, whatif
 
 # shared traces with device activity, one run each
@@ -43,10 +41,9 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("replay") / "runs.duckdb"
     with store.connect(path) as con:
         for run, (rel, fmt) in SHARED_RUNS.items():
-            store.write_run(con, run, read_run([TRACES / rel], fmt, IngestOptions()))
+            add_run(con, run, [TRACES / rel], fmt)
         for name in SAMPLE_RUNS:
-            options = IngestOptions(layout=Layout.parse(EXPERIMENTS[name][0]))
-            store.write_run(con, name, read_run([SAMPLES / name], "kineto", options))
+            add_run(con, name, [SAMPLES / name], "kineto", EXPERIMENTS[name][0])
     return path
 
 
