@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import duckdb
 import polars as pl
 
+from traceana import store
 from traceana.analyses import breakdown as bd
 from traceana.render.colours import (
     DIM_COLORS,
@@ -403,7 +404,19 @@ QUEUE_STREAMS = 8  # queue lines drawn at most (the deepest streams); the table 
 
 def launches(ctx: Context) -> str | None:
     """Launch delay (kernel start − its launch call's start) over time and per kernel, and each stream's queue of
-    launched, not yet started work, as `traceana kernels --launch`; None for runs without launch records."""
+    launched, not yet started work, as `traceana kernels --launch`; None for runs without launch records. As that
+    command does, kernel_launches is computed once for the three reads (each a sort of every launched event: at
+    1,024 ranks more than a dataset reader's DuckDB may hold) and dropped after."""
+    from traceana.analyses.launches import compute_once
+
+    ctx.traces.read(ctx.run, compute_once)
+    try:
+        return _launch_charts(ctx)
+    finally:
+        ctx.traces.read(ctx.run, lambda con, _: store.forget(con, "kernel_launches"))
+
+
+def _launch_charts(ctx: Context) -> str | None:
     per_kernel = ctx.traces.launch_stats(run=ctx.run)
     if per_kernel.is_empty():
         return None
