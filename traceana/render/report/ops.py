@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from traceana import store
 from traceana.analyses.ops import LEVELS
-from traceana.errors import TraceanaError
 
 if TYPE_CHECKING:
     from traceana.render.report.run import Context
@@ -16,16 +16,28 @@ ORDER = ("layer", "module", "nvtx", "op")  # coarse to fine
 
 
 def section(ctx: Context) -> str | None:
-    """None where the run has no level (CPU-only runs, stores older than event_scopes)."""
-    from traceana.analyses.ops import levels, tree
-    from traceana.render.report import icicle
+    """None where the run has no level (CPU-only runs, stores older than event_scopes). op_time is computed once
+    for the section's reads (the levels, the icicle, a table per level: each two sweeps over every event) and
+    dropped after."""
+    import duckdb
+
+    from traceana.analyses.ops import levels
 
     try:
+        ctx.traces.read(ctx.run, lambda con, rid: store.materialize(con, "op_time", rid))
+    except (duckdb.BinderException, duckdb.CatalogException):  # a store older than the columns op_time reads
+        return None
+    try:
         have = ctx.traces.read(ctx.run, levels)
-    except TraceanaError:
-        return None
-    if not have:
-        return None
+        return _charts(ctx, have) if have else None
+    finally:
+        ctx.traces.read(ctx.run, lambda con, _: store.forget(con, "op_time"))
+
+
+def _charts(ctx: Context, have: list[str]) -> str:
+    from traceana.analyses.ops import tree
+    from traceana.render.report import icicle
+
     leaves = ctx.traces.read(ctx.run, tree)
     path = "module" if "module" in have else "NVTX"
     chart = ctx.page.chart(icicle.chart(leaves, f"device time by where it was launched, {ctx.which}: click a node "
