@@ -179,7 +179,8 @@ def host_lanes(con: duckdb.DuckDBPyConnection, run_id: str, step: int,
             LEFT JOIN kernel_names k ON k.run_id = x.run_id AND k.name = x.name
             WHERE l.run_id = $run AND list_contains($ranks, x.rank)
             QUALIFY row_number() OVER (PARTITION BY x.rank ORDER BY x.end_ns - x.start_ns DESC, x.event_id)
-                    <= {LONGEST}""", params=params).pl()
+                    <= {LONGEST}
+            ORDER BY x.rank, x.event_id""", params=params).pl()
     except duckdb.CatalogException:  # annotations without a thread column: no host_ranges view
         return pl.DataFrame(), pl.DataFrame()
     return host, launches

@@ -169,12 +169,13 @@ def bars(frame: pl.DataFrame, x: str, value: str, colors: list[str], title: str,
 
 def decimate(intervals: pl.DataFrame, tolerance_ns: int, first: Sequence[str] = ()) -> pl.DataFrame:
     """Per rank and lane, intervals less than ``tolerance_ns`` apart merged into one (``merged``: how many; the
-    ``first`` columns: the first interval's)."""
-    return (intervals.sort("rank", "lane", "start_ns")
+    ``first`` columns: the first interval's, of those starting together the shortest, then by those columns), in
+    that order: the page is the same from run to run (ties in the store's order chose 'detach' or 'aten::detach')."""
+    return (intervals.sort("rank", "lane", "start_ns", "end_ns", *first)
             .with_columns(pl.col("end_ns").cum_max().shift(1).over("rank", "lane").alias("reach"))
             .with_columns(((pl.col("start_ns") - pl.col("reach")) > tolerance_ns).fill_null(True)
                           .cum_sum().over("rank", "lane").alias("piece"))
-            .group_by("rank", "lane", "piece")
+            .group_by("rank", "lane", "piece", maintain_order=True)
             .agg(pl.col("start_ns").min(), pl.col("end_ns").max(), pl.len().alias("merged"),
                  *(pl.col(c).first() for c in first))
             .drop("piece"))
