@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 import traceana
-from tests.conftest import ROOT, SAMPLES, run_cli
+from tests.conftest import ROOT, SAMPLES, ingested, run_cli
 from traceana import store
 from traceana.errors import TraceanaError
 
@@ -20,10 +20,9 @@ TOY = "toy8_tp2pp2dp2_1f1b"
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("api") / "api.duckdb"
-    run_cli("ingest", SAMPLES / TOY, "--layout", "tp=2,pp=2,dp=2", "--db", path)
-    run_cli("ingest", SAMPLES / "moe_balanced", "--db", path)  # the latest run: methods default to it
-    return path
+    return ingested(tmp_path_factory.mktemp("api") / "api.duckdb", {
+        TOY: (SAMPLES / TOY, "tp=2,pp=2,dp=2"),
+        "moe_balanced": (SAMPLES / "moe_balanced", None)})  # the latest run: methods default to it
 
 
 def test_import_is_cheap() -> None:
@@ -146,9 +145,7 @@ def test_the_docs_python_block_runs_as_written(tmp_path: Path, monkeypatch: pyte
     readme = (ROOT / "docs" / "python.md").read_text()
     assert "traceana ingest sample_traces/traces/pp2_mb1 && traceana ingest sample_traces/traces/pp2_mb8" in readme
     path = tmp_path / "traceana.duckdb"
-    run_cli("ingest", SAMPLES / TOY, "--layout", "tp=2,pp=2,dp=2", "--db", path)
-    for name in ("pp2_mb1", "pp2_mb8"):
-        run_cli("ingest", SAMPLES / name, "--db", path)
+    ingested(path, {TOY: (SAMPLES / TOY, "tp=2,pp=2,dp=2"), **{n: (SAMPLES / n, None) for n in ("pp2_mb1", "pp2_mb8")}})
     block = readme.split("```python\n", 1)[1].split("```", 1)[0]
     assert block.count('"traceana.duckdb"') == 1
     monkeypatch.chdir(ROOT)

@@ -16,7 +16,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.conftest import SAMPLES, TRACES, run_cli
+from tests.conftest import SAMPLES, TRACES, ingested, run_cli
 from tests.render.browser import MISSING, chromium
 
 TOY = "toy8_tp2pp2dp2_1f1b"
@@ -77,7 +77,7 @@ def ms(value: float) -> str:
 def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("report")
     db, out = folder / "r.duckdb", folder / "report.html"
-    run_cli("ingest", SAMPLES / TOY, "--layout", "tp=2,pp=2,dp=2", "--db", db)
+    ingested(db, {TOY: (SAMPLES / TOY, "tp=2,pp=2,dp=2")})
     said = run_cli("report", TOY, "--html", out, "--estimate", CONFIG, "--db", db).stdout
     assert said.startswith(f"wrote {out} ({TOY}; ")
     return db, out

@@ -14,9 +14,10 @@ import duckdb
 import pytest
 
 from tests.analyses.test_launches import raw_nvtx_launchers
-from tests.conftest import SAMPLES, TRACES, run_cli
+from tests.conftest import SAMPLES, TRACES, add_run, ingested, run_cli
 from traceana.render.perfetto import CNAME
 from traceana.render.perfetto_host import HOST_TRACK
+from traceana.store import connect
 
 TOY = "toy8_tp2pp2dp2_1f1b"
 SAMPLED = [TRACES / "kineto" / f"hta_sampled_rank{r}of128.json.gz" for r in (0, 1)]  # GPU, NCCL SendRecv
@@ -24,10 +25,10 @@ SAMPLED = [TRACES / "kineto" / f"hta_sampled_rank{r}of128.json.gz" for r in (0, 
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("perfetto") / "p.duckdb"
-    run_cli("ingest", SAMPLES / TOY, "--layout", "tp=2,pp=2,dp=2", "--db", path)
+    path = ingested(tmp_path_factory.mktemp("perfetto") / "p.duckdb", {TOY: (SAMPLES / TOY, "tp=2,pp=2,dp=2")})
     if all(p.exists() for p in SAMPLED):
-        run_cli("ingest", *SAMPLED, "--db", path, "--run-id", "sampled")
+        with connect(path) as con:
+            add_run(con, "sampled", SAMPLED)
     return path
 
 
