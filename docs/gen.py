@@ -80,8 +80,8 @@ class Session:
     def run(self, command: str, expect: int) -> str:
         if command in self.cache:
             return self.cache[command]
-        argv = shlex.split(command)
-        if argv[0] == "traceana" and not set(command) & set(SHELL):
+        argv = [] if set(command) & set(SHELL) else shlex.split(command)  # split only what bash would not read
+        if argv[:1] == ["traceana"]:
             code, text = self.run_in_process(argv[1:])
         else:
             env = {**os.environ, "COLUMNS": str(WIDTH), "PYTHONUNBUFFERED": "1", "TERM": "dumb",
