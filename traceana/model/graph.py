@@ -115,10 +115,49 @@ class Graph:
     # the run's process groups (pg, ranks: a list), which the events name by pg
     groups: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema={"pg": pl.String,
                                                                             "ranks": pl.List(pl.Int32)}))
+    facts: dict[str, int] = field(default_factory=dict)  # what missing_notes reads, summed over a run's windows
+    last_host: pl.DataFrame | None = None  # a graph of some steps: each rank's last host point (_host_chain)
+    # nodes whose times are given (a graph of some steps: its earlier events and host points) and those times
+    pinned: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pinned_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def n(self) -> int:
         return self.events.height
+
+
+# the per-rank statistics the weights use, each a quantile of what the events show (:func:`_statistic`)
+STATISTICS = {"launch": 0.5, "least launch": 0.0, "spacing": 0.25, "lag": 0.5}
+
+
+@dataclass
+class Context:
+    """What the graph of some of a run's steps (windows.py) takes from the steps before them, so that its nodes get
+    the times the run's whole graph gives them: the rows of its events that are earlier events (``pinned``: their
+    start and end given as ``pinned_ns``, kept for the edges they send; their own edges belong to their steps'
+    graph), each rank's last host point before the steps (``host``: rank, time_ns as measured, at_ns as replayed),
+    each rank's first window start in the run (``firsts``: rank, start_ns), and the per-rank statistics of
+    :data:`STATISTICS` over the whole run (``statistics``, each an array by rank); a statistic not given yet is
+    measured on the graph's own events and its samples added to ``samples``, for the caller to take over all the
+    run's steps."""
+
+    pinned: np.ndarray
+    pinned_ns: tuple[np.ndarray, np.ndarray]
+    host: pl.DataFrame
+    firsts: pl.DataFrame
+    statistics: dict[str, np.ndarray] = field(default_factory=dict)
+    samples: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    edges: bool = True  # False: a pass for the samples and what the next steps need, whose edges are not kept
+
+
+def _statistic(context: Context | None, name: str, rank: np.ndarray, value: np.ndarray, size: int) -> np.ndarray:
+    """The run's per-rank statistic ``name`` (:data:`STATISTICS`): from the context where it has it, else measured
+    on these samples (and they are kept in the context for the caller)."""
+    if context is not None:
+        if name in context.statistics:
+            return context.statistics[name]
+        context.samples.setdefault(name, []).append((rank, value))
+    return per_rank_quantile(rank, value, size, STATISTICS[name])
 
 
 class _Edges:
@@ -128,12 +167,15 @@ class _Edges:
     fit (21 bytes an edge, 33 with int64). A graph's edges are sorted by source node (:attr:`Graph.src`), so the
     longest path needs no sort of its own per replay."""
 
-    def __init__(self, nodes: int) -> None:
+    def __init__(self, nodes: int, kept: bool = True) -> None:
         self.columns: tuple[list[np.ndarray], ...] = ([], [], [], [], [])
         self.node_type = np.int32 if nodes < 2 ** 31 else np.int64
+        self.kept = kept  # False: none are kept (a pass that measures statistics only)
 
     def add(self, kind: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | int,
             event: np.ndarray | None = None) -> None:
+        if not self.kept:
+            return
         node = self.node_type
         src = np.asarray(src, node)
         parts = (src, np.asarray(dst, node), np.broadcast_to(np.asarray(weight, np.int64), src.shape),
@@ -144,6 +186,8 @@ class _Edges:
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         """The columns, edges in order of their source node (stable): the order the longest path walks them in."""
+        if not self.kept:
+            return tuple(np.zeros(0, t) for t in (self.node_type, self.node_type, np.int64, np.int8, self.node_type))
         joined = []
         for column in self.columns:
             joined.append(np.concatenate(column))
@@ -247,19 +291,27 @@ def _syncs(con: duckdb.DuckDBPyConnection, run_id: str, events: pl.DataFrame) ->
 
 
 def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs: pl.DataFrame,
-                carried: pl.DataFrame) -> Graph:
+                carried: pl.DataFrame, context: Context | None = None) -> Graph:
     """The graph from a run's events (sorted by rank, stream, start; with their step), step windows, syncs and the
-    times each stream was held until before the rank's first window (rank, stream, busy_until_ns)."""
-    graph, edges = _collected(run_id, events, windows, syncs, carried)
+    times each stream was held until before the rank's first window (rank, stream, busy_until_ns); with
+    ``context``, the graph of some of the run's steps (:class:`Context`)."""
+    graph, edges = _collected(run_id, events, windows, syncs, carried, context)
     # sorted once the arrays per event made on the way are gone: with them, the sort was the graph's peak
     graph.src, graph.dst, graph.weight, graph.kind, graph.event = edges.arrays()
+    if context is not None:  # the pinned nodes' times are given: what the graph says of them is their window's
+        keep = ~np.isin(graph.dst, graph.pinned)
+        graph.src, graph.dst, graph.weight, graph.kind, graph.event = (
+            a[keep] for a in (graph.src, graph.dst, graph.weight, graph.kind, graph.event))
     return graph
 
 
 def _collected(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs: pl.DataFrame,
-               carried: pl.DataFrame) -> tuple[Graph, _Edges]:
-    """:func:`from_frames`' graph without its edge arrays, and its edges as collected."""
+               carried: pl.DataFrame, context: Context | None) -> tuple[Graph, _Edges]:
+    """:func:`from_frames`' graph without its edge arrays, and its edges as collected. Every mask of events that
+    gets an edge is of the graph's own events (not pinned by ``context``): a pinned event is there for the edges
+    it sends."""
     n = events.height
+    own = np.ones(n, bool) if context is None else ~context.pinned
     rank = events["rank"].to_numpy().astype(np.int64)
     stream = events["stream"].fill_null(-1).to_numpy()
     start = events["start_ns"].to_numpy()
@@ -269,33 +321,35 @@ def _collected(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs: 
               or max(start.max(), end.max(), launch.max()) > CLOCK_NS):
         raise TraceanaError(f"run {run_id!r}: device event times beyond +-2^62 ns (a sentinel such as -2^63 in a "
                             "damaged store?): the run cannot be replayed")
-    firsts = windows.group_by("rank").agg(pl.col("start_ns").min()).sort("rank")
+    firsts = (windows.group_by("rank").agg(pl.col("start_ns").min()) if context is None else context.firsts
+              ).sort("rank")
     ranks = firsts["rank"].to_numpy().astype(np.int64)
     rank_row = np.full(int(max(ranks.max(initial=0), rank.max(initial=0))) + 1, -1, np.int64)
     rank_row[ranks] = np.arange(len(ranks))
     first_ns = firsts["start_ns"].to_numpy()
     ws = first_ns[rank_row[rank]] if n else np.zeros(0, np.int64)  # each event's rank's root
     straddles = start < ws
-    launched = ~events["launch_ns"].is_null().to_numpy() & ~straddles  # launched before the trace's steps
-    member = ~events["instance"].is_null().to_numpy()
+    launched = ~events["launch_ns"].is_null().to_numpy() & ~straddles & own  # not launched before the trace's steps
+    member = ~events["instance"].is_null().to_numpy() & own
     window_of = _window_rows(rank, events["step"].to_numpy(), windows)
-    counts, missing = {}, []
+    counts: dict[str, int] = {}
     # (an array per event costs 74 MiB at 9.7 M events: rows are taken as np.flatnonzero(mask), not from an index
     # array, and the arrays of what held a start dropped once their edges are made)
 
     # node numbering: S = i, E = n + i, then H per launched event, A per instance, R per host wait, W per rank
     h_nodes = 2 * n + np.arange(int(launched.sum()))  # the H of each launched event, in row order
-    inst_values, inst_of = (np.unique(events["instance"].drop_nulls().to_numpy(), return_inverse=True)
+    inst_values, inst_of = (np.unique(events["instance"].filter(pl.Series(member)).to_numpy(), return_inverse=True)
                             if member.any() else (np.zeros(0, np.int64), np.zeros(0, np.int64)))
     a_base = 2 * n + len(h_nodes)
     r_base = a_base + len(inst_values)
     w_base = r_base + syncs.height
     b_base = w_base + len(ranks)
-    n_nodes = b_base + windows["step"].n_unique()
-    edges = _Edges(n_nodes)
+    c_base = b_base + windows["step"].n_unique()  # then, in a graph of some steps, each rank's last host point
+    n_nodes = c_base + (0 if context is None else context.host.height)
+    edges = _Edges(n_nodes, context is None or context.edges)
 
     # run and transfer
-    solo = np.flatnonzero(~member)
+    solo = np.flatnonzero(~member & own)
     edges.add(RUN, solo, n + solo, end[solo] - start[solo], solo)
     del solo
     m = np.flatnonzero(member)
@@ -306,9 +360,8 @@ def _collected(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs: 
     edges.add(TRANSFER, a_node, n + m, np.maximum(0, end[m] - latest[inst_of]), m)
     counts["collective members"] = len(m)
     alone = np.bincount(inst_of, minlength=len(inst_values))[inst_of] == 1 if len(m) else np.zeros(0, bool)
-    if alone.any():
-        missing.append(f"{int(alone.sum())} collective kernels have no other member in the trace (one rank of a "
-                       "larger job?): their measured length, waits included, is kept as the transfer")
+    facts = {"alone": int(alone.sum()), "events": int(own.sum()), "launched": int(launched.sum()),
+             "syncs": syncs.height}
 
     # stream order (events are sorted by rank, stream, start)
     same = np.zeros(n, bool)
@@ -316,14 +369,14 @@ def _collected(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs: 
     prev = np.where(same, np.arange(-1, n - 1), -1)
     del same
     has_prev = prev >= 0
-    touching = has_prev & (end[np.maximum(prev, 0)] <= start + SLACK_NS)
-    overlap = has_prev & ~touching
+    touching = has_prev & (end[np.maximum(prev, 0)] <= start + SLACK_NS) & own
+    overlap = has_prev & ~touching & own
     edges.add(STREAM, prev[overlap], np.flatnonzero(overlap), 0)  # overlapping ones on a stream keep their order
     counts["overlapping on a stream"] = int(overlap.sum())
     counts["launch"] = int(launched.sum())  # its edges below, once the latency is known
 
     # the first event of a stream in the step follows the step before on that stream
-    heads = np.flatnonzero(~has_prev)  # joined alone: a join of every event took 0.9 GiB at 9.7 M events
+    heads = np.flatnonzero(~has_prev & own)  # joined alone: a join of every event took 0.9 GiB at 9.7 M events
     found_busy = (events[["rank", "stream"]][heads].with_row_index("i")
                   .join(carried, on=["rank", "stream"], how="inner").drop_nulls("busy_until_ns")
                   .sort("i"))  # in row order, as the edges of every other kind
@@ -342,12 +395,13 @@ def _collected(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs: 
     waiter = row_of(stream_waits["rank"], stream_waits["waiter_event_id"])
     ok = (waited >= 0) & (waiter >= 0)
     waited, waiter = waited[ok], waiter[ok]
+    waited, waiter = waited[own[waiter]], waiter[own[waiter]]
     edges.add(STREAM_WAIT, n + waited, waiter, 0)
     if stream_waits.height:
         counts["stream_wait"] = len(waiter)
-    _host_chain(edges, counts, n, (launched, rank, launch, h_nodes), events["step"].to_numpy(),
+    last_host = _host_chain(edges, counts, n, (launched, rank, launch, h_nodes), events["step"].to_numpy(),
                 syncs.filter(pl.col("kind") == "host_wait"), row_of, end, r_base, w_base + rank_row,
-                first_ns[rank_row], b_base)
+                first_ns[rank_row], b_base, None if context is None else (context.host, c_base))
     del row_of
 
     # the event that ended last before each start, in the step or (carried over) on a stream of the step before,
@@ -368,12 +422,12 @@ def _collected(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs: 
     # no start undercuts); and the device's own gap between a kernel and the next one already queued behind it on
     # its stream, where nothing else ended in between
     dry = launched & has_prev & (launch > end[np.maximum(prev, 0)]) & (~found | (end_all[o] <= launch))
-    lat = _per_rank_quantile(rank[dry], (start - launch)[dry], len(rank_row), 0.5)
-    least = _per_rank_quantile(rank[launched], (start - launch)[launched], len(rank_row), 0.0)
+    lat = _statistic(context, "launch", rank[dry], (start - launch)[dry], len(rank_row))
+    least = _statistic(context, "least launch", rank[launched], (start - launch)[launched], len(rank_row))
     lat = np.maximum(np.where(lat >= 0, lat, least), 0)
     edges.add(LAUNCH, h_nodes, np.flatnonzero(launched), lat[rank[launched]])
     queued = touching & launched & (launch < end[np.maximum(prev, 0)]) & (end_all[o] <= end[np.maximum(prev, 0)])
-    spacing = np.maximum(_per_rank_quantile(rank[queued], (start - end[prev])[queued], len(rank_row), 0.25), 0)
+    spacing = np.maximum(_statistic(context, "spacing", rank[queued], (start - end[prev])[queued], len(rank_row)), 0)
 
     edges.add(STREAM, n + prev[touching], np.flatnonzero(touching),
               np.where(launched[touching], spacing[rank[touching]], 0))
@@ -385,10 +439,10 @@ def _collected(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs: 
     ready[launched] = np.maximum(ready[launched], launch[launched] + lat[rank[launched]])
     np.maximum.at(ready, waiter, end[waited])
 
-    held = (start > ready + SLACK_NS) & ~straddles
+    held = (start > ready + SLACK_NS) & ~straddles & own
     cross = held & found & (stream_all[o] != stream) & (end_all[o] > ready)
     infer = cross & launched & (start - end_all[o] <= INFER_WITHIN_NS)
-    lag = np.maximum(_per_rank_quantile(rank[infer], (start - end_all[o])[infer], len(rank_row), 0.5), 0)
+    lag = np.maximum(_statistic(context, "lag", rank[infer], (start - end_all[o])[infer], len(rank_row)), 0)
     edges.add(INFERRED, node_all[o[infer]], np.flatnonzero(infer), offset_all[o[infer]] + lag[rank[infer]])
     counts["inferred"] = int(infer.sum())
     unexplained = held & launched & ~infer
@@ -409,23 +463,17 @@ def _collected(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs: 
     g_end = np.where(cross, end_all[o], end[np.maximum(prev, 0)])[gap]
     edges.add(GAP, g_node, np.flatnonzero(gap), start[gap] - g_end + np.where(cross, offset_all[o], 0)[gap])
     counts["gap"] = int(gap.sum())
-    anchored = straddles | (~launched & ~cross & ~touching & (held | ~(has_prev | follows)))
+    anchored = (straddles | (~launched & ~cross & ~touching & (held | ~(has_prev | follows)))) & own
     edges.add(ANCHOR, w_base + rank_row[rank[anchored]], np.flatnonzero(anchored), start[anchored] - ws[anchored])
     counts["anchor"] = int(anchored.sum())
-    if n and not launched.any():
-        missing.append("no launch records (CPU-only or Ascend run): stream gaps that no recorded wait explains are "
-                       "replayed as measured fixed delays ('gap' edges), which a what-if cannot shorten")
-    if n and syncs.is_empty():
-        missing.append("no recorded synchronizations (syncs table empty or absent): host waits are not modeled, "
-                       "cross-stream waits are inferred from timing")
 
     rows = windows.height
     last_end = np.full(rows, np.iinfo(np.int64).min)
     first_start = np.full(rows, np.iinfo(np.int64).max)
     held_ns, external_ns = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
     if n:
-        np.maximum.at(last_end, window_of, end)
-        np.minimum.at(first_start, window_of[~straddles], start[~straddles])
+        np.maximum.at(last_end, window_of[own], end[own])
+        np.minimum.at(first_start, window_of[~straddles & own], start[~straddles & own])
         np.add.at(held_ns, *hold)
         np.add.at(external_ns, *outside)
     has = last_end > np.iinfo(np.int64).min
@@ -435,13 +483,36 @@ def _collected(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs: 
                                        pl.Series(~starts), None),
                                    held_ns=pl.Series(held_ns),
                                    external_ns=pl.Series(external_ns))
-    if external.any():
-        missing.append(f"{int(external.sum())} launched events sat more than {EXTERNAL_NS / 1e6:g} ms past everything "
-                       "the trace shows (device idle with the work queued: a wait on something outside the trace); "
-                       "replayed as measured fixed delays ('external' edges, external_hold_ms)")
+    facts["external"] = int(external.sum())
     none = np.zeros(0, np.int64)
-    return Graph(run_id, events, windows, n_nodes, none, none, none, none, none, w_base + np.arange(len(ranks)),
-                 first_ns, straddles, counts, missing), edges
+    graph = Graph(run_id, events, windows, n_nodes, none, none, none, none, none, w_base + np.arange(len(ranks)),
+                  first_ns, straddles, counts, missing_notes(facts), facts=facts)
+    if context is not None:
+        pinned = np.flatnonzero(context.pinned)
+        graph.pinned = np.concatenate([pinned, n + pinned, c_base + np.arange(context.host.height)])
+        graph.pinned_ns = np.concatenate([*context.pinned_ns, context.host["at_ns"].to_numpy()])
+        graph.last_host = last_host
+    return graph, edges
+
+
+def missing_notes(facts: dict[str, int]) -> list[str]:
+    """What a graph of these ``facts`` (events, launched ones, syncs, lone collective members, external holds)
+    cannot model, one line each."""
+    notes = []
+    if facts["alone"]:
+        notes.append(f"{facts['alone']} collective kernels have no other member in the trace (one rank of a "
+                     "larger job?): their measured length, waits included, is kept as the transfer")
+    if facts["events"] and not facts["launched"]:
+        notes.append("no launch records (CPU-only or Ascend run): stream gaps that no recorded wait explains are "
+                     "replayed as measured fixed delays ('gap' edges), which a what-if cannot shorten")
+    if facts["events"] and not facts["syncs"]:
+        notes.append("no recorded synchronizations (syncs table empty or absent): host waits are not modeled, "
+                     "cross-stream waits are inferred from timing")
+    if facts["external"]:
+        notes.append(f"{facts['external']} launched events sat more than {EXTERNAL_NS / 1e6:g} ms past everything "
+                     "the trace shows (device idle with the work queued: a wait on something outside the trace); "
+                     "replayed as measured fixed delays ('external' edges, external_hold_ms)")
+    return notes
 
 
 def _window_rows(rank: np.ndarray, step: np.ndarray, windows: pl.DataFrame) -> np.ndarray:
@@ -461,14 +532,20 @@ def _window_rows(rank: np.ndarray, step: np.ndarray, windows: pl.DataFrame) -> n
 
 def _host_chain(edges: _Edges, counts: dict[str, int], n: int, launches: tuple[np.ndarray, ...], step: np.ndarray,
                 host_waits: pl.DataFrame, row_of, end: np.ndarray, r_base: int, w_of_rank: np.ndarray,
-                root_of_rank: np.ndarray, b_base: int) -> None:
+                root_of_rank: np.ndarray, b_base: int, before: tuple[pl.DataFrame, int] | None
+                ) -> pl.DataFrame | None:
     """Chain each rank's host points (``launches``: which events were launched, each event's rank and launch time,
     the launched ones' H nodes; wait returns) in time order with their measured gaps; a wait's return also follows
     the end of the event it waited for; and a step the hosts started together follows a barrier (module doc).
     ``step``: each event's step. The points' arrays are built here and sorted one at a time: copies of the
     launches' columns passed in, and the points' before and after sorting, were the graph's peak (+1.1 GiB at
-    9.7 M events)."""
+    9.7 M events). ``before``: each rank's last host point before the graph's steps (:class:`Context`) and the
+    first of their nodes, whose times are given: a rank's first point here follows it; then the chain's last point
+    of each rank (rank, time_ns, step, node) is returned, for the next steps' graph."""
     launched, rank, launch, h_nodes = launches
+    earlier = pl.DataFrame(schema={"rank": pl.Int32, "time_ns": pl.Int64, "step": pl.Int64}) if before is None \
+        else before[0]
+    e_node = np.arange(earlier.height) + (0 if before is None else before[1])
     waited = row_of(host_waits["rank"], host_waits["waited_event_id"])
     ok = waited >= 0
     w_start, w_end = host_waits["start_ns"].to_numpy()[ok], host_waits["end_ns"].to_numpy()[ok]
@@ -478,16 +555,17 @@ def _host_chain(edges: _Edges, counts: dict[str, int], n: int, launches: tuple[n
     r_node = r_base + np.flatnonzero(ok)
     # a point is reached from the previous one after (its time - previous time); a blocked return after
     # (call start - previous time) only: the rest of the call was the wait
-    n_launched = len(h_nodes)
-    p_rank = np.concatenate([rank[launched].astype(np.int32), w_rank.astype(np.int32)])
-    p_time = np.concatenate([launch[launched], w_end])
+    n_launched, n_returns = len(h_nodes), len(r_node)
+    p_rank = np.concatenate([rank[launched].astype(np.int32), w_rank.astype(np.int32),
+                             earlier["rank"].to_numpy().astype(np.int32)])
+    p_time = np.concatenate([launch[launched], w_end, earlier["time_ns"].to_numpy()])
     order = np.lexsort((p_time, p_rank))
     p_rank, p_time = p_rank[order], p_time[order]
-    p_node = np.concatenate([h_nodes, r_node]).astype(edges.node_type)[order]
-    p_step = np.concatenate([step[launched], step[w_event]])[order]
+    p_node = np.concatenate([h_nodes, r_node, e_node]).astype(edges.node_type)[order]
+    p_step = np.concatenate([step[launched], step[w_event], earlier["step"].to_numpy()])[order]
     p_launch = order < n_launched
     p_own = p_time.copy()  # a launch's own time is its time; a wait return's, the call's start where it blocked
-    returns = np.flatnonzero(~p_launch)
+    returns = np.flatnonzero(~p_launch & (order < n_launched + n_returns))
     p_own[returns] = np.where(blocked, w_start, w_end)[order[returns] - n_launched]
     del order, returns
     first = np.ones(len(p_rank), bool)
@@ -524,6 +602,11 @@ def _host_chain(edges: _Edges, counts: dict[str, int], n: int, launches: tuple[n
     counts["host"] = len(c)
     counts["host_wait"] = int(ok.sum())
     counts["barrier"] = barriers
+    if before is None:
+        return None
+    last = np.flatnonzero(np.append(p_rank[1:] != p_rank[:-1], True)) if len(p_rank) else np.zeros(0, np.int64)
+    return pl.DataFrame({"rank": p_rank[last], "time_ns": p_time[last], "step": p_step[last].astype(np.int64),
+                         "node": p_node[last].astype(np.int64)})
 
 
 def _row_lookup(events: pl.DataFrame):
@@ -542,7 +625,7 @@ def _row_lookup(events: pl.DataFrame):
     return rows
 
 
-def _per_rank_quantile(rank: np.ndarray, value: np.ndarray, size: int, q: float) -> np.ndarray:
+def per_rank_quantile(rank: np.ndarray, value: np.ndarray, size: int, q: float) -> np.ndarray:
     """The ``q`` quantile of ``value`` per rank (-1 where a rank has none)."""
     out = np.full(size, -1, np.int64)
     if len(rank):

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
@@ -28,6 +29,9 @@ import polars as pl
 from traceana.analyses.breakdown import PARTS
 from traceana.errors import TraceanaError
 from traceana.model.graph import Graph
+
+if TYPE_CHECKING:
+    from traceana.model.windows import Replayed
 from traceana.store import schema
 from traceana.store.dataset import READ_MEMORY
 
@@ -56,6 +60,7 @@ def longest_path(graph: Graph, weight: np.ndarray | None = None, keep: np.ndarra
     waiting = np.bincount(dst, minlength=nodes)
     t = np.full(nodes, NEVER, np.int64)
     t[graph.roots] = graph.root_ns
+    t[graph.pinned] = graph.pinned_ns
     t, left = (_by_levels if len(graph.roots) >= WIDE else _node_by_node)(ptr, dst, w, waiting, t)
     if stuck := int(np.count_nonzero(left[:graph.n_nodes])):
         raise TraceanaError(f"run {graph.run_id!r}: {stuck} nodes of its dependency graph wait on each other "
@@ -134,18 +139,25 @@ def timeline(graph: Graph, times: np.ndarray, ends_window: np.ndarray | None = N
     last = ends.group_by("rank", "step").agg(pl.col("end_ns").max().alias("last_ns"))
     first = (events.select("rank", "step", "start_ns").filter(~pl.Series(graph.straddles, dtype=pl.Boolean))
              .group_by("rank", "step").agg(pl.col("start_ns").min().alias("first_ns")))
+    windows = graph.windows.join(last, on=["rank", "step"], how="left").join(first, on=["rank", "step"], how="left")
+    return events, replayed_windows(windows.sort("rank", "start_ns"))
+
+
+def replayed_windows(windows: pl.DataFrame, opens: pl.Expr | None = None) -> pl.DataFrame:
+    """Each step window replayed (rank, step, start_ns, end_ns) from its measured one (a graph's windows, sorted by
+    rank and start, with last_ns / first_ns: its events' last replayed end and first replayed start): it starts
+    its lead before its first event (a rank's first window, ``opens``, no later than measured) and ends where the
+    rank's next one starts, the last at its last end plus its tail. ``opens``: by default a rank's first row."""
     rank = pl.col("rank")
-    opens = (rank != rank.shift(1)).fill_null(True)
-    windows = (graph.windows.join(last, on=["rank", "step"], how="left").join(first, on=["rank", "step"], how="left")
-               .sort("rank", "start_ns")
-               .with_columns(pl.coalesce(pl.col("first_ns") - pl.col("lead_ns"), "start_ns").alias("moved_start"))
-               .with_columns(pl.when(opens).then(pl.min_horizontal("start_ns", "moved_start"))
-                             .otherwise(pl.col("moved_start")).alias("new_start"))
-               .with_columns(pl.coalesce(pl.col("new_start").shift(-1).over(rank),
-                                         pl.col("last_ns") + pl.col("tail_ns"), "end_ns").alias("new_end"))
-               .select("rank", "step", pl.col("new_start").alias("start_ns"),
-                       pl.max_horizontal("new_end", "new_start").alias("end_ns")))
-    return events, windows
+    opens = (rank != rank.shift(1)).fill_null(True) if opens is None else opens
+    return (windows
+            .with_columns(pl.coalesce(pl.col("first_ns") - pl.col("lead_ns"), "start_ns").alias("moved_start"))
+            .with_columns(pl.when(opens).then(pl.min_horizontal("start_ns", "moved_start"))
+                          .otherwise(pl.col("moved_start")).alias("new_start"))
+            .with_columns(pl.coalesce(pl.col("new_start").shift(-1).over(rank),
+                                      pl.col("last_ns") + pl.col("tail_ns"), "end_ns").alias("new_end"))
+            .select("rank", "step", pl.col("new_start").alias("start_ns"),
+                    pl.max_horizontal("new_end", "new_start").alias("end_ns")))
 
 
 @cache
@@ -266,7 +278,7 @@ def simulate(con: duckdb.DuckDBPyConnection, graph: Graph, edits: Iterable[Edit]
     for i, e in enumerate(edits):
         events, windows = timeline(graph, longest_path(graph, e.weight, e.keep), e.ends_window)
         if step is not None and path_step is None:  # only what meets the step's windows reaches its breakdown
-            events = _meeting(events, windows.filter(pl.col("step") == step))
+            events = events.filter(pl.Series(meets(events, windows.filter(pl.col("step") == step))))
         runs.append((f"{graph.run_id}#{i}", events, windows))
     names = [name for name, _, _ in runs]
     with simulated_store(runs, ranks_of(con, graph.run_id)) as sim:
@@ -276,33 +288,34 @@ def simulate(con: duckdb.DuckDBPyConnection, graph: Graph, edits: Iterable[Edit]
     return [parted.get((name,), frame.clear().drop("run_id")) for name in names], segments
 
 
-def _meeting(events: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
-    """The events that touch their rank's window in ``windows`` (ends included): advise replays five or more
-    changes of the whole run and measures one step, whose breakdown reads no other event."""
+def meets(events: pl.DataFrame, windows: pl.DataFrame) -> np.ndarray:
+    """Per event, whether it touches its rank's window in ``windows`` (one a rank; ends included): advise replays
+    five or more changes of the whole run and measures one step, whose breakdown reads no other event."""
     rank, at = events["rank"].to_numpy(), windows["rank"].to_numpy()
     size = int(max(rank.max(initial=0), at.max(initial=0))) + 1
     lo = np.full(size, np.iinfo(np.int64).max)  # a rank without a window there keeps nothing
     hi = np.full(size, np.iinfo(np.int64).min)
     lo[at], hi[at] = windows["start_ns"].to_numpy(), windows["end_ns"].to_numpy()
-    meets = (events["end_ns"].to_numpy() >= lo[rank]) & (events["start_ns"].to_numpy() <= hi[rank])
-    return events.filter(pl.Series(meets))
+    return (events["end_ns"].to_numpy() >= lo[rank]) & (events["start_ns"].to_numpy() <= hi[rank])
 
 
-def replay_run(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None) -> tuple[Graph, pl.DataFrame]:
-    """(graph, per rank and step, of every step or ``step``: measured vs replayed breakdown, the holds it could not
-    explain), nothing changed. The whole run is replayed either way: steps depend on the ones before."""
+def replay_run(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = None,
+               window_events: int | None = None) -> tuple[Replayed, pl.DataFrame]:
+    """(the run replayed, per rank and step, of every step or ``step``: measured vs replayed breakdown, the holds
+    it could not explain), nothing changed. The whole run is replayed either way (steps depend on the ones
+    before), a window of steps at a time (windows.py; ``window_events``: its size, by default WINDOW_EVENTS)."""
     from traceana.analyses.breakdown import check_step
-    from traceana.model import graph as dependency
+    from traceana.model import windows
 
     if step is not None:
         check_step(con, run_id, step)
-    g = dependency.build(con, run_id)
-    (replayed,), _ = simulate(con, g)
-    frame = side_by_side(breakdown_of(con, run_id), replayed)
-    held = g.windows.select("rank", "step", (pl.col("held_ns") / 1e6).alias("unexplained_hold_ms"),
-                            (pl.col("external_ns") / 1e6).alias("external_hold_ms"))
+    measured = breakdown_of(con, run_id)  # first: DuckDB's peak for it, over a large dataset, then comes alone
+    run = windows.replayed(con, run_id, window_events or windows.WINDOW_EVENTS)
+    frame = side_by_side(measured, run.breakdown)
+    held = run.windows.select("rank", "step", (pl.col("held_ns") / 1e6).alias("unexplained_hold_ms"),
+                              (pl.col("external_ns") / 1e6).alias("external_hold_ms"))
     frame = frame.join(held, on=["rank", "step"], how="left")
-    return g, frame if step is None else frame.filter(pl.col("step") == step)
+    return run, frame if step is None else frame.filter(pl.col("step") == step)
 
 
 def summary(frame: pl.DataFrame) -> dict[str, float]:
