@@ -12,7 +12,7 @@ from tests.conftest import SAMPLES, TRACES, add_run
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
 from traceana.model import graph as dependency
-from traceana.model import replay, windows
+from traceana.model import advise, replay, whatif, windows
 
 RUNS = {  # run: (trace, format, layout, windows at one step each)
     "hta_rank3of8": ("kineto/hta_rank3of8_6steps.json.gz", 6),   # NCCL collectives, launches, syncs
@@ -20,8 +20,16 @@ RUNS = {  # run: (trace, format, layout, windows at one step each)
     "mi300": ("kineto/tracelens_mi300_rank0of8_rccl.json.gz", 3),
     "hta_rank0of2": ("kineto/hta_rank0of2_pg_args.json.gz", 3),
     "hta_rank0of16": ("kineto/hta_rank0of16_a2a_rs_ag.json.gz", 1),
+    "hta_sampled": ("kineto/hta_sampled_rank0of128.json.gz", 2),
 }
 SAMPLE = "toy8_tp2pp2dp2_1f1b"  # eight CPU ranks, PP sends across the steps' boundary
+BUCKETED = "tp2dp2_mlp"  # DP gradients reduced in buckets
+CHANGES = [  # (run, change): one of each kind that edits what a window's earlier events send
+    ("hta_sampled", "host=0"),  # the first step's kernels, launched at once, replay past the second's start
+    ("h200_hostbound", "host=0"), ("h200_hostbound", "host=capturable:0"), ("h200_hostbound", "kernel=*:0.5"),
+    ("hta_rank3of8", "dim=UNKNOWN:0.5"), ("hta_rank3of8", "kernel=*:roof=60"), (SAMPLE, "overlap=DP"),
+    (BUCKETED, "overlap=DP:backward"), (SAMPLE, "rank=*:median"), (SAMPLE, "stage=0:median"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +38,8 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with store.connect(path) as con:
         for run, (rel, _) in RUNS.items():
             add_run(con, run, [TRACES / rel], "kineto")
-        add_run(con, SAMPLE, [SAMPLES / SAMPLE], "kineto", EXPERIMENTS[SAMPLE][0])
+        for sample in (SAMPLE, BUCKETED):
+            add_run(con, sample, [SAMPLES / sample], "kineto", EXPERIMENTS[sample][0])
     return path
 
 
@@ -72,3 +81,28 @@ def test_a_host_that_runs_ahead_across_a_step_boundary_keeps_the_steps_in_one_wi
         spans = _cuts(con, run, tmp_path)
     assert ahead == 4  # every boundary of its five steps
     assert spans == [(550, 554)]
+
+
+@pytest.mark.parametrize(("run", "change"), CHANGES)
+def test_a_whatif_a_step_at_a_time_is_the_whatif_of_the_whole_graph(db: Path, run: str, change: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Changes move events across a step's measured boundary (host=0 lets one step's kernels queue into the next;
+    overlap=DP sends collectives to the background): the windows' results equal the one window's."""
+    changes = [whatif.parse(change)]
+    with store.connect(db, read_only=True) as con:
+        store.open_run(con, run)
+        one = whatif.whatif_interval(con, run, changes)
+        monkeypatch.setattr(windows, "WINDOW_EVENTS", 1)
+        cut = whatif.whatif_interval(con, run, changes)
+    assert len(cut[1].spans) > 1 and len(one[1].spans) == 1
+    assert cut[0] == one[0] and cut[2].equals(one[2]) and cut[3].equals(one[3])
+    assert (cut[4].value, cut[4].low, cut[4].high) == (one[4].value, one[4].low, one[4].high)
+    assert cut[1].counts == one[1].counts and cut[1].missing == one[1].missing
+
+
+def test_advise_a_step_at_a_time_is_advise_of_the_whole_graph(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with store.connect(db, read_only=True) as con:
+        one = advise.findings(con, SAMPLE)[1].drop("sources")
+        monkeypatch.setattr(windows, "WINDOW_EVENTS", 1)
+        cut = advise.findings(con, SAMPLE)[1].drop("sources")
+    assert one.height > 1 and cut.equals(one)

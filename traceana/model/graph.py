@@ -117,7 +117,8 @@ class Graph:
                                                                             "ranks": pl.List(pl.Int32)}))
     facts: dict[str, int] = field(default_factory=dict)  # what missing_notes reads, summed over a run's windows
     last_host: pl.DataFrame | None = None  # a graph of some steps: each rank's last host point (_host_chain)
-    # nodes whose times are given (a graph of some steps: its earlier events and host points) and those times
+    # nodes whose times are given (a graph of some steps: its earlier events' starts, their ends, the host points
+    # before the steps) and those times
     pinned: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     pinned_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
@@ -133,16 +134,15 @@ STATISTICS = {"launch": 0.5, "least launch": 0.0, "spacing": 0.25, "lag": 0.5}
 @dataclass
 class Context:
     """What the graph of some of a run's steps (windows.py) takes from the steps before them, so that its nodes get
-    the times the run's whole graph gives them: the rows of its events that are earlier events (``pinned``: their
-    start and end given as ``pinned_ns``, kept for the edges they send; their own edges belong to their steps'
-    graph), each rank's last host point before the steps (``host``: rank, time_ns as measured, at_ns as replayed),
+    the times the run's whole graph gives them: the rows of its events that are earlier events (``pinned``, kept for
+    the edges they send; their own edges belong to their steps' graph), each rank's last host point before the
+    steps (``host``: rank, time_ns as measured, step),
     each rank's first window start in the run (``firsts``: rank, start_ns), and the per-rank statistics of
     :data:`STATISTICS` over the whole run (``statistics``, each an array by rank); a statistic not given yet is
     measured on the graph's own events and its samples added to ``samples``, for the caller to take over all the
     run's steps."""
 
     pinned: np.ndarray
-    pinned_ns: tuple[np.ndarray, np.ndarray]
     host: pl.DataFrame
     firsts: pl.DataFrame
     statistics: dict[str, np.ndarray] = field(default_factory=dict)
@@ -205,8 +205,8 @@ def build(con: duckdb.DuckDBPyConnection, run_id: str) -> Graph:
     windows = con.sql("SELECT rank, step, start_ns, end_ns FROM step_windows WHERE run_id = $run "
                       "ORDER BY rank, start_ns", params=params).pl()
     g = from_frames(run_id, events, windows, _syncs(con, run_id, events), con.sql(CARRIED_SQL, params=params).pl())
-    g.uncapturable = _uncapturable(con, run_id, events)
-    g.groups = con.sql("SELECT pg, ranks FROM process_groups WHERE run_id = $run", params=params).pl()
+    g.uncapturable = flagged(events, uncapturable(con, run_id))
+    g.groups = groups(con, run_id)
     return g
 
 
@@ -237,21 +237,41 @@ def _events(con: duckdb.DuckDBPyConnection, params: dict) -> pl.DataFrame:
 UNCAPTURABLE = ("Optimizer.%", "enumerate(DataLoader%")
 
 
-def _uncapturable(con: duckdb.DuckDBPyConnection, run_id: str, events: pl.DataFrame) -> np.ndarray:
-    """Per event, whether its launch lies in a host annotation of :data:`UNCAPTURABLE` on its rank (one range join
-    in the store, not a pass over the events per annotation)."""
+def groups(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
+    """The run's process groups (pg, ranks), which events name by pg."""
+    return con.sql("SELECT pg, ranks FROM process_groups WHERE run_id = $run", params={"run": run_id}).pl()
+
+
+def uncapturable(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame | None:
+    """The events (rank, event_id) whose launch lies in a host annotation of :data:`UNCAPTURABLE` on its rank (one
+    range join in the store, not a pass over the events per annotation); None for a store before annotations."""
     like = " OR ".join(f"a.name LIKE '{p}'" for p in UNCAPTURABLE)
     try:
-        inside = con.sql(f"""
+        return con.sql(f"""
             SELECT DISTINCT e.rank, e.event_id FROM device_events e
             JOIN annotations a ON a.run_id = e.run_id AND a.rank = e.rank
                               AND e.launch_ns BETWEEN a.start_ns AND a.end_ns
             WHERE e.run_id = $run AND a.domain = 'cpu' AND a.kind = 'user_annotation' AND ({like})""",
-                         params={"run": run_id}).pl()
+                       params={"run": run_id}).pl()
     except duckdb.CatalogException:  # a store written before the annotations table
+        return None
+
+
+def flagged(events: pl.DataFrame, inside: pl.DataFrame | None) -> np.ndarray:
+    """Per event, whether it is among ``inside`` (rank, event_id; None: none)."""
+    if inside is None:
         return np.zeros(events.height, bool)
     key = pl.struct("rank", "event_id")
     return events.select(key.is_in(inside.select(key)[:, 0].implode())).to_series().to_numpy()
+
+
+def lone_members(graph: Graph, own: np.ndarray) -> pl.DataFrame:
+    """The collective kernels among ``own`` (a mask of the graph's events) with no other member in the trace
+    (rank, name, step, ns: their measured length): one rank of a larger job."""
+    ev = graph.events.filter(pl.Series(own) & pl.col("instance").is_not_null())
+    return (ev.with_columns(pl.len().over("instance").alias("members"),
+                            (pl.col("end_ns") - pl.col("start_ns")).alias("ns"))
+            .filter(pl.col("members") == 1).select("rank", "name", "step", "ns"))
 
 
 def capturable_host_edges(graph: Graph) -> np.ndarray:
@@ -263,6 +283,7 @@ def capturable_host_edges(graph: Graph) -> np.ndarray:
     launched = ~ev["launch_ns"].is_null().to_numpy()
     if len(graph.straddles):
         launched &= ~graph.straddles
+    launched[graph.pinned[graph.pinned < graph.n]] = False  # a graph of some steps: its earlier events' H are not here
     event_of = np.full(graph.n_nodes, -1, np.int64)
     event_of[2 * graph.n + np.arange(int(launched.sum()))] = np.flatnonzero(launched)
     host = np.flatnonzero(graph.kind == HOST)  # looked up for these only: two int64 arrays per edge were 0.6 GiB
@@ -490,8 +511,7 @@ def _collected(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs: 
     if context is not None:
         pinned = np.flatnonzero(context.pinned)
         graph.pinned = np.concatenate([pinned, n + pinned, c_base + np.arange(context.host.height)])
-        graph.pinned_ns = np.concatenate([*context.pinned_ns, context.host["at_ns"].to_numpy()])
-        graph.last_host = last_host
+        graph.last_host = last_host  # the caller gives the pinned nodes their times (pinned_ns) before a replay
     return graph, edges
 
 

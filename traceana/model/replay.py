@@ -310,7 +310,7 @@ def replay_run(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = N
     if step is not None:
         check_step(con, run_id, step)
     measured = breakdown_of(con, run_id)  # first: DuckDB's peak for it, over a large dataset, then comes alone
-    run = windows.replayed(con, run_id, window_events or windows.WINDOW_EVENTS)
+    run = windows.replayed(con, run_id, window_events)
     frame = side_by_side(measured, run.breakdown)
     held = run.windows.select("rank", "step", (pl.col("held_ns") / 1e6).alias("unexplained_hold_ms"),
                               (pl.col("external_ns") / 1e6).alias("external_hold_ms"))

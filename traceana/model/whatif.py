@@ -38,6 +38,7 @@ import fnmatch
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
@@ -48,6 +49,9 @@ from traceana.errors import TraceanaError
 from traceana.model import graph as dependency
 from traceana.model.graph import Graph
 from traceana.model.intervals import Interval
+
+if TYPE_CHECKING:
+    from traceana.model.windows import Windows
 
 KEYS = ("dim", "op", "pg", "link", "kernel", "host", "rank", "stage", "overlap")
 WORK = ("compute", "memcpy", "memset")
@@ -177,10 +181,10 @@ def selected(graph: Graph, change: Change, roofs: np.ndarray | None = None) -> n
     return None
 
 
-def roof_shares(con: duckdb.DuckDBPyConnection, run_id: str, graph: Graph) -> np.ndarray:
-    """Per event of ``graph``, the percent of its roof its op shape reached (the roofline by shape: the op call
-    that launched it, by its op, input shapes and longest kernel; mean over the shape's rows weighted by time), NaN
-    where the roofline cannot cost it (the roofline's one-line error for a run without one)."""
+def roof_shares(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
+    """Per event the roofline can cost (rank, event_id, roof_pct): the percent of its roof its op shape reached (the
+    roofline by shape: the op call that launched it, by its op, input shapes and longest kernel; mean over the
+    shape's rows weighted by time); the roofline's one-line error for a run without one."""
     from traceana.analyses import roofline
 
     roof = roofline.measure(con, run_id).frame
@@ -189,19 +193,28 @@ def roof_shares(con: duckdb.DuckDBPyConnection, run_id: str, graph: Graph) -> np
                                      .alias("roof_pct"))
     calls = con.sql("SELECT o.rank, o.event_id, k.op, k.input_dims, k.kernel FROM event_ops o JOIN op_kernels k "
                     "USING (run_id, rank, op_id) WHERE o.run_id = ?", params=[run_id]).pl()
-    shares = calls.join(shapes, on=keys, nulls_equal=True).select("rank", "event_id", "roof_pct")
+    return calls.join(shapes, on=keys, nulls_equal=True).select("rank", "event_id", "roof_pct")
+
+
+def roofs_of(graph: Graph, shares: pl.DataFrame) -> np.ndarray:
+    """Per event of ``graph``, its :func:`roof_shares` percent, NaN where the roofline cannot cost it."""
     return (graph.events.select("rank", "event_id").join(shares, on=["rank", "event_id"], how="left",
                                                          maintain_order="left")["roof_pct"]
             .fill_null(np.nan).to_numpy())
 
 
-def but_last(graph: Graph, mask: np.ndarray) -> np.ndarray:
-    """``mask`` without each rank-step's last event of it (the latest start)."""
-    rows = graph.events.select("rank", "step", "start_ns").with_row_index("i").filter(pl.Series(mask))
-    last = rows.sort("start_ns").group_by("rank", "step").agg(pl.col("i").last())["i"].to_numpy()
-    out = mask.copy()
-    out[last] = False
-    return out
+def lasts(graph: Graph, mask: np.ndarray) -> pl.DataFrame:
+    """Each rank-step's last event of ``mask`` (the latest start): rank, event_id."""
+    rows = graph.events.select("rank", "step", "start_ns", "event_id").filter(pl.Series(mask))
+    return rows.sort("start_ns").group_by("rank", "step").agg(pl.col("event_id").last()).select("rank", "event_id")
+
+
+def but_last(graph: Graph, mask: np.ndarray, last: pl.DataFrame | None = None) -> np.ndarray:
+    """``mask`` without each rank-step's last event of it (:func:`lasts` of the graph, or ``last``: the run's,
+    for a graph of some steps, whose earlier events' rank-steps it holds in part)."""
+    last = lasts(graph, mask) if last is None else last
+    key = pl.struct("rank", "event_id")
+    return mask & ~graph.events.select(key.is_in(last.select(key)[:, 0].implode())).to_series().to_numpy()
 
 
 def _of_category(graph: Graph, *categories: str) -> np.ndarray:
@@ -216,55 +229,98 @@ def _dims(graph: Graph) -> pl.Series:
     return graph.events["dim"].cast(pl.String).str.split("-").list.first()
 
 
-def check_matches(graph: Graph, changes: list[Change], roofs: np.ndarray | None = None) -> None:
-    """A one-line error for a change that matches nothing in the run, naming what the run has."""
-    ev = graph.events
-    for change in changes:
-        if change.key == "host":
-            if not (graph.kind == dependency.HOST).any():
-                raise TraceanaError(f"--change {change}: run {graph.run_id!r} has no host launch records to scale "
-                                    "(a CPU-only or Ascend trace)")
-            if change.target and not dependency.capturable_host_edges(graph).any():
-                raise TraceanaError(f"--change {change}: run {graph.run_id!r} has no host time between launches "
-                                    "outside the optimizer and data loading")
-            continue
-        mask = selected(graph, change, roofs)
-        if change.backward and mask.any() and not but_last(graph, mask).any():
-            raise TraceanaError(f"--change {change}: run {graph.run_id!r} reduces its gradients in one DP collective "
-                                "a step: no bucket runs before the last (`overlap=DP` is the bound)")
-        if mask is None or mask.any():
-            continue
-        comm = ev.filter(pl.col("category") == "comm")
+class Matches:
+    """Whether each change matches something in a run, seen a graph at a time (the whole run's, or each window's:
+    windows.py), and what the run has instead; :meth:`check` is the one-line error for a change that matches
+    nothing."""
+
+    def __init__(self, run_id: str, changes: list[Change]) -> None:
+        self.run_id, self.changes = run_id, changes
+        self.matched = [False] * len(changes)
+        self.bucketed = [False] * len(changes)  # overlap=DP:backward: a DP collective before a rank-step's last
+        self.host = self.capturable = False
+        self.dims: set[str] = set()
+        self.ops: set[str] = set()
+        self.names: set[str] = set()
+        self.named: list[bool] = [False] * len(changes)  # kernel=...:roof=: a kernel so named, at any roof
+
+    def see(self, graph: Graph, own: np.ndarray, roofs: np.ndarray | None = None,
+            last: dict[int, pl.DataFrame] | None = None) -> None:
+        """Note what ``graph``'s own events (``own``: not an earlier window's) and host edges match."""
+        ev = graph.events
+        self.host |= bool((graph.kind == dependency.HOST).any())
+        comm = _of_category(graph, "comm") & own
+        self.dims |= set(_dims(graph).filter(pl.Series(comm)).drop_nulls()) - {""}
+        self.ops |= set(ev["op"].filter(pl.Series(comm)).drop_nulls().cast(pl.String).unique().to_list())
+        self.names |= set(ev["name"].filter(pl.Series(_of_category(graph, *WORK) & own)).cast(pl.String)
+                          .unique().to_list())
+        for i, change in enumerate(self.changes):
+            if change.key == "host":
+                self.matched[i] |= self.host
+                if change.target:
+                    self.capturable |= bool(dependency.capturable_host_edges(graph).any())
+                continue
+            mask = selected(graph, change, roofs)
+            if mask is None:
+                self.matched[i] = True
+                continue
+            mask &= own
+            self.matched[i] |= bool(mask.any())
+            if change.backward and mask.any():
+                self.bucketed[i] |= bool(but_last(graph, mask, (last or {}).get(i)).any())
+            if change.roof is not None:
+                self.named[i] |= bool((selected(graph, Change("kernel", change.target, 1.0)) & own).any())
+
+    def check(self) -> None:
+        """A one-line error for a change that matches nothing in the run, naming what the run has."""
+        for i, change in enumerate(self.changes):
+            if change.key == "host":
+                if not self.host:
+                    raise TraceanaError(f"--change {change}: run {self.run_id!r} has no host launch records to "
+                                        "scale (a CPU-only or Ascend trace)")
+                if change.target and not self.capturable:
+                    raise TraceanaError(f"--change {change}: run {self.run_id!r} has no host time between launches "
+                                        "outside the optimizer and data loading")
+                continue
+            if change.backward and self.matched[i] and not self.bucketed[i]:
+                raise TraceanaError(f"--change {change}: run {self.run_id!r} reduces its gradients in one DP "
+                                    "collective a step: no bucket runs before the last (`overlap=DP` is the bound)")
+            if self.matched[i]:
+                continue
+            raise TraceanaError(f"--change {change}: matches nothing in run {self.run_id!r}, which has "
+                                f"{self._has(i, change)}")
+
+    def _has(self, i: int, change: Change) -> str:
+        """What the run has instead of what ``change`` asks for."""
         if change.key in ("dim", "overlap"):
-            dims = sorted(set(_dims(graph).filter(pl.Series(_of_category(graph, "comm"))).drop_nulls()) - {""})
-            has = f"communication of dims {', '.join(dims)}" if dims else "no communication"
-        elif change.key == "op":
-            has = f"collective ops {', '.join(sorted(comm['op'].drop_nulls().unique().to_list())) or 'none'}"
-        elif change.key == "pg":
-            has = "no communication on it"
-        elif change.key == "link":
-            has = (f"no message between ranks {change.target.replace('-', ' and ')} and no process group holding "
-                   "both (`traceana comm --matrix` shows who talks to whom)")
-        elif change.key == "kernel":
+            return f"communication of dims {', '.join(sorted(self.dims))}" if self.dims else "no communication"
+        if change.key == "op":
+            return f"collective ops {', '.join(sorted(self.ops)) or 'none'}"
+        if change.key == "pg":
+            return "no communication on it"
+        if change.key == "link":
+            return (f"no message between ranks {change.target.replace('-', ' and ')} and no process group holding "
+                    "both (`traceana comm --matrix` shows who talks to whom)")
+        if change.key == "kernel":
             import difflib
 
-            names = ev.filter(pl.col("category").is_in(WORK))["name"].unique().to_list()
+            names = sorted(self.names)
             like = difflib.get_close_matches(change.target.strip("*").lower(), [n.lower() for n in names], 3, 0.3)
             has = (f"no compute, copy or set kernel named so; the nearest: {', '.join(like)}" if like
                    else f"{len(names)} kernel names, none like it (`traceana kernels` lists them)")
-            if change.roof is not None and selected(graph, Change("kernel", change.target, 1.0)).any():
+            if change.roof is not None and self.named[i]:
                 has = (f"no kernel so named below {change.roof:g}% of its roof that the roofline costs "
                        "(`traceana kernels --roofline`)")
-        else:
-            has = f"no work on rank {change.target}"
-        raise TraceanaError(f"--change {change}: matches nothing in run {graph.run_id!r}, which has {has}")
+            return has
+        return f"no work on rank {change.target}"
 
 
-def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame, roofs: np.ndarray | None = None
-         ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame, roofs: np.ndarray | None = None,
+         last: dict[int, pl.DataFrame] | None = None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """(weights, kept edges (None: every edge), events that still end their window) after ``changes``.
     ``measured``: the run's breakdown per rank and step (rank, pp, step, COMP_ns), for the median changes, which
-    take each step's own; ``roofs``: :func:`roof_shares`, for ``roof=`` changes."""
+    take each step's own; ``roofs``: :func:`roofs_of`, for ``roof=`` changes; ``last``: per change (its index)
+    the run's :func:`lasts` for an ``overlap=DP:backward``, where the graph holds some of the run's steps."""
     weight = graph.weight.astype(np.float64)
     keep = None
     ends_window = np.ones(graph.n, bool)
@@ -277,12 +333,12 @@ def edit(graph: Graph, changes: list[Change], measured: pl.DataFrame, roofs: np.
     def scale(factor: np.ndarray) -> None:  # per event; 1 leaves it
         weight[hit] *= factor[length_of[hit]]
 
-    for change in changes:
+    for i, change in enumerate(changes):
         mask = selected(graph, change, roofs)
         if change.roof is not None:  # each event to the roof share: achieved / target of its time
             scale(np.where(mask, np.nan_to_num(roofs, nan=change.roof) / change.roof, 1.0))
         elif change.key == "overlap":  # nothing waits for the collectives put in the background
-            background = but_last(graph, mask) if change.backward else mask
+            background = but_last(graph, mask, (last or {}).get(i)) if change.backward else mask
             out_of = np.zeros(graph.n_nodes, bool)
             out_of[graph.n + np.flatnonzero(background)] = True
             # they still hold their stream, except the buckets before the last: those ran during the backward
@@ -353,10 +409,11 @@ def check_targets(changes: list[Change], ranks: list[int], stages: set[int | Non
 
 @dataclass(frozen=True)
 class Baseline:
-    """What every what-if of a run compares against: its graph, its measured breakdown per rank and step, the plain
-    replay's, and its process groups. Built once for many changes (advise)."""
+    """What every what-if of a run compares against: the run ready to replay window by window (its edge counts,
+    notes and holds as its whole graph gives them), its measured breakdown per rank and step, the plain replay's,
+    and its process groups. Built once for many changes (advise)."""
 
-    graph: Graph
+    run: Windows
     measured: pl.DataFrame
     replayed: pl.DataFrame
     groups: frozenset[str]
@@ -366,44 +423,71 @@ def baseline(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
     """The run's :class:`Baseline`; its plain replay measured at ``step`` alone when what-ifs of that step only
     will be compared with it (the replay's breakdown of every step of 1,024 ranks took 11 s of advise's 130)."""
     from traceana.model import replay
+    from traceana.model.windows import Windows, plain
 
-    g = dependency.build(con, run_id)
+    measured = replay.breakdown_of(con, run_id)  # first: DuckDB's peak for it comes alone
+    run = Windows(con, run_id)
     groups = frozenset(r[0] for r in con.execute("SELECT pg FROM process_groups WHERE run_id = ?",
                                                  [run_id]).fetchall())
-    return Baseline(g, replay.breakdown_of(con, run_id), replay.simulate(con, g, step=step)[0][0], groups)
+    (replayed,), _ = run.replay([plain], step=step)
+    return Baseline(run, measured, replayed, groups)
 
 
 def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[list[Change]],
                 base: Baseline | None = None, path_step: int | None = None, step: int | None = None
-                ) -> tuple[Graph, list[pl.DataFrame], pl.DataFrame | None]:
-    """(graph, per set of ``change_sets`` its rows of :func:`whatif_run` (every step's, or ``step``'s), critical
+                ) -> tuple[Windows, list[pl.DataFrame], pl.DataFrame | None]:
+    """(the run, per set of ``change_sets`` its rows of :func:`whatif_run` (every step's, or ``step``'s), critical
     path segments of ``path_step`` after the first set) for each set applied to the whole run on its own, replayed
-    together."""
+    together, a window of steps at a time (windows.py)."""
     from traceana.model import replay
 
     base = base or baseline(con, run_id, step)
-    m = base.measured
+    run, m = base.run, base.measured
     roofed = next((c for changes in change_sets for c in changes if c.roof is not None), None)
     try:
-        roofs = roof_shares(con, run_id, base.graph) if roofed else None
+        shares = roof_shares(con, run_id) if roofed else None
     except TraceanaError as e:
         raise TraceanaError(f"--change {roofed}: {e}") from None
-    for changes in change_sets:  # every set checked before any is replayed
+    for changes in change_sets:
         check_targets(changes, sorted(set(m["rank"].to_list())), set(m["pp"].to_list()), run_id, set(base.groups))
-        check_matches(base.graph, changes, roofs)
-    edits = (replay.Edit(*edit(base.graph, changes, m, roofs)) for changes in change_sets)  # made as replayed
-    changed, segments = replay.simulate(con, base.graph, edits, path_step, step)
-    fixed = base.graph.windows.select("rank", "step", (pl.col("external_ns") / 1e6).alias("fixed_ms"))
+    run.for_changes()
+    matches = [Matches(run_id, changes) for changes in change_sets]
+    # each rank-step's last DP collective, of the sets that overlap all but it: a window's earlier events need the
+    # run's, not the window's
+    backward = {(k, i): pl.DataFrame(schema={"rank": pl.Int32, "event_id": pl.Int64})
+                for k, changes in enumerate(change_sets) for i, c in enumerate(changes) if c.backward}
+
+    def look(g: Graph, pinned: np.ndarray) -> None:
+        roofs = roofs_of(g, shares) if shares is not None else None
+        for (k, i), last in backward.items():
+            mask = selected(g, change_sets[k][i]) & ~pinned
+            backward[k, i] = pl.concat([last, lasts(g, mask).cast(last.schema)])
+        for k, found in enumerate(matches):  # every set checked before any is replayed
+            found.see(g, ~pinned, roofs, {i: backward[k, i] for kk, i in backward if kk == k})
+
+    run.inspect(look)
+    for found in matches:
+        found.check()
+
+    def edit_of(changes: list[Change], k: int):
+        def made(g: Graph, pinned: np.ndarray) -> replay.Edit:
+            roofs = roofs_of(g, shares) if shares is not None else None
+            last = {i: backward[k, i] for kk, i in backward if kk == k}
+            return replay.Edit(*edit(g, changes, m, roofs, last))
+        return made
+
+    changed, segments = run.replay([edit_of(c, k) for k, c in enumerate(change_sets)], step, path_step)
+    fixed = run.graph_windows.select("rank", "step", (pl.col("external_ns") / 1e6).alias("fixed_ms"))
     frames = [predicted(m, base.replayed, c).join(fixed, on=["rank", "step"], how="left")
               .with_columns(pl.max_horizontal("predicted_TOTAL_ms", pl.col("fixed_ms").fill_null(0.0)))
               for c in changed]  # never below the step's fixed parts (the holds nothing in the trace explains)
-    return base.graph, frames, segments
+    return run, frames, segments
 
 
 def whatif_run(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], path_step: int | None = None,
                base: Baseline | None = None, step: int | None = None
-               ) -> tuple[Graph, pl.DataFrame, pl.DataFrame | None]:
-    """(graph, per rank and step (every step, or ``step``): measured and predicted TOTAL and parts in ms with the
+               ) -> tuple[Windows, pl.DataFrame, pl.DataFrame | None]:
+    """(the run, per rank and step (every step, or ``step``): measured and predicted TOTAL and parts in ms with the
     error bar, critical path segments of ``path_step`` after the change) for ``changes`` applied to the whole run
     (``base``: its :func:`baseline`, when already built)."""
     from traceana.analyses.breakdown import check_step
@@ -416,8 +500,8 @@ def whatif_run(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change
 
 def whatif_step(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], step: int | None = None,
                 base: Baseline | None = None, path: bool = False
-                ) -> tuple[int, Graph, pl.DataFrame, pl.DataFrame | None]:
-    """(step, graph, its rows of :func:`whatif_run`, its critical path after the change when ``path``) for one step,
+                ) -> tuple[int, Windows, pl.DataFrame, pl.DataFrame | None]:
+    """(step, the run, its rows of :func:`whatif_run`, its critical path after the change when ``path``) for one step,
     by default the second (the first carries warm-up)."""
     from traceana.analyses.critical_path import checked_step
 
@@ -463,7 +547,7 @@ def step_interval(base: Baseline, frame: pl.DataFrame, changes: list[Change], pl
     }
     fixed = float(frame["fixed_ms"].median()) if "fixed_ms" in frame.columns else 0.0
     notes = {"external_hold_ms": fixed, "external_hold_share": fixed / measured if measured else 0.0}
-    wait = float(absent_wait_ms(base.graph, step)["wait_ms"].median() or 0.0)
+    wait = float(absent_wait_ms(base.run.lone, step)["wait_ms"].median() or 0.0)
     alternatives = dict(alternatives or {})
     if wait > 0:
         profiled_only = any(c.key == "stage" or (c.key == "rank" and c.target != "*") for c in changes)
@@ -484,18 +568,16 @@ def step_interval(base: Baseline, frame: pl.DataFrame, changes: list[Change], pl
     return out.clamp(fixed)
 
 
-def absent_wait_ms(graph: Graph, step: int) -> pl.DataFrame:
+def absent_wait_ms(lone: pl.DataFrame, step: int) -> pl.DataFrame:
     """Per rank, the step's time its collectives waited for members the trace lacks (rank, wait_ms): each lone
-    member's length less the shortest of its kernel on its rank (the transfer when the peers were there first)."""
-    ev = graph.events.filter(pl.col("instance").is_not_null())
-    alone = (ev.with_columns(pl.len().over("instance").alias("members"), (pl.col("end_ns") - pl.col("start_ns"))
-                             .alias("ns")).filter(pl.col("members") == 1)
-             .with_columns((pl.col("ns") - pl.col("ns").min().over("rank", "name")).alias("wait")))
+    member's length (``lone``: graph.lone_members of the run) less the shortest of its kernel on its rank (the
+    transfer when the peers were there first)."""
+    alone = lone.with_columns((pl.col("ns") - pl.col("ns").min().over("rank", "name")).alias("wait"))
     return alone.filter(pl.col("step") == step).group_by("rank").agg((pl.col("wait").sum() / 1e6).alias("wait_ms"))
 
 
 def whatif_interval(con: duckdb.DuckDBPyConnection, run_id: str, changes: list[Change], step: int | None = None
-                    ) -> tuple[int, Graph, pl.DataFrame, pl.DataFrame | None, Interval]:
+                    ) -> tuple[int, Windows, pl.DataFrame, pl.DataFrame | None, Interval]:
     """:func:`whatif_step` with the critical path after the change, and the predicted step's interval."""
     from traceana.analyses.critical_path import checked_step
     from traceana.model.intervals import platform_of
