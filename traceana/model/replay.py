@@ -8,6 +8,8 @@ depending on its predecessors'. Narrow graphs are walked node by node in Python 
 0.4 µs an edge; 8 bytes an entry, a fifth of lists of Python ints); graphs of :data:`WIDE` ranks or more level by
 level, every ready node at once in NumPy: a level costs ~15 µs however narrow, so the walk pays where levels are
 wide (the ranks run side by side) and not on one rank's chain of thousands.
+
+windows.py runs this a window of steps at a time: :func:`replay_run` (and what-if, advise) through it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import atexit
 import shutil
 import tempfile
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -121,26 +123,6 @@ def _distinct(nodes: np.ndarray, scratch: np.ndarray) -> np.ndarray:
 def _buffer(values: np.ndarray) -> array:
     """``values`` as an int64 ``array.array``: indexed from Python as fast as a list, 8 bytes an entry."""
     return array("q", np.ascontiguousarray(values, np.int64).tobytes())
-
-
-def timeline(graph: Graph, times: np.ndarray, ends_window: np.ndarray | None = None
-             ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(events, windows) of the simulated run: the events with their replayed start_ns / end_ns, and each rank's
-    step windows. A step starts its measured lead before its first event now starts (the first step no later than
-    its root), and ends where the next one starts; the last one at its last replayed end (of the events in
-    ``ends_window``) plus the measured tail. So a step's length is the distance between the starts of its work and
-    the next step's, wherever the time between them went."""
-    n = graph.n
-    start, end = times[:n], np.maximum(times[n:2 * n], times[:n])
-    events = graph.events.with_columns(start_ns=pl.Series(start), end_ns=pl.Series(end))
-    ends = events.select("rank", "step", "end_ns")  # the columns each filter copies: not all of them (0.5 GiB)
-    if ends_window is not None:
-        ends = ends.filter(pl.Series(ends_window))
-    last = ends.group_by("rank", "step").agg(pl.col("end_ns").max().alias("last_ns"))
-    first = (events.select("rank", "step", "start_ns").filter(~pl.Series(graph.straddles, dtype=pl.Boolean))
-             .group_by("rank", "step").agg(pl.col("start_ns").min().alias("first_ns")))
-    windows = graph.windows.join(last, on=["rank", "step"], how="left").join(first, on=["rank", "step"], how="left")
-    return events, replayed_windows(windows.sort("rank", "start_ns"))
 
 
 def replayed_windows(windows: pl.DataFrame, opens: pl.Expr | None = None) -> pl.DataFrame:
@@ -265,32 +247,9 @@ class Edit:
     ends_window: np.ndarray | None = None
 
 
-def simulate(con: duckdb.DuckDBPyConnection, graph: Graph, edits: Iterable[Edit] = (Edit(),),
-             path_step: int | None = None, step: int | None = None
-             ) -> tuple[list[pl.DataFrame], pl.DataFrame | None]:
-    """(per edit, the breakdown per rank and step (of every step, or ``step``) of the graph replayed with it;
-    critical path segments of ``path_step`` under the first edit, when given). The replays share one store, each a
-    run of its own, and are measured by one query (advise replays eight changes of one graph). ``edits`` are taken
-    one at a time: from a generator, only one edit's arrays (an int64 weight per edge) live at once."""
-    from traceana.analyses import critical_path
-
-    runs = []
-    for i, e in enumerate(edits):
-        events, windows = timeline(graph, longest_path(graph, e.weight, e.keep), e.ends_window)
-        if step is not None and path_step is None:  # only what meets the step's windows reaches its breakdown
-            events = events.filter(pl.Series(meets(events, windows.filter(pl.col("step") == step))))
-        runs.append((f"{graph.run_id}#{i}", events, windows))
-    names = [name for name, _, _ in runs]
-    with simulated_store(runs, ranks_of(con, graph.run_id)) as sim:
-        segments = critical_path.of_step(sim, names[0], path_step)[2] if path_step is not None else None
-        frame = breakdown_of(sim, step=step)
-    parted = frame.partition_by("run_id", as_dict=True, include_key=False)
-    return [parted.get((name,), frame.clear().drop("run_id")) for name in names], segments
-
-
 def meets(events: pl.DataFrame, windows: pl.DataFrame) -> np.ndarray:
-    """Per event, whether it touches its rank's window in ``windows`` (one a rank; ends included): advise replays
-    five or more changes of the whole run and measures one step, whose breakdown reads no other event."""
+    """Per event, whether it touches its rank's window in ``windows`` (one a rank; ends included): a replayed window
+    of steps (windows.py) is measured from these alone."""
     rank, at = events["rank"].to_numpy(), windows["rank"].to_numpy()
     size = int(max(rank.max(initial=0), at.max(initial=0))) + 1
     lo = np.full(size, np.iinfo(np.int64).max)  # a rank without a window there keeps nothing
