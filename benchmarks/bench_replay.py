@@ -4,7 +4,7 @@ dim=TP:0.5`, each its own process: wall seconds and peak RSS (os.wait4). Prints 
 whole-run commands over a store already there instead (a Parquet dataset from `bench_scale.py --parquet --keep`):
 `replay`, `whatif --change dim=TP:0.5` and `advise`, each --json, each its own process. Run:
     .venv/bin/python benchmarks/bench_replay.py [--ranks 16,64,256,1024] [--kernel-us 200] [--workdir DIR]
-    .venv/bin/python benchmarks/bench_replay.py --store DIR/r1024.parquet
+    .venv/bin/python benchmarks/bench_replay.py --store DIR/r1024.parquet [--change dim=DP:0.5]
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ def main() -> None:
     parser.add_argument("--kernel-us", type=float, default=200.0)
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--store", type=Path, help="time the whole-run commands over this store instead")
+    parser.add_argument("--change", default="dim=TP:0.5", help="the what-if's change with --store (the copies of "
+                        "hta_rank3of8_6steps have DP only: dim=DP:0.5)")
     args = parser.parse_args()
     if args.store:
-        return whole_run(args.store)
+        return whole_run(args.store, args.change)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="traceana-replay-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
@@ -63,12 +65,12 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def whole_run(store: Path) -> None:
+def whole_run(store: Path, change: str) -> None:
     """replay, whatif and advise of the store's latest run, each --json in its own process: wall s, peak RSS."""
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"load average {os.getloadavg()[0]:.1f} at start; store {store}")
     print(f"{'command':<34}{'wall s':>8}{'peak RSS MiB':>14}", flush=True)
-    for command in (["replay"], ["whatif", "--change", "dim=TP:0.5"], ["advise"]):
+    for command in (["replay"], ["whatif", "--change", change], ["advise"]):
         wall, _, rss = measure([*TRACEANA, *command, "--db", str(store), "--json"])
         print(f"{' '.join(command):<34}{wall:>8.1f}{rss:>14,.0f}", flush=True)
 

@@ -133,7 +133,7 @@ STATISTICS = {"launch": 0.5, "least launch": 0.0, "spacing": 0.25, "lag": 0.5}
 
 @dataclass
 class Context:
-    """What the graph of some of a run's steps (windows.py) takes from the steps before them, so that its nodes get
+    """What the graph of some of a run's steps (replay.Windows) takes from the steps before them, so that its nodes get
     the times the run's whole graph gives them: the rows of its events that are earlier events (``pinned``, kept for
     the edges they send; their own edges belong to their steps' graph), each rank's last host point before the
     steps (``host``: rank, time_ns as measured, step),

@@ -51,7 +51,7 @@ from traceana.model.graph import Graph
 from traceana.model.intervals import Interval
 
 if TYPE_CHECKING:
-    from traceana.model.windows import Windows
+    from traceana.model.replay import Windows
 
 KEYS = ("dim", "op", "pg", "link", "kernel", "host", "rank", "stage", "overlap")
 WORK = ("compute", "memcpy", "memset")
@@ -231,7 +231,7 @@ def _dims(graph: Graph) -> pl.Series:
 
 class Matches:
     """Whether each change matches something in a run, seen a graph at a time (the whole run's, or each window's:
-    windows.py), and what the run has instead; :meth:`check` is the one-line error for a change that matches
+    replay.Windows), and what the run has instead; :meth:`check` is the one-line error for a change that matches
     nothing."""
 
     def __init__(self, run_id: str, changes: list[Change]) -> None:
@@ -423,7 +423,7 @@ def baseline(con: duckdb.DuckDBPyConnection, run_id: str, step: int | None = Non
     """The run's :class:`Baseline`; its plain replay measured at ``step`` alone when what-ifs of that step only
     will be compared with it (the replay's breakdown of every step of 1,024 ranks took 11 s of advise's 130)."""
     from traceana.model import replay
-    from traceana.model.windows import Windows, plain
+    from traceana.model.replay import Windows, plain
 
     measured = replay.breakdown_of(con, run_id)  # first: DuckDB's peak for it comes alone
     run = Windows(con, run_id)
@@ -438,7 +438,7 @@ def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[l
                 ) -> tuple[Windows, list[pl.DataFrame], pl.DataFrame | None]:
     """(the run, per set of ``change_sets`` its rows of :func:`whatif_run` (every step's, or ``step``'s), critical
     path segments of ``path_step`` after the first set) for each set applied to the whole run on its own, replayed
-    together, a window of steps at a time (windows.py)."""
+    together, a window of steps at a time (replay.Windows)."""
     from traceana.model import replay
 
     base = base or baseline(con, run_id, step)

@@ -1,4 +1,4 @@
-"""A replay a window of steps at a time (traceana/model/windows.py), cut at every step a run allows, against the
+"""A replay a window of steps at a time (traceana/model/replay.py, Windows), cut at every step a run allows, against the
 run's whole graph replayed as one window (the path test_replay checks against the measured steps): the same
 breakdown of every rank-step, edge counts, notes and holds, what-if and advise; and where a run allows no cut."""
 
@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import SAMPLES, TRACES, add_run
 from tests.test_sample_traces import EXPERIMENTS
 from traceana import store
-from traceana.model import advise, whatif, windows
+from traceana.model import advise, replay, whatif
 
 RUNS = {  # run: (trace, format, layout, windows at one step each)
     "hta_rank3of8": ("kineto/hta_rank3of8_6steps.json.gz", 6),   # NCCL collectives, launches, syncs
@@ -43,8 +43,8 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cuts(con, run: str, folder: Path) -> list[tuple[int, int]]:
-    events, _ = windows._spilled(con, run, folder / f"{run}.parquet")
-    return windows.cuts(con, run, str(events), 1)
+    events, _ = replay._spilled(con, run, folder / f"{run}.parquet")
+    return replay.cuts(con, run, str(events), 1)
 
 
 @pytest.mark.parametrize("run", [*RUNS, SAMPLE])
@@ -52,8 +52,8 @@ def test_a_run_replayed_a_step_at_a_time_is_its_whole_graph_replayed(db: Path, r
     with store.connect(db, read_only=True) as con:
         store.open_run(con, run)
         spans = _cuts(con, run, tmp_path)
-        whole = windows.replayed(con, run, window_events=10 ** 12)  # one window: the whole graph
-        got = windows.replayed(con, run, window_events=1)  # a window at every cut the run allows
+        whole = replay.replayed(con, run, window_events=10 ** 12)  # one window: the whole graph
+        got = replay.replayed(con, run, window_events=1)  # a window at every cut the run allows
     assert len(spans) == RUNS.get(run, (None, 2))[1]
     assert got.breakdown.equals(whole.breakdown) and got.breakdown.height > 0
     assert list(got.counts.items()) == list(whole.counts.items())  # the same counts, in the same order
@@ -90,7 +90,7 @@ def test_a_whatif_a_step_at_a_time_is_the_whatif_of_the_whole_graph(db: Path, ru
     with store.connect(db, read_only=True) as con:
         store.open_run(con, run)
         one = whatif.whatif_interval(con, run, changes)
-        monkeypatch.setattr(windows, "WINDOW_EVENTS", 1)
+        monkeypatch.setattr(replay, "WINDOW_EVENTS", 1)
         cut = whatif.whatif_interval(con, run, changes)
     assert len(cut[1].spans) > 1 and len(one[1].spans) == 1
     assert cut[0] == one[0] and cut[2].equals(one[2]) and cut[3].equals(one[3])
@@ -101,6 +101,6 @@ def test_a_whatif_a_step_at_a_time_is_the_whatif_of_the_whole_graph(db: Path, ru
 def test_advise_a_step_at_a_time_is_advise_of_the_whole_graph(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with store.connect(db, read_only=True) as con:
         one = advise.findings(con, SAMPLE)[1].drop("sources")
-        monkeypatch.setattr(windows, "WINDOW_EVENTS", 1)
+        monkeypatch.setattr(replay, "WINDOW_EVENTS", 1)
         cut = advise.findings(con, SAMPLE)[1].drop("sources")
     assert one.height > 1 and cut.equals(one)
