@@ -36,11 +36,17 @@ Everything is vectorized (DuckDB ASOF joins, NumPy); the graph of one step at 1,
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
 import polars as pl
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 from traceana.errors import TraceanaError
 
@@ -136,11 +142,10 @@ class Context:
     """What the graph of some of a run's steps (replay.Windows) takes from the steps before them, so that its nodes get
     the times the run's whole graph gives them: the rows of its events that are earlier events (``pinned``, kept for
     the edges they send; their own edges belong to their steps' graph), each rank's last host point before the
-    steps (``host``: rank, time_ns as measured, step),
-    each rank's first window start in the run (``firsts``: rank, start_ns), and the per-rank statistics of
-    :data:`STATISTICS` over the whole run (``statistics``, each an array by rank); a statistic not given yet is
-    measured on the graph's own events and its samples added to ``samples``, for the caller to take over all the
-    run's steps."""
+    steps (``host``: rank, time_ns as measured, step), each rank's first window start in the run (``firsts``: rank,
+    start_ns), and the per-rank statistics of :data:`STATISTICS` over the whole run (``statistics``, each an array
+    by rank); a statistic not given yet is measured on the graph's own events and its samples added to ``samples``,
+    for the caller to take over all the run's steps."""
 
     pinned: np.ndarray
     host: pl.DataFrame
@@ -217,12 +222,8 @@ def _events(con: duckdb.DuckDBPyConnection, params: dict) -> pl.DataFrame:
     were copied on the way into polars (9.7 M events of 1,024 copies of a real rank: 1.9 GiB for a frame of 0.8)."""
     import pyarrow as pa
 
-    names = con.sql(NAMES_SQL, params=params).arrow().read_all()["name"].combine_chunks()
-    con.register("event_names", pa.table({"name": names, "name_id": pa.array(range(len(names)), pa.uint32())}))
-    try:
+    with coded_names(con, params) as names:
         table = con.sql(EVENTS_SQL, params=params).arrow().read_all()
-    finally:
-        con.unregister("event_names")
     table = table.set_column(table.schema.get_field_index("name"), "name",
                              pa.DictionaryArray.from_arrays(table["name"].combine_chunks(), names))
     for column in CODED:
@@ -230,6 +231,20 @@ def _events(con: duckdb.DuckDBPyConnection, params: dict) -> pl.DataFrame:
     # in one chunk: DuckDB's batches (79 at 9.7 M events) made every frame that joins them with the replayed times
     # (one chunk each) a copy of all their columns (+0.55 GiB a what-if or replay)
     return pl.from_arrow(table).rechunk()
+
+
+@contextmanager
+def coded_names(con: duckdb.DuckDBPyConnection, params: dict) -> Iterator[pa.Array]:
+    """The run's distinct event names, registered as ``event_names`` (name, name_id: its index in them) while the
+    block runs, for EVENTS_SQL."""
+    import pyarrow as pa
+
+    names = con.sql(NAMES_SQL, params=params).arrow().read_all()["name"].combine_chunks()
+    con.register("event_names", pa.table({"name": names, "name_id": pa.array(range(len(names)), pa.uint32())}))
+    try:
+        yield names
+    finally:
+        con.unregister("event_names")
 
 
 # host regions a CUDA graph of the steady forward / backward leaves out (Kineto's own annotations): the optimizer
@@ -320,7 +335,9 @@ def from_frames(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs:
     # sorted once the arrays per event made on the way are gone: with them, the sort was the graph's peak
     graph.src, graph.dst, graph.weight, graph.kind, graph.event = edges.arrays()
     if context is not None:  # the pinned nodes' times are given: what the graph says of them is their window's
-        keep = ~np.isin(graph.dst, graph.pinned)
+        is_pinned = np.zeros(graph.n_nodes, bool)
+        is_pinned[graph.pinned] = True
+        keep = ~is_pinned[graph.dst]
         graph.src, graph.dst, graph.weight, graph.kind, graph.event = (
             a[keep] for a in (graph.src, graph.dst, graph.weight, graph.kind, graph.event))
     return graph

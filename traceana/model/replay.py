@@ -45,7 +45,7 @@ import polars as pl
 from traceana.analyses.breakdown import PARTS
 from traceana.errors import TraceanaError
 from traceana.model import graph as dependency
-from traceana.model.graph import BARRIER_NS, CARRIED_SQL, EVENTS_SQL, NAMES_SQL, Context, Graph
+from traceana.model.graph import BARRIER_NS, CARRIED_SQL, EVENTS_SQL, Context, Graph
 from traceana.store import schema
 from traceana.store.dataset import READ_MEMORY
 
@@ -482,16 +482,10 @@ def _quantile(samples: list[tuple[np.ndarray, np.ndarray]], size: int, name: str
 def _spilled(con: duckdb.DuckDBPyConnection, run_id: str, path: Path) -> tuple[Path, pl.Series]:
     """The run's events (EVENTS_SQL's rows, each name as its index in the run's names) written to ``path`` in step
     order, so that a window is read from its row groups; and the names."""
-    import pyarrow as pa
-
     params = {"run": run_id}
-    names = con.sql(NAMES_SQL, params=params).arrow().read_all()["name"].combine_chunks()
-    con.register("event_names", pa.table({"name": names, "name_id": pa.array(range(len(names)), pa.uint32())}))
-    try:
+    with dependency.coded_names(con, params) as names:
         con.sql(f"SELECT * FROM ({EVENTS_SQL}) ORDER BY step, {', '.join(ORDER)}",
                 params=params).write_parquet(str(path), row_group_size=100_000)
-    finally:
-        con.unregister("event_names")
     return path, pl.Series("name", names.to_pylist(), pl.Categorical)  # as the whole graph's names (graph._events)
 
 

@@ -452,31 +452,30 @@ def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[l
         check_targets(changes, sorted(set(m["rank"].to_list())), set(m["pp"].to_list()), run_id, set(base.groups))
     run.for_changes()
     matches = [Matches(run_id, changes) for changes in change_sets]
-    # each rank-step's last DP collective, of the sets that overlap all but it: a window's earlier events need the
-    # run's, not the window's
-    backward = {(k, i): pl.DataFrame(schema={"rank": pl.Int32, "event_id": pl.Int64})
-                for k, changes in enumerate(change_sets) for i, c in enumerate(changes) if c.backward}
+    # per set, per change that overlaps all DP collectives but each rank-step's last: the run's lasts (a window's
+    # earlier events need the run's, not the window's)
+    backward = [{i: pl.DataFrame(schema={"rank": pl.Int32, "event_id": pl.Int64})
+                 for i, c in enumerate(changes) if c.backward} for changes in change_sets]
 
     def look(g: Graph, pinned: np.ndarray) -> None:
         roofs = roofs_of(g, shares) if shares is not None else None
-        for (k, i), last in backward.items():
-            mask = selected(g, change_sets[k][i]) & ~pinned
-            backward[k, i] = pl.concat([last, lasts(g, mask).cast(last.schema)])
-        for k, found in enumerate(matches):  # every set checked before any is replayed
-            found.see(g, ~pinned, roofs, {i: backward[k, i] for kk, i in backward if kk == k})
+        for changes, found, last in zip(change_sets, matches, backward, strict=True):
+            for i in last:
+                last[i] = pl.concat([last[i], lasts(g, selected(g, changes[i]) & ~pinned).cast(last[i].schema)])
+            found.see(g, ~pinned, roofs, last)  # every set checked before any is replayed
 
     run.inspect(look)
     for found in matches:
         found.check()
 
-    def edit_of(changes: list[Change], k: int):
+    def edit_of(changes: list[Change], last: dict[int, pl.DataFrame]):
         def made(g: Graph, pinned: np.ndarray) -> replay.Edit:
             roofs = roofs_of(g, shares) if shares is not None else None
-            last = {i: backward[k, i] for kk, i in backward if kk == k}
             return replay.Edit(*edit(g, changes, m, roofs, last))
         return made
 
-    changed, segments = run.replay([edit_of(c, k) for k, c in enumerate(change_sets)], step, path_step)
+    changed, segments = run.replay([edit_of(c, last) for c, last in zip(change_sets, backward, strict=True)], step,
+                                   path_step)
     fixed = run.graph_windows.select("rank", "step", (pl.col("external_ns") / 1e6).alias("fixed_ms"))
     frames = [predicted(m, base.replayed, c).join(fixed, on=["rank", "step"], how="left")
               .with_columns(pl.max_horizontal("predicted_TOTAL_ms", pl.col("fixed_ms").fill_null(0.0)))
