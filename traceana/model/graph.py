@@ -161,8 +161,18 @@ def _statistic(context: Context | None, name: str, rank: np.ndarray, value: np.n
     if context is not None:
         if name in context.statistics:
             return context.statistics[name]
-        context.samples.setdefault(name, []).append((rank, value))
+        context.samples.setdefault(name, []).append(_kept_samples(rank, value, STATISTICS[name]))
     return per_rank_quantile(rank, value, size, STATISTICS[name])
+
+
+def _kept_samples(rank: np.ndarray, value: np.ndarray, q: float) -> tuple[np.ndarray, np.ndarray]:
+    """Of some steps' samples, what the run's ``q`` quantile needs: the least of each rank's (the least of the
+    leasts is the run's) for q = 0, else every sample, its rank as int32 (the 19 M samples of 1,024 copies of a real
+    rank took 0.3 GiB as int64 pairs, the least launch's 9.7 M of them)."""
+    if q == 0.0:
+        least = pl.DataFrame({"rank": rank, "v": value}).group_by("rank").agg(pl.col("v").min())
+        return least["rank"].to_numpy(), least["v"].to_numpy()
+    return rank.astype(np.int32), value
 
 
 class _Edges:
