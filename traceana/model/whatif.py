@@ -469,9 +469,10 @@ def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[l
         found.check()
 
     def edit_of(changes: list[Change], last: dict[int, pl.DataFrame]):
+        roofed = shares is not None and any(c.roof is not None for c in changes)  # only roof= changes read them
+
         def made(g: Graph, pinned: np.ndarray) -> replay.Edit:
-            roofs = roofs_of(g, shares) if shares is not None else None
-            return replay.Edit(*edit(g, changes, m, roofs, last))
+            return replay.Edit(*edit(g, changes, m, roofs_of(g, shares) if roofed else None, last))
         return made
 
     changed, segments = run.replay([edit_of(c, last) for c, last in zip(change_sets, backward, strict=True)], step,
