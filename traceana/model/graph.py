@@ -151,7 +151,7 @@ class Context:
     host: pl.DataFrame
     firsts: pl.DataFrame
     statistics: dict[str, np.ndarray] = field(default_factory=dict)
-    samples: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    samples: dict[str, list[tuple[np.ndarray, ...]]] = field(default_factory=dict)
     edges: bool = True  # False: a pass for the samples and what the next steps need, whose edges are not kept
 
 
@@ -470,26 +470,34 @@ def _collected(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs: 
     # no start undercuts); and the device's own gap between a kernel and the next one already queued behind it on
     # its stream, where nothing else ended in between
     dry = launched & has_prev & (launch > end[np.maximum(prev, 0)]) & (~found | (end_all[o] <= launch))
-    lat = _statistic(context, "launch", rank[dry], (start - launch)[dry], len(rank_row))
-    least = _statistic(context, "least launch", rank[launched], (start - launch)[launched], len(rank_row))
-    lat = np.maximum(np.where(lat >= 0, lat, least), 0)
-    edges.add(LAUNCH, h_nodes, np.flatnonzero(launched), lat[rank[launched]])
     queued = touching & launched & (launch < end[np.maximum(prev, 0)]) & (end_all[o] <= end[np.maximum(prev, 0)])
-    spacing = np.maximum(_statistic(context, "spacing", rank[queued], (start - end[prev])[queued], len(rank_row)), 0)
-
+    lat, spacing = rank_delays({
+        "launch": _statistic(context, "launch", rank[dry], (start - launch)[dry], len(rank_row)),
+        "least launch": _statistic(context, "least launch", rank[launched], (start - launch)[launched], len(rank_row)),
+        "spacing": _statistic(context, "spacing", rank[queued], (start - end[prev])[queued], len(rank_row))})
+    edges.add(LAUNCH, h_nodes, np.flatnonzero(launched), lat[rank[launched]])
     edges.add(STREAM, n + prev[touching], np.flatnonzero(touching),
               np.where(launched[touching], spacing[rank[touching]], 0))
 
-    # measured readiness from what is recorded, to find what the records leave unexplained
-    ready = np.full(n, np.iinfo(np.int64).min)
-    ready[f_rows] = f_busy
-    ready[touching] = end[prev[touching]] + np.where(launched[touching], spacing[rank[touching]], 0)
-    ready[launched] = np.maximum(ready[launched], launch[launched] + lat[rank[launched]])
-    np.maximum.at(ready, waiter, end[waited])
+    # measured readiness from what is recorded, to find what the records leave unexplained: what the stream, the
+    # carried-over streams and the recorded waits say, then the rank's delays on top
+    recorded = np.full(n, np.iinfo(np.int64).min)
+    recorded[f_rows] = f_busy
+    recorded[touching] = end[prev[touching]]
+    waits = np.full(n, np.iinfo(np.int64).min)
+    np.maximum.at(waits, waiter, end[waited])
+    ready = _ready(rank, recorded, touching & launched, launched, launch, waits, lat, spacing)
 
     held = (start > ready + SLACK_NS) & ~straddles & own
     cross = held & found & (stream_all[o] != stream) & (end_all[o] > ready)
-    infer = cross & launched & (start - end_all[o] <= INFER_WITHIN_NS)
+    inferable = launched & found & (stream_all[o] != stream) & (start - end_all[o] <= INFER_WITHIN_NS)
+    infer = cross & inferable
+    if context is not None and not {"lag", "launch"} & set(context.statistics):
+        # a first pass: the run's delays, so what counts as held, are not known yet; keep what decides it
+        c = np.flatnonzero(inferable)
+        context.samples.setdefault("lag candidates", []).append(
+            (rank[c].astype(np.int32), start[c], end_all[o[c]], recorded[c], touching[c], launch[c], waits[c]))
+        del c
     lag = np.maximum(_statistic(context, "lag", rank[infer], (start - end_all[o])[infer], len(rank_row)), 0)
     edges.add(INFERRED, node_all[o[infer]], np.flatnonzero(infer), offset_all[o[infer]] + lag[rank[infer]])
     counts["inferred"] = int(infer.sum())
@@ -670,6 +678,39 @@ def _row_lookup(events: pl.DataFrame):
         return out
 
     return rows
+
+
+def rank_delays(statistics: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank (:data:`STATISTICS`): the launch latency the edges use (the median where the rank has one, else
+    the least: a bound no start undercuts; never below 0) and the spacing of queued kernels (never below 0)."""
+    lat, least = statistics["launch"], statistics["least launch"]
+    return np.maximum(np.where(lat >= 0, lat, least), 0), np.maximum(statistics["spacing"], 0)
+
+
+def _ready(rank: np.ndarray, recorded: np.ndarray, spaced: np.ndarray, launched: np.ndarray, launch: np.ndarray,
+           waits: np.ndarray, lat: np.ndarray, spacing: np.ndarray) -> np.ndarray:
+    """When each event could start by what is recorded: its stream's previous end or the carried-over stream
+    (``recorded``), plus the rank's spacing where it was queued behind it (``spaced``); its launch plus the rank's
+    latency; the ends of the events it waited for (``waits``)."""
+    ready = recorded + np.where(spaced, spacing[rank], 0)
+    ready = np.where(launched, np.maximum(ready, launch + lat[rank]), ready)
+    return np.maximum(ready, waits)
+
+
+def lag_statistic(candidates: list[tuple[np.ndarray, ...]], statistics: dict[str, np.ndarray], size: int
+                  ) -> np.ndarray:
+    """The run's per-rank lag (:data:`STATISTICS`) from a first pass's candidates (launched starts at most
+    INFER_WITHIN_NS after another stream's end, with what decides their readiness), once the run's delays are
+    known: the samples a graph with those delays takes (build's ``infer``), without a second pass."""
+    if not candidates:
+        return per_rank_quantile(np.zeros(0, np.int64), np.zeros(0, np.int64), size, STATISTICS["lag"])
+    rank, start, other_end, recorded, touching, launch, waits = (
+        np.concatenate(column) for column in zip(*candidates, strict=True))
+    rank = rank.astype(np.int64)
+    lat, spacing = rank_delays(statistics)
+    ready = _ready(rank, recorded, touching, np.ones(len(rank), bool), launch, waits, lat, spacing)
+    infer = (start > ready + SLACK_NS) & (other_end > ready)
+    return per_rank_quantile(rank[infer], (start - other_end)[infer], size, STATISTICS["lag"])
 
 
 def per_rank_quantile(rank: np.ndarray, value: np.ndarray, size: int, q: float) -> np.ndarray:

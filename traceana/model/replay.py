@@ -364,18 +364,19 @@ class Windows:
                         con.sql(CARRIED_SQL, params=params).pl(), _window_syncs(con, run_id, str(events), self.spans))
         self.ranks = ranks_of(con, run_id)
         self.statistics: dict[str, np.ndarray] = {}
-        self.counts: dict[str, int] = {}
-        self.facts: dict[str, int] = {}
+        self._counts: dict[str, int] = {}
+        self._facts: dict[str, int] = {}
         self._windows: list[pl.DataFrame] = []
         self._lone: list[pl.DataFrame] = []
-        several = len(self.spans) > 1
-        for measured in (("launch", "least launch", "spacing"), ("lag",)) if several else ():
-            samples: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
-            last = measured == ("lag",)  # the structure is final once launch and spacing are: tally it
-            self.run.walk(self.statistics, samples, self._tally if last else None)
+        if len(self.spans) > 1:  # else the one window's graph measures them on its own events
+            samples: dict[str, list[tuple[np.ndarray, ...]]] = {}
+            self.run.walk(self.statistics, samples)
             size = int(self.run.firsts["rank"].max()) + 1
-            self.statistics |= {name: _quantile(samples.get(name, []), size, name) for name in measured}
-        self.tallied = several  # else the first replay tallies its one window
+            self.statistics |= {name: _quantile(samples.get(name, []), size, name)
+                                for name in ("launch", "least launch", "spacing")}
+            self.statistics["lag"] = dependency.lag_statistic(samples.pop("lag candidates", []), self.statistics,
+                                                             size)
+        self.tallied = False  # the first walk over every window with the statistics final tallies the run
 
     def __enter__(self) -> Windows:
         return self
@@ -384,8 +385,18 @@ class Windows:
         self._folder.cleanup()
 
     @property
+    def counts(self) -> dict[str, int]:
+        """The whole graph's edges by kind (graph.Graph.counts)."""
+        return self._tallied()._counts
+
+    @property
+    def facts(self) -> dict[str, int]:
+        return self._tallied()._facts
+
+    @property
     def graph_windows(self) -> pl.DataFrame:
-        return pl.concat(self._windows) if self._windows else pl.DataFrame()
+        windows = self._tallied()._windows
+        return pl.concat(windows) if windows else pl.DataFrame()
 
     @property
     def missing(self) -> list[str]:
@@ -394,7 +405,14 @@ class Windows:
     @property
     def lone(self) -> pl.DataFrame:
         """The run's collective kernels with no other member in the trace (graph.lone_members)."""
-        return pl.concat(self._lone)
+        return pl.concat(self._tallied()._lone)
+
+    def _tallied(self) -> Windows:
+        """This run, its tally taken: by a walk of its own where no replay or inspection saw every window."""
+        if not self.tallied:
+            self.run.walk(self.statistics, {}, self._tally)
+            self.tallied = True
+        return self
 
     def for_changes(self) -> None:
         """Give each window's graph what a what-if's changes read beside its events (graph.build's groups and
@@ -404,16 +422,24 @@ class Windows:
             self.run.uncapturable = dependency.uncapturable(self.con, self.run_id)
 
     def _tally(self, g: Graph, pinned: np.ndarray) -> None:
-        _add_counts(self.counts, g.counts)
+        _add_counts(self._counts, g.counts)
         for key, value in g.facts.items():
-            self.facts[key] = self.facts.get(key, 0) + value
+            self._facts[key] = self._facts.get(key, 0) + value
         self._windows.append(g.windows)
         self._lone.append(dependency.lone_members(g, ~pinned))
 
     def inspect(self, look: Callable[[Graph, np.ndarray], None]) -> None:
         """Give ``look`` each window's graph (edges kept, nothing replayed) and its pinned rows: checks of a
-        change against the whole run, before any replay."""
-        self.run.walk(self.statistics, {}, look, edges=True)
+        change against the whole run, before any replay (the run's tally taken on the way)."""
+        tally = not self.tallied
+
+        def visit(g: Graph, pinned: np.ndarray) -> None:
+            if tally:
+                self._tally(g, pinned)
+            look(g, pinned)
+
+        self.run.walk(self.statistics, {}, visit, edges=True)
+        self.tallied = True
 
     def replay(self, edits: list[EditOf], step: int | None = None, path_step: int | None = None
                ) -> tuple[list[pl.DataFrame], pl.DataFrame | None]:
@@ -427,7 +453,7 @@ class Windows:
         pending: list = [None] * len(edits)
         ready: list = [None] * len(edits)  # each edit's newest window replayed, settled once its graph is let go
         segments: list[pl.DataFrame] = []
-        tally = not self.tallied
+        tally = not self.tallied and stop in (None, len(self.spans) - 1)  # a walk of every window
         overhang: list[pl.DataFrame | None] = [None] * len(edits)
 
         def measure(i: int, following: tuple | None) -> None:
@@ -464,7 +490,7 @@ class Windows:
         for i in range(len(edits)):
             if pending[i] is not None:
                 measure(i, None)
-        self.tallied = True
+        self.tallied |= tally
         return ([pl.concat(p).sort("step", "rank") if p else pl.DataFrame() for p in parts],
                 segments[0] if segments else None)
 
@@ -492,7 +518,7 @@ def _add_counts(total: dict[str, int], counts: dict[str, int]) -> None:
     total.update(ordered)
 
 
-def _quantile(samples: list[tuple[np.ndarray, np.ndarray]], size: int, name: str) -> np.ndarray:
+def _quantile(samples: list[tuple[np.ndarray, ...]], size: int, name: str) -> np.ndarray:
     """A per-rank statistic of :data:`~traceana.model.graph.STATISTICS` over every window's samples."""
     rank = np.concatenate([r for r, _ in samples]) if samples else np.zeros(0, np.int64)
     value = np.concatenate([v for _, v in samples]) if samples else np.zeros(0, np.int64)
@@ -594,7 +620,7 @@ class _Run:
         self.groups: pl.DataFrame | None = None
         self.uncapturable: pl.DataFrame | None = None
 
-    def walk(self, statistics: dict[str, np.ndarray], samples: dict[str, list[tuple[np.ndarray, np.ndarray]]],
+    def walk(self, statistics: dict[str, np.ndarray], samples: dict[str, list[tuple[np.ndarray, ...]]],
              visit: Callable[..., list[np.ndarray] | None] | None = None, edges: bool = False, replays: int = 0,
              stop: int | None = None, after: Callable[[], None] | None = None) -> None:
         """Build each window's graph (its own events and the earlier ones it needs, pinned) up to window ``stop``
