@@ -18,16 +18,27 @@ SEPARATOR = " / "  # between the names of a path, outermost first
 SWEEP_CONFIG = {"asof_loop_join_threshold": 0}
 
 
-def open_ranges_sql(ranges: str, points: str, thread: str, outer_first: str = "name") -> str:
+def open_ranges_sql(ranges: str, points: str, thread: str, outer_first: str = "name", path: bool = True) -> str:
     """SQL over two relations that share the ``thread`` columns (a comma-separated list, e.g. "f, pid, tid"):
     ``ranges`` (thread columns, start_ns, end_ns, name) and ``points`` (thread columns, t, id: a launch call).
     ``outer_first`` orders ranges with the same start and end (aten::to and the aten::_to_copy it calls, within a
     microsecond), so that which one counts as the outer is the same on every run, not the scan's order.
-    One row per point inside some range: its thread columns, id, ``outermost`` (the outermost open range's name),
-    ``innermost`` (the innermost's) and ``path`` (the open ranges' names, outermost first, joined by SEPARATOR)."""
+    One row per point inside some range: its thread columns, id, ``outermost`` (the outermost open range's name)
+    and, with ``path``, ``path`` (the open ranges' names, outermost first, joined by SEPARATOR; a third of the
+    sweep's time over the 40k CPU ops of a real rank)."""
     cols = [c.strip() for c in thread.split(",")]
     same = " AND ".join(f"o.{c} IS NOT DISTINCT FROM p.{c}" for c in cols)
     same_parent = " AND ".join(f"u.{c} IS NOT DISTINCT FROM o.{c}" for c in cols)
+    paths = f"""), parents AS (
+    SELECT o.id, o.name, u.id AS parent FROM opens o
+    ASOF LEFT JOIN opens u ON {same_parent} AND u.d = o.d - 1 AND u.t <= o.t
+), paths(id, path) AS (
+    SELECT id, name FROM parents WHERE parent IS NULL
+    UNION ALL SELECT c.id, p.path || '{SEPARATOR}' || c.name FROM parents c JOIN paths p ON c.parent = p.id
+"""
+    innermost = f"""
+ASOF JOIN opens o ON {same} AND o.d = p.d AND o.t <= p.t
+JOIN paths s ON s.id = o.id"""
     return f"""WITH RECURSIVE r AS (
     SELECT {thread}, start_ns, end_ns, name,
            row_number() OVER (ORDER BY {thread}, start_ns, end_ns DESC, {outer_first}) AS rid
@@ -40,15 +51,7 @@ def open_ranges_sql(ranges: str, points: str, thread: str, outer_first: str = "n
     SELECT *, sum(delta) OVER (PARTITION BY {thread} ORDER BY t, k, tie, id ROWS UNBOUNDED PRECEDING) AS d FROM marks
 ), opens AS (
     SELECT d.{', d.'.join(cols)}, d.t, d.d, d.id, r.name FROM depth d JOIN r ON r.rid = d.id WHERE d.k = 0
-), parents AS (
-    SELECT o.id, o.name, u.id AS parent FROM opens o
-    ASOF LEFT JOIN opens u ON {same_parent} AND u.d = o.d - 1 AND u.t <= o.t
-), paths(id, path) AS (
-    SELECT id, name FROM parents WHERE parent IS NULL
-    UNION ALL SELECT c.id, p.path || '{SEPARATOR}' || c.name FROM parents c JOIN paths p ON c.parent = p.id
-), launched AS (SELECT * FROM depth WHERE k = 1 AND d > 0)
-SELECT p.{', p.'.join(cols)}, p.id, top.name AS outermost, o.name AS innermost, s.path
+{paths if path else ""}), launched AS (SELECT * FROM depth WHERE k = 1 AND d > 0)
+SELECT p.{', p.'.join(cols)}, p.id, top.name AS outermost{", s.path" if path else ""}
 FROM launched p
-ASOF JOIN opens o ON {same} AND o.d = p.d AND o.t <= p.t
-ASOF JOIN opens top ON {same.replace('o.', 'top.')} AND top.d = 1 AND top.t <= p.t
-JOIN paths s ON s.id = o.id"""
+ASOF JOIN opens top ON {same.replace('o.', 'top.')} AND top.d = 1 AND top.t <= p.t{innermost if path else ""}"""

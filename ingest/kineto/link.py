@@ -71,7 +71,7 @@ _MODULES = ("(SELECT f, pid, tid, start_ns, end_ns, substr(name, 12) AS name FRO
             "WHERE cat = 'python_function' AND starts_with(name, 'nn.Module: '))")
 _SCOPES_SQL = f"""SELECT coalesce(o.f, m.f) AS f, coalesce(o.id, m.id) AS corr, o.outermost AS scope_op,
     m.path AS module, CASE WHEN starts_with(o.outermost, 'autograd::engine::') THEN 'backward' END AS phase
-FROM ({open_ranges_sql(_CPU_OPS, _LAUNCH_POINTS, "f, pid, tid", outer_first="ext_id, name")}) o
+FROM ({open_ranges_sql(_CPU_OPS, _LAUNCH_POINTS, "f, pid, tid", outer_first="ext_id, name", path=False)}) o
 FULL JOIN ({open_ranges_sql(_MODULES, _LAUNCH_POINTS, "f, pid, tid")}) m ON m.f = o.f AND m.id = o.id"""
 
 _LAUNCHERS_SQL = f"""
