@@ -16,7 +16,8 @@ per rank and stream: each stream's last event (what the next one on the stream f
 last on it (what an unexplained start is taken to wait for), the events still running into the window, the events
 that later recorded waits wait for, each rank's last host point; these keep the times their own window's replay
 gave them. The per-rank statistics the weights use (launch latency, queue spacing, inferred lag) are quantiles over
-the whole run: two passes over the windows measure them before the pass that replays.
+the whole run: one pass over the windows measures them before the pass that replays. Which starts count for the lag
+depends on the other two, so that pass keeps the lag's candidates with what decides it (graph.lag_statistic).
 
 Windows are cut only between steps no collective instance spans, where every rank's host points of the steps after
 come more than :data:`~traceana.model.graph.BARRIER_NS` after those of the steps before and no recorded stream wait
@@ -347,9 +348,10 @@ def replayed(con: duckdb.DuckDBPyConnection, run_id: str, window_events: int | N
 
 class Windows:
     """A run ready to replay window by window: its events spilled in step order, its windows, the per-rank
-    statistics over the whole run (two passes, where it has more than one window), and what its whole graph says
-    of itself (``counts``, ``facts``, ``graph_windows``: each step window with its holds), known once a pass has
-    seen every window with the statistics final. A context manager: the spilled events go at its end."""
+    statistics over the whole run (a pass of their own, where it has more than one window), and what its whole
+    graph says of itself (``counts``, ``facts``, ``graph_windows``: each step window with its holds), tallied by
+    the first walk that sees every window with the statistics final. A context manager: the spilled events go at
+    its end."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str, window_events: int | None = None) -> None:
         params = {"run": run_id}
