@@ -430,9 +430,10 @@ class Windows:
         self._windows.append(g.windows)
         self._lone.append(dependency.lone_members(g, ~pinned))
 
-    def inspect(self, look: Callable[[Graph, np.ndarray], None]) -> None:
-        """Give ``look`` each window's graph (edges kept, nothing replayed) and its pinned rows: checks of a
-        change against the whole run, before any replay (the run's tally taken on the way)."""
+    def inspect(self, look: Callable[[Graph, np.ndarray], None], edges: bool = True) -> None:
+        """Give ``look`` each window's graph (nothing replayed; its edges kept when ``edges``: a check that reads
+        only the events is spared building them) and its pinned rows: checks of a change against the whole run,
+        before any replay (the run's tally taken on the way)."""
         tally = not self.tallied
 
         def visit(g: Graph, pinned: np.ndarray) -> None:
@@ -440,7 +441,7 @@ class Windows:
                 self._tally(g, pinned)
             look(g, pinned)
 
-        self.run.walk(self.statistics, {}, visit, edges=True)
+        self.run.walk(self.statistics, {}, visit, edges=edges)
         self.tallied = True
 
     def replay(self, edits: list[EditOf], step: int | None = None, path_step: int | None = None

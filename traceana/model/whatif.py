@@ -248,14 +248,14 @@ class Matches:
             last: dict[int, pl.DataFrame] | None = None) -> None:
         """Note what ``graph``'s own events (``own``: not an earlier window's) and host edges match."""
         ev = graph.events
-        self.host |= bool((graph.kind == dependency.HOST).any())
         comm = _of_category(graph, "comm") & own
         self.dims |= set(_dims(graph).filter(pl.Series(comm)).drop_nulls()) - {""}
         self.ops |= set(ev["op"].filter(pl.Series(comm)).drop_nulls().cast(pl.String).unique().to_list())
         self.names |= set(ev["name"].filter(pl.Series(_of_category(graph, *WORK) & own)).cast(pl.String)
                           .unique().to_list())
         for i, change in enumerate(self.changes):
-            if change.key == "host":
+            if change.key == "host":  # the one change that reads the graph's edges (inspect's ``edges``)
+                self.host |= bool((graph.kind == dependency.HOST).any())
                 self.matched[i] |= self.host
                 if change.target:
                     self.capturable |= bool(dependency.capturable_host_edges(graph).any())
@@ -464,7 +464,7 @@ def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[l
                 last[i] = pl.concat([last[i], lasts(g, selected(g, changes[i]) & ~pinned).cast(last[i].schema)])
             found.see(g, ~pinned, roofs, last)  # every set checked before any is replayed
 
-    run.inspect(look)
+    run.inspect(look, edges=any(c.key == "host" for changes in change_sets for c in changes))
     for found in matches:
         found.check()
 
