@@ -229,30 +229,41 @@ def _dims(graph: Graph) -> pl.Series:
     return graph.events["dim"].cast(pl.String).str.split("-").list.first()
 
 
-class Matches:
-    """Whether each change matches something in a run, seen a graph at a time (the whole run's, or each window's:
-    replay.Windows), and what the run has instead; :meth:`check` is the one-line error for a change that matches
-    nothing."""
+class Has:
+    """What a run has that a change may ask for: the dims and ops of its communication and the names of its compute,
+    copy and set kernels, seen a graph at a time (once per window for every change set); what a change that matches
+    nothing is told the run has instead."""
 
-    def __init__(self, run_id: str, changes: list[Change]) -> None:
-        self.run_id, self.changes = run_id, changes
-        self.matched = [False] * len(changes)
-        self.bucketed = [False] * len(changes)  # overlap=DP:backward: a DP collective before a rank-step's last
-        self.host = self.capturable = False
+    def __init__(self) -> None:
         self.dims: set[str] = set()
         self.ops: set[str] = set()
         self.names: set[str] = set()
+
+    def see(self, graph: Graph, own: np.ndarray) -> None:
+        """Add what ``graph``'s own events (``own``: not an earlier window's) have."""
+        ev = graph.events
+        comm = pl.Series(_of_category(graph, "comm") & own)
+        self.dims |= set(_dims(graph).filter(comm).drop_nulls()) - {""}
+        self.ops |= set(ev["op"].filter(comm).drop_nulls().cast(pl.String).unique().to_list())
+        self.names |= set(ev["name"].filter(pl.Series(_of_category(graph, *WORK) & own)).cast(pl.String)
+                          .unique().to_list())
+
+
+class Matches:
+    """Whether each change matches something in a run, seen a graph at a time (the whole run's, or each window's:
+    replay.Windows), and what the run has instead (``has``, shared by the change sets checked together);
+    :meth:`check` is the one-line error for a change that matches nothing."""
+
+    def __init__(self, run_id: str, changes: list[Change], has: Has) -> None:
+        self.run_id, self.changes, self.has = run_id, changes, has
+        self.matched = [False] * len(changes)
+        self.bucketed = [False] * len(changes)  # overlap=DP:backward: a DP collective before a rank-step's last
+        self.host = self.capturable = False
         self.named: list[bool] = [False] * len(changes)  # kernel=...:roof=: a kernel so named, at any roof
 
     def see(self, graph: Graph, own: np.ndarray, roofs: np.ndarray | None = None,
             last: dict[int, pl.DataFrame] | None = None) -> None:
         """Note what ``graph``'s own events (``own``: not an earlier window's) and host edges match."""
-        ev = graph.events
-        comm = _of_category(graph, "comm") & own
-        self.dims |= set(_dims(graph).filter(pl.Series(comm)).drop_nulls()) - {""}
-        self.ops |= set(ev["op"].filter(pl.Series(comm)).drop_nulls().cast(pl.String).unique().to_list())
-        self.names |= set(ev["name"].filter(pl.Series(_of_category(graph, *WORK) & own)).cast(pl.String)
-                          .unique().to_list())
         for i, change in enumerate(self.changes):
             if change.key == "host":  # the one change that reads the graph's edges (inspect's ``edges``)
                 self.host |= bool((graph.kind == dependency.HOST).any())
@@ -293,9 +304,10 @@ class Matches:
     def _has(self, i: int, change: Change) -> str:
         """What the run has instead of what ``change`` asks for."""
         if change.key in ("dim", "overlap"):
-            return f"communication of dims {', '.join(sorted(self.dims))}" if self.dims else "no communication"
+            dims = self.has.dims
+            return f"communication of dims {', '.join(sorted(dims))}" if dims else "no communication"
         if change.key == "op":
-            return f"collective ops {', '.join(sorted(self.ops)) or 'none'}"
+            return f"collective ops {', '.join(sorted(self.has.ops)) or 'none'}"
         if change.key == "pg":
             return "no communication on it"
         if change.key == "link":
@@ -304,14 +316,13 @@ class Matches:
         if change.key == "kernel":
             import difflib
 
-            names = sorted(self.names)
+            names = sorted(self.has.names)
             like = difflib.get_close_matches(change.target.strip("*").lower(), [n.lower() for n in names], 3, 0.3)
-            has = (f"no compute, copy or set kernel named so; the nearest: {', '.join(like)}" if like
-                   else f"{len(names)} kernel names, none like it (`traceana kernels` lists them)")
             if change.roof is not None and self.named[i]:
-                has = (f"no kernel so named below {change.roof:g}% of its roof that the roofline costs "
-                       "(`traceana kernels --roofline`)")
-            return has
+                return (f"no kernel so named below {change.roof:g}% of its roof that the roofline costs "
+                        "(`traceana kernels --roofline`)")
+            return (f"no compute, copy or set kernel named so; the nearest: {', '.join(like)}" if like
+                    else f"{len(names)} kernel names, none like it (`traceana kernels` lists them)")
         return f"no work on rank {change.target}"
 
 
@@ -451,7 +462,8 @@ def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[l
     for changes in change_sets:
         check_targets(changes, sorted(set(m["rank"].to_list())), set(m["pp"].to_list()), run_id, set(base.groups))
     run.for_changes()
-    matches = [Matches(run_id, changes) for changes in change_sets]
+    has = Has()
+    matches = [Matches(run_id, changes, has) for changes in change_sets]
     # per set, per change that overlaps all DP collectives but each rank-step's last: the run's lasts (a window's
     # earlier events need the run's, not the window's)
     backward = [{i: pl.DataFrame(schema={"rank": pl.Int32, "event_id": pl.Int64})
@@ -459,6 +471,7 @@ def whatif_runs(con: duckdb.DuckDBPyConnection, run_id: str, change_sets: list[l
 
     def look(g: Graph, pinned: np.ndarray) -> None:
         roofs = roofs_of(g, shares) if shares is not None else None
+        has.see(g, ~pinned)
         for changes, found, last in zip(change_sets, matches, backward, strict=True):
             for i in last:
                 last[i] = pl.concat([last[i], lasts(g, selected(g, changes[i]) & ~pinned).cast(last[i].schema)])
