@@ -492,13 +492,17 @@ def _collected(run_id: str, events: pl.DataFrame, windows: pl.DataFrame, syncs: 
     cross = held & found & (stream_all[o] != stream) & (end_all[o] > ready)
     inferable = launched & found & (stream_all[o] != stream) & (start - end_all[o] <= INFER_WITHIN_NS)
     infer = cross & inferable
-    if context is not None and not {"lag", "launch"} & set(context.statistics):
-        # a first pass: the run's delays, so what counts as held, are not known yet; keep what decides it
+    if context is not None and "lag" not in context.statistics:
+        # the statistics' pass: the run's delays, so what counts as held, are not known yet; keep what decides it
+        # (replay.Windows takes the lag from these: this window's own samples of it would be thrown away)
         c = np.flatnonzero(inferable)
         context.samples.setdefault("lag candidates", []).append(
             (rank[c].astype(np.int32), start[c], end_all[o[c]], recorded[c], touching[c], launch[c], waits[c]))
         del c
-    lag = np.maximum(_statistic(context, "lag", rank[infer], (start - end_all[o])[infer], len(rank_row)), 0)
+        lag = per_rank_quantile(rank[infer], (start - end_all[o])[infer], len(rank_row), STATISTICS["lag"])
+    else:
+        lag = _statistic(context, "lag", rank[infer], (start - end_all[o])[infer], len(rank_row))
+    lag = np.maximum(lag, 0)
     edges.add(INFERRED, node_all[o[infer]], np.flatnonzero(infer), offset_all[o[infer]] + lag[rank[infer]])
     counts["inferred"] = int(infer.sum())
     unexplained = held & launched & ~infer
