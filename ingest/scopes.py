@@ -36,7 +36,7 @@ def open_ranges_sql(ranges: str, points: str, thread: str, outer_first: str = "n
     SELECT id, name FROM parents WHERE parent IS NULL
     UNION ALL SELECT c.id, p.path || '{SEPARATOR}' || c.name FROM parents c JOIN paths p ON c.parent = p.id
 """
-    innermost = f"""
+    innermost_path = f"""
 ASOF JOIN opens o ON {same} AND o.d = p.d AND o.t <= p.t
 JOIN paths s ON s.id = o.id"""
     return f"""WITH RECURSIVE r AS (
@@ -54,4 +54,4 @@ JOIN paths s ON s.id = o.id"""
 {paths if path else ""}), launched AS (SELECT * FROM depth WHERE k = 1 AND d > 0)
 SELECT p.{', p.'.join(cols)}, p.id, top.name AS outermost{", s.path" if path else ""}
 FROM launched p
-ASOF JOIN opens top ON {same.replace('o.', 'top.')} AND top.d = 1 AND top.t <= p.t{innermost if path else ""}"""
+ASOF JOIN opens top ON {same.replace('o.', 'top.')} AND top.d = 1 AND top.t <= p.t{innermost_path if path else ""}"""
